@@ -1,0 +1,84 @@
+// The manifest (registry.yaml): which groups exist, where their libraries are, and the
+// compatibility aliases. Parsing reports every problem with file:line:col and the key.
+// See docs/manifest.md for the format.
+#pragma once
+
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kreg/status.hpp"
+
+namespace kreg {
+
+// A place in a file; line and column are 1-based (0 when unknown).
+struct SourceLocation {
+  std::string file;
+  int line = 0;
+  int column = 0;
+  std::string to_string() const;  // "file:line:col"
+};
+
+// One problem found in a manifest. `key` is the YAML path of the offending node,
+// e.g. "groups[1].library".
+struct ManifestDiagnostic {
+  SourceLocation where;
+  std::string key;
+  std::string message;
+  std::string to_string() const;  // "file:line:col: key: message"
+};
+
+enum class LoadMode { kEager, kLazy };
+
+struct GroupEntry {
+  std::string name;
+  std::string library_spec;       // as written in the manifest
+  std::filesystem::path library;  // resolved: plugin_dir / library_spec
+  bool enabled = true;
+  std::optional<std::string> version;  // expected plugin version
+  LoadMode load = LoadMode::kEager;
+  std::optional<std::string> sha256;  // pin (lowercase hex), checked before loading
+  SourceLocation where;               // of the group's entry
+  SourceLocation library_where;       // of its `library` value
+};
+
+struct AliasEntry {
+  std::string from;  // old op id
+  std::string to;    // new op id
+  std::string message;
+  SourceLocation where;
+};
+
+struct Manifest {
+  std::filesystem::path file;        // the manifest's own path (absolute)
+  std::filesystem::path plugin_dir;  // absolute; KREG_PLUGIN_DIR overrides the file's
+  std::vector<GroupEntry> groups;
+  std::vector<AliasEntry> aliases;
+
+  const GroupEntry* find_group(std::string_view name) const;
+};
+
+struct ManifestOptions {
+  // Overrides the manifest's plugin_dir when set (tools pass $KREG_PLUGIN_DIR here).
+  std::optional<std::filesystem::path> plugin_dir_override;
+  // Report enabled groups whose library file does not exist (off for pure syntax checks).
+  bool check_files = true;
+};
+
+// Parses and checks a manifest. On any problem returns INVALID_ARGUMENT (NOT_FOUND if the
+// file itself cannot be read) whose message lists every diagnostic, one per line; the
+// diagnostics are also appended to `diagnostics` when given.
+Result<Manifest> load_manifest(const std::filesystem::path& file, const ManifestOptions& options,
+                               std::vector<ManifestDiagnostic>* diagnostics = nullptr);
+
+// The same, from text (`file` names it in messages; relative paths resolve from its
+// directory).
+Result<Manifest> parse_manifest(const std::string& text, const std::filesystem::path& file,
+                                const ManifestOptions& options,
+                                std::vector<ManifestDiagnostic>* diagnostics = nullptr);
+
+// Options from the environment: KREG_PLUGIN_DIR.
+ManifestOptions manifest_options_from_env();
+
+}  // namespace kreg

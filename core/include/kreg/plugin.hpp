@@ -1,0 +1,282 @@
+// The typed C++ layer for plugin authors, on top of the C ABI (abi.h).
+//
+// A kernel is an ordinary function whose first parameter is a kreg::Context& and whose
+// other parameters follow the op's signature in order:
+//   DLTensor& / const DLTensor&   a tensor argument ('T')
+//   int64_t / int32_t / int       an int attribute  ('i')
+//   double / float                a float attribute ('f')
+//   bool                          a bool attribute  ('b')
+//   const char* / std::string_view a string attribute ('s')
+//
+//   kreg::KernelStatus rmsnorm(kreg::Context& ctx, const DLTensor& x, const DLTensor& w,
+//                              DLTensor& out, double eps);
+//
+// A group lists its implementations once, as data, and exports them:
+//
+//   constexpr kreg::KernelDef kKernels[] = {
+//       {.op = "layernorm.rmsnorm", .backend = "cuda", .caps = kreg::kCudaSm75Plus,
+//        .signature = "rmsnorm(Tensor[T,H] x, ...) -> ()", .dtypes = "bf16|f16|f32",
+//        .impl = kreg::bind<&rmsnorm_cuda>, .source = "rmsnorm.cu"},
+//   };
+//   KREG_PLUGIN("layernorm", "0.1.0", kKernels);
+//
+// The core checks each call against the signature before the kernel runs (counts,
+// dtypes, ranks, named dimensions, device, contiguity), so decoding here trusts the frame
+// and costs a few loads. The binding also records which argument kinds the function
+// decodes (`arg_kinds`); the core refuses a registration whose signature disagrees.
+#pragma once
+
+#include <cstdarg>
+#include <cstdint>
+#include <cstdio>
+#include <string_view>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+#include "kreg/abi.h"
+
+namespace kreg {
+
+// A kernel's result: a canonical code; the message, if any, is already in the Context.
+struct KernelStatus {
+  int32_t code = KREG_OK;
+  constexpr bool ok() const { return code == KREG_OK; }
+};
+
+inline constexpr KernelStatus kOk{};
+
+// What a kernel gets besides its arguments: the stream and a place for error messages.
+class Context {
+ public:
+  Context(void* stream, kreg_error* err) : stream_(stream), err_(err) {}
+
+  // The device stream to enqueue on (cudaStream_t for CUDA); null means the default.
+  void* stream() const { return stream_; }
+
+  // Records a printf-style message and returns `code`, for `return ctx.fail(...)`.
+  [[gnu::format(printf, 3, 4)]] KernelStatus fail(kreg_status_code code, const char* fmt,
+                                                  ...) const {
+    if (err_ != nullptr && err_->message != nullptr && err_->capacity > 0) {
+      va_list args;
+      va_start(args, fmt);
+      std::vsnprintf(err_->message, err_->capacity, fmt, args);
+      va_end(args);
+    }
+    return KernelStatus{code};
+  }
+
+ private:
+  void* stream_;
+  kreg_error* err_;
+};
+
+// ---- Tensor access helpers (the core has validated dtype, rank and contiguity) ----
+
+inline int64_t numel(const DLTensor& t) {
+  int64_t n = 1;
+  for (int i = 0; i < t.ndim; ++i) n *= t.shape[i];
+  return n;
+}
+
+template <typename T>
+inline T* data_ptr(const DLTensor& t) {
+  return reinterpret_cast<T*>(static_cast<char*>(t.data) + t.byte_offset);
+}
+
+// ---- Capability sets ----
+
+struct Caps {
+  const kreg_capability* data = nullptr;
+  uint32_t size = 0;
+  template <uint32_t N>
+  constexpr Caps(const kreg_capability (&a)[N]) : data(a), size(N) {}  // NOLINT
+  constexpr Caps() = default;
+};
+
+inline constexpr kreg_capability kCpu[] = {{kDLCPU, 0, 0}};
+// CUDA 13 compiles for sm_75 and newer; 120 covers Blackwell consumer parts.
+inline constexpr kreg_capability kCudaSm75Plus[] = {{kDLCUDA, 75, 121}};
+
+// ---- Binding: typed function -> kreg_kernel_fn ----
+
+namespace detail {
+
+template <typename P>
+struct ArgKind;
+template <>
+struct ArgKind<DLTensor&> {
+  static constexpr char kind = 'T';
+};
+template <>
+struct ArgKind<const DLTensor&> {
+  static constexpr char kind = 'T';
+};
+template <>
+struct ArgKind<int64_t> {
+  static constexpr char kind = 'i';
+};
+template <>
+struct ArgKind<int32_t> {
+  static constexpr char kind = 'i';
+};
+template <>
+struct ArgKind<double> {
+  static constexpr char kind = 'f';
+};
+template <>
+struct ArgKind<float> {
+  static constexpr char kind = 'f';
+};
+template <>
+struct ArgKind<bool> {
+  static constexpr char kind = 'b';
+};
+template <>
+struct ArgKind<const char*> {
+  static constexpr char kind = 's';
+};
+template <>
+struct ArgKind<std::string_view> {
+  static constexpr char kind = 's';
+};
+
+template <typename F>
+struct FnTraits;
+template <typename... Ps>
+struct FnTraits<KernelStatus (*)(Context&, Ps...)> {
+  using Params = std::tuple<Ps...>;
+  static constexpr size_t arity = sizeof...(Ps);
+  static constexpr char kinds[sizeof...(Ps) + 1] = {ArgKind<Ps>::kind..., '\0'};
+};
+
+// Index of parameter I among the tensors (if a tensor) or among the attributes.
+template <size_t I, size_t N>
+constexpr int index_among(const char (&kinds)[N]) {
+  const bool tensor = kinds[I] == 'T';
+  int n = 0;
+  for (size_t j = 0; j < I; ++j) n += ((kinds[j] == 'T') == tensor) ? 1 : 0;
+  return n;
+}
+
+template <typename P, char K>
+inline P decode(const kreg_call_frame* f, int idx) {
+  if constexpr (K == 'T') {
+    return *f->tensors[idx];
+  } else if constexpr (K == 'i') {
+    return static_cast<P>(f->attrs[idx].value.i);
+  } else if constexpr (K == 'f') {
+    return static_cast<P>(f->attrs[idx].value.f);
+  } else if constexpr (K == 'b') {
+    return f->attrs[idx].value.i != 0;
+  } else {
+    return P(f->attrs[idx].value.s);
+  }
+}
+
+template <auto Fn, size_t... I>
+inline int32_t invoke(const kreg_call_frame* f, kreg_error* err, std::index_sequence<I...>) {
+  using Traits = FnTraits<decltype(Fn)>;
+  using Params = typename Traits::Params;
+  Context ctx(f->stream, err);
+  return Fn(ctx, decode<std::tuple_element_t<I, Params>, Traits::kinds[I]>(
+                     f, index_among<I>(Traits::kinds))...)
+      .code;
+}
+
+}  // namespace detail
+
+// A kernel function as the ABI sees it, plus the kinds of arguments it decodes.
+struct Binding {
+  kreg_kernel_fn fn = nullptr;
+  const char* arg_kinds = "";
+};
+
+template <auto Fn>
+inline int32_t bound_kernel(const kreg_call_frame* frame, kreg_error* err) {
+  using Traits = detail::FnTraits<decltype(Fn)>;
+  return detail::invoke<Fn>(frame, err, std::make_index_sequence<Traits::arity>{});
+}
+
+template <auto Fn>
+inline constexpr Binding bind{&bound_kernel<Fn>, detail::FnTraits<decltype(Fn)>::kinds};
+
+// ---- Registration records ----
+
+struct KernelDef {
+  const char* op = "";
+  const char* backend = "";
+  Caps caps;
+  const char* signature = "";
+  const char* dtypes = "";
+  uint32_t traits = 0;
+  int32_t priority = 0;
+  const char* description = "";
+  Binding impl;
+  const char* source = "";
+};
+
+namespace detail {
+template <size_t N, size_t... I>
+constexpr auto to_descs(const KernelDef (&defs)[N], std::index_sequence<I...>) {
+  struct Table {
+    kreg_kernel_desc items[N];
+  };
+  return Table{{kreg_kernel_desc{sizeof(kreg_kernel_desc), defs[I].op, defs[I].backend,
+                                 defs[I].caps.data, defs[I].caps.size, defs[I].traits,
+                                 defs[I].signature, defs[I].dtypes, defs[I].impl.arg_kinds,
+                                 defs[I].priority, 0, defs[I].description, defs[I].source,
+                                 defs[I].impl.fn}...}};
+}
+}  // namespace detail
+
+template <size_t N>
+constexpr auto to_descs(const KernelDef (&defs)[N]) {
+  return detail::to_descs(defs, std::make_index_sequence<N>{});
+}
+
+}  // namespace kreg
+
+#ifndef KREG_PLUGIN_CUDA_VERSION
+#define KREG_PLUGIN_CUDA_VERSION 0
+#endif
+#ifndef KREG_PLUGIN_CUDA_ARCHS
+#define KREG_PLUGIN_CUDA_ARCHS ""
+#endif
+#if defined(__clang__)
+#define KREG_COMPILER_STRING "Clang " __clang_version__
+#elif defined(__GNUC__)
+#define KREG_COMPILER_STRING "GNU " __VERSION__
+#else
+#define KREG_COMPILER_STRING "unknown"
+#endif
+
+// Defines the plugin's descriptor and its exported entry symbol. INIT and SHUTDOWN are
+// `int32_t(kreg_error*)` and `void()` functions or nullptr.
+#define KREG_PLUGIN_WITH_HOOKS(GROUP, VERSION, KERNELS, INIT, SHUTDOWN)                     \
+  namespace {                                                                                \
+  constexpr auto kreg_plugin_table_ = ::kreg::to_descs(KERNELS);                             \
+  constexpr kreg_build_info kreg_plugin_build_ = {sizeof(kreg_build_info),                  \
+                                                  KREG_COMPILER_STRING,                      \
+                                                  KREG_PLUGIN_CUDA_VERSION, 0,               \
+                                                  KREG_PLUGIN_CUDA_ARCHS};                   \
+  constexpr kreg_plugin_desc kreg_plugin_desc_ = {                                           \
+      sizeof(kreg_plugin_desc),                                                              \
+      KREG_ABI_MAJOR,                                                                        \
+      KREG_ABI_MINOR,                                                                        \
+      GROUP,                                                                                 \
+      VERSION,                                                                               \
+      &kreg_plugin_build_,                                                                   \
+      kreg_plugin_table_.items,                                                              \
+      static_cast<uint32_t>(sizeof(kreg_plugin_table_.items) / sizeof(kreg_kernel_desc)),    \
+      0,                                                                                     \
+      INIT,                                                                                  \
+      SHUTDOWN};                                                                             \
+  }                                                                                          \
+  extern "C" __attribute__((visibility("default"))) const kreg_plugin_desc* kreg_plugin_entry( \
+      void) {                                                                                \
+    return &kreg_plugin_desc_;                                                               \
+  }
+
+#define KREG_PLUGIN(GROUP, VERSION, KERNELS) \
+  KREG_PLUGIN_WITH_HOOKS(GROUP, VERSION, KERNELS, nullptr, nullptr)
