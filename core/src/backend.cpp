@@ -1,1 +1,112 @@
-// placeholder
+#include "kreg/backend.hpp"
+
+#include <array>
+#include <atomic>
+#include <mutex>
+
+#include <boost/dll/shared_library.hpp>
+
+namespace kreg {
+
+namespace {
+
+class CpuBackend final : public KernelBackend {
+ public:
+  std::string_view name() const override { return "cpu"; }
+  DLDeviceType device_type() const override { return kDLCPU; }
+  bool available() const noexcept override { return true; }
+  std::optional<int> sm_of(int) const noexcept override { return std::nullopt; }
+  std::string_view launch_semantics() const override {
+    return "synchronous on the calling thread; the stream is ignored";
+  }
+};
+
+// Talks to the CUDA driver through libcuda.so.1 loaded at run time, only to learn whether
+// a GPU exists and its compute capability. Kernels themselves live in plugins.
+class CudaBackend final : public KernelBackend {
+ public:
+  std::string_view name() const override { return "cuda"; }
+  DLDeviceType device_type() const override { return kDLCUDA; }
+  bool available() const noexcept override {
+    probe();
+    return device_count_ > 0;
+  }
+  std::string unavailable_reason() const override {
+    probe();
+    return reason_;
+  }
+  std::optional<int> sm_of(int device_id) const noexcept override {
+    probe();
+    if (device_id < 0 || device_id >= device_count_ || device_id >= kMaxDevices) {
+      return std::nullopt;
+    }
+    return sm_[static_cast<size_t>(device_id)];
+  }
+  std::string_view launch_semantics() const override {
+    return "asynchronous on the given stream (cudaStream_t; null = default stream)";
+  }
+
+ private:
+  static constexpr int kMaxDevices = 64;
+  using InitFn = int (*)(unsigned);
+  using CountFn = int (*)(int*);
+  using GetFn = int (*)(int*, int);
+  using AttrFn = int (*)(int*, int, int);
+
+  void probe() const noexcept {
+    std::call_once(once_, [this] {
+      try {
+        boost::dll::shared_library lib("libcuda.so.1",
+                                       boost::dll::load_mode::search_system_folders |
+                                           boost::dll::load_mode::rtld_local);
+        auto init = lib.get<int(unsigned)>("cuInit");
+        auto count = lib.get<int(int*)>("cuDeviceGetCount");
+        auto get = lib.get<int(int*, int)>("cuDeviceGet");
+        auto attr = lib.get<int(int*, int, int)>("cuDeviceGetAttribute");
+        if (int rc = init(0); rc != 0) {
+          reason_ = "cuInit failed with CUresult " + std::to_string(rc) + " (no usable GPU)";
+          return;
+        }
+        int n = 0;
+        if (count(&n) != 0 || n <= 0) {
+          reason_ = "the CUDA driver reports no devices";
+          return;
+        }
+        constexpr int kMajor = 75, kMinor = 76;  // CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_*
+        for (int i = 0; i < n && i < kMaxDevices; ++i) {
+          int dev = 0, major = 0, minor = 0;
+          if (get(&dev, i) == 0 && attr(&major, kMajor, dev) == 0 &&
+              attr(&minor, kMinor, dev) == 0) {
+            sm_[static_cast<size_t>(i)] = major * 10 + minor;
+          }
+        }
+        device_count_ = n;
+        // The driver stays loaded for the process's life (deliberately leaked): CUDA
+        // contexts and the runtime's exit handlers still need it after static teardown.
+        new boost::dll::shared_library(std::move(lib));
+      } catch (const std::exception& e) {
+        reason_ = std::string("no CUDA driver (libcuda.so.1): ") + e.what();
+      }
+    });
+  }
+
+  mutable std::once_flag once_;
+  mutable int device_count_ = 0;
+  mutable std::array<int, kMaxDevices> sm_{};
+  mutable std::string reason_;
+};
+
+const CpuBackend kCpu;
+const CudaBackend kCuda;
+
+}  // namespace
+
+const KernelBackend* find_backend(std::string_view name) {
+  if (name == "cpu") return &kCpu;
+  if (name == "cuda") return &kCuda;
+  return nullptr;
+}
+
+std::vector<const KernelBackend*> all_backends() { return {&kCpu, &kCuda}; }
+
+}  // namespace kreg

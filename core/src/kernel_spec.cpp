@@ -1,1 +1,161 @@
-// placeholder
+#include "kreg/kernel_spec.hpp"
+
+#include "kreg/backend.hpp"
+
+namespace kreg {
+
+namespace {
+bool is_snake(std::string_view s) {
+  if (s.empty() || !(s[0] >= 'a' && s[0] <= 'z')) return false;
+  for (char c : s) {
+    if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_')) return false;
+  }
+  return true;
+}
+}  // namespace
+
+bool is_valid_op_id(std::string_view op) {
+  size_t dot = op.find('.');
+  if (dot == std::string_view::npos) return false;
+  return is_snake(op.substr(0, dot)) && is_snake(op.substr(dot + 1));
+}
+
+std::string device_type_name(int32_t device_type) {
+  switch (device_type) {
+    case kDLCPU:
+      return "cpu";
+    case kDLCUDA:
+      return "cuda";
+    case kDLCUDAHost:
+      return "cuda_host";
+    case kDLCUDAManaged:
+      return "cuda_managed";
+    case kDLROCM:
+      return "rocm";
+    default:
+      return "device" + std::to_string(device_type);
+  }
+}
+
+std::string Capability::to_string() const {
+  std::string s = device_type_name(device_type);
+  if (device_type != kDLCPU) {
+    s += " sm" + std::to_string(sm_min) + "-sm" + std::to_string(sm_max);
+  }
+  return s;
+}
+
+std::string_view KernelSpec::name() const {
+  size_t dot = op.find('.');
+  return dot == std::string::npos ? std::string_view(op) : std::string_view(op).substr(dot + 1);
+}
+
+std::string KernelSpec::traits_string() const {
+  std::string s;
+  auto add = [&](const char* t) {
+    if (!s.empty()) s += ",";
+    s += t;
+  };
+  if (mutates()) add("mutates");
+  if (graph_safe()) add("graph_safe");
+  if (deterministic()) add("deterministic");
+  return s.empty() ? "-" : s;
+}
+
+std::string KernelSpec::source() const {
+  std::string lib = provenance.library.empty() ? "<in-process>" : provenance.library;
+  return provenance.source_file.empty() ? lib : lib + " (" + provenance.source_file + ")";
+}
+
+bool KernelSpec::same_registration(const KernelSpec& o) const {
+  if (op != o.op || backend != o.backend || signature.text != o.signature.text ||
+      dtypes != o.dtypes || traits != o.traits || priority != o.priority ||
+      capabilities.size() != o.capabilities.size()) {
+    return false;
+  }
+  for (size_t i = 0; i < capabilities.size(); ++i) {
+    const Capability& a = capabilities[i];
+    const Capability& b = o.capabilities[i];
+    if (a.device_type != b.device_type || a.sm_min != b.sm_min || a.sm_max != b.sm_max) {
+      return false;
+    }
+  }
+  return true;
+}
+
+Result<KernelSpec> make_kernel_spec(const kreg_kernel_desc& d, const Provenance& prov) {
+  auto fail = [&](const std::string& what) {
+    std::string op = d.op ? d.op : "<null op>";
+    std::string backend = d.backend ? d.backend : "?";
+    return Status(KREG_INVALID_ARGUMENT, "kernel '" + op + "' (backend " + backend + ", group " +
+                                             prov.group + "): " + what);
+  };
+  if (d.struct_size < offsetof(kreg_kernel_desc, fn) + sizeof(d.fn)) {
+    return fail("kernel descriptor too small (struct_size " + std::to_string(d.struct_size) + ")");
+  }
+  if (d.op == nullptr || d.backend == nullptr || d.signature == nullptr || d.fn == nullptr) {
+    return fail("op, backend, signature and fn are required");
+  }
+  KernelSpec s;
+  s.op = d.op;
+  s.backend = d.backend;
+  if (!is_valid_op_id(s.op)) return fail("op id must be '<group>.<name>' in snake_case");
+  if (s.group() != prov.group) {
+    return fail("op belongs to group '" + std::string(s.group()) + "', but the plugin is group '" +
+                prov.group + "'");
+  }
+  const KernelBackend* backend = find_backend(s.backend);
+  if (backend == nullptr) return fail("unknown backend '" + s.backend + "' (known: cpu, cuda)");
+  if (d.num_caps == 0 || d.caps == nullptr) return fail("no capabilities");
+  for (uint32_t i = 0; i < d.num_caps; ++i) {
+    Capability c{d.caps[i].device_type, d.caps[i].sm_min, d.caps[i].sm_max};
+    if (c.device_type != backend->device_type()) {
+      return fail("capability " + c.to_string() + " does not match backend " + s.backend +
+                  ", which runs on " + device_type_name(backend->device_type()));
+    }
+    if (c.device_type != kDLCPU && (c.sm_min < 10 || c.sm_min > c.sm_max || c.sm_max > 200)) {
+      return fail("invalid SM window " + c.to_string());
+    }
+    s.capabilities.push_back(c);
+  }
+  auto sig = parse_signature(d.signature);
+  if (!sig) return fail(sig.status().message());
+  s.signature = std::move(sig).value();
+  std::string want = s.signature.arg_kinds();
+  std::string have = d.arg_kinds ? d.arg_kinds : "";
+  if (want != have) {
+    return fail("signature declares argument kinds '" + want + "' but the bound function takes '" +
+                have + "' (T tensor, i int, f float, b bool, s str)");
+  }
+  if (s.signature.name != s.name()) {
+    return fail("signature names the op '" + s.signature.name + "', expected '" +
+                std::string(s.name()) + "'");
+  }
+  if (s.signature.num_tensors > kMaxTensors || s.signature.num_attrs > kMaxAttrs ||
+      static_cast<int>(s.signature.symbols.size()) > kMaxSymbols) {
+    return fail("too many tensors, attributes or dimension names for the core's limits");
+  }
+  bool uses_shared = false;
+  for (const Param& p : s.signature.params) {
+    if (p.kind == ArgKind::kTensor && static_cast<int>(p.dims.size()) > kMaxRank) {
+      return fail("tensor '" + p.name + "' has rank above " + std::to_string(kMaxRank));
+    }
+    if (p.kind == ArgKind::kTensor && p.dtypes == 0) uses_shared = true;
+  }
+  std::string bad;
+  auto dtypes = parse_dtype_set(d.dtypes ? d.dtypes : "", &bad);
+  if (!dtypes) return fail("unknown dtype '" + bad + "' in dtypes");
+  s.dtypes = *dtypes;
+  if (uses_shared && s.dtypes == 0) {
+    return fail("tensors without an explicit <dtype> need the implementation's dtypes set");
+  }
+  s.traits = d.traits;
+  s.priority = d.priority;
+  s.description = d.description ? d.description : "";
+  s.provenance = prov;
+  s.provenance.source_file = d.source_file ? d.source_file : "";
+  s.fn = d.fn;
+  return s;
+}
+
+}  // namespace kreg

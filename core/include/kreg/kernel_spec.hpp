@@ -1,0 +1,71 @@
+// KernelSpec: the core's record of one implementation of one op, built from a plugin's
+// kreg_kernel_desc (copied, so it outlives nothing it points into except `fn`).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kreg/abi.h"
+#include "kreg/dtype.hpp"
+#include "kreg/schema.hpp"
+#include "kreg/status.hpp"
+
+namespace kreg {
+
+struct Capability {
+  int32_t device_type = kDLCPU;  // DLDeviceType
+  int32_t sm_min = 0;            // inclusive, major*10+minor; 0 for CPU
+  int32_t sm_max = 0;
+  std::string to_string() const;  // "cpu", "cuda sm75-sm121"
+};
+
+struct Provenance {
+  std::string group;           // the plugin's group
+  std::string plugin_version;  // the plugin's version
+  std::string library;         // path of the shared object ("" when registered in-process)
+  std::string source_file;     // the kernel's source file
+};
+
+struct KernelSpec {
+  std::string op;       // "<group>.<name>"
+  std::string backend;  // "cpu", "cuda", ...
+  std::vector<Capability> capabilities;
+  Signature signature;
+  DTypeMask dtypes = 0;  // the shared dtype variable's set
+  uint32_t traits = 0;   // KREG_TRAIT_*
+  int32_t priority = 0;
+  std::string description;
+  Provenance provenance;
+  kreg_kernel_fn fn = nullptr;
+
+  std::string_view group() const { return std::string_view(op).substr(0, op.find('.')); }
+  std::string_view name() const;
+  int32_t device_type() const { return capabilities.empty() ? -1 : capabilities[0].device_type; }
+  bool mutates() const { return traits & KREG_TRAIT_MUTATES; }
+  bool graph_safe() const { return traits & KREG_TRAIT_GRAPH_SAFE; }
+  bool deterministic() const { return traits & KREG_TRAIT_DETERMINISTIC; }
+  std::string traits_string() const;  // "mutates,graph_safe,deterministic"
+  std::string source() const;         // "libkreg_x.so (rmsnorm.cu)"
+
+  // Same op, backend, capabilities, signature, dtypes and traits: re-registering it is a
+  // no-op. Anything else under the same (op, backend) is a conflict.
+  bool same_registration(const KernelSpec& other) const;
+};
+
+// Is `op` a well-formed op id: "<group>.<name>", both snake_case?
+bool is_valid_op_id(std::string_view op);
+std::string device_type_name(int32_t device_type);  // "cpu", "cuda", ...
+
+// Builds and checks a KernelSpec from a plugin's descriptor: the op id, that the
+// signature parses and agrees with the binding's arg_kinds, dtypes, capabilities (one
+// device kind, min <= max), and the core's limits (at most kMaxTensors tensors ...).
+Result<KernelSpec> make_kernel_spec(const kreg_kernel_desc& desc, const Provenance& provenance);
+
+inline constexpr int kMaxTensors = 16;
+inline constexpr int kMaxAttrs = 16;
+inline constexpr int kMaxRank = 8;
+inline constexpr int kMaxSymbols = 16;
+
+}  // namespace kreg

@@ -1,0 +1,380 @@
+// The registry: groups -> ops -> implementations, and the handles callers run them
+// through.
+//
+// Selection (resolve): unknown op -> NOT_FOUND; an explicit backend that the op lacks ->
+// NOT_FOUND; otherwise each implementation is checked against the actual arguments
+// (device kind, the device's SM against the capability windows, backend availability,
+// dtypes, ranks, named dimensions, contiguity). One left -> it; several -> the highest
+// priority; none -> an error listing, per candidate, why it was rejected.
+// KREG_FORCE_BACKEND=cpu (or "layernorm.rmsnorm=cpu,activation.*=cpu") forces a backend,
+// read when the Registry is created.
+//
+// Call path: KernelHandle::call checks the arguments against precomputed expectations and
+// calls the plugin through the C frame. It allocates nothing and takes no lock.
+// Registry::call (lookup by name, then the same) takes no lock either.
+//
+// Threading: loading and registering (open, load_group, add) happen before threads call,
+// or are serialized by the registry's mutex against each other; lookups and calls run
+// from any number of threads. Handles point into the registry: it must outlive them.
+#pragma once
+
+#include <atomic>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <variant>
+#include <vector>
+
+#include "kreg/abi.h"
+#include "kreg/backend.hpp"
+#include "kreg/kernel_spec.hpp"
+#include "kreg/manifest.hpp"
+#include "kreg/plugin_library.hpp"
+#include "kreg/status.hpp"
+
+namespace kreg {
+
+class Registry;
+
+namespace detail {
+
+// Why an argument check failed; formatted into a message only off the fast path.
+enum class CheckFailure : uint8_t {
+  kNone,
+  kTensorCount,
+  kAttrCount,
+  kNullTensor,
+  kDevice,
+  kDeviceMismatch,
+  kDType,
+  kSharedDType,
+  kRank,
+  kDim,
+  kDimDivisible,
+  kContiguous,
+  kAttrType,
+};
+
+struct CheckResult {
+  CheckFailure why = CheckFailure::kNone;
+  int8_t arg = -1;  // tensor or attribute index
+  int8_t dim = -1;
+};
+
+struct TensorRule {
+  int8_t ndim = -1;       // -1: any rank
+  DTypeMask dtypes = 0;   // 0: the shared dtype variable
+  DimExpr dims[kMaxRank];
+};
+
+// Everything a call is checked against, flattened for speed.
+struct CheckPlan {
+  int32_t device_type = kDLCPU;
+  DTypeMask shared_dtypes = 0;
+  int8_t num_tensors = 0;
+  int8_t num_attrs = 0;
+  int8_t num_required_attrs = 0;  // attributes up to the last one without a default
+  int8_t num_symbols = 0;
+  TensorRule tensors[kMaxTensors];
+  int32_t attr_types[kMaxAttrs] = {};
+  kreg_attr defaults[kMaxAttrs] = {};
+
+  CheckResult check(std::span<DLTensor* const> t, std::span<const kreg_attr> a) const;
+};
+
+struct OpEntry;
+
+// One registered implementation. Its address is stable for the registry's life.
+struct Impl {
+  KernelSpec spec;
+  CheckPlan plan;
+  std::atomic<kreg_kernel_fn> fn{nullptr};
+  const KernelBackend* backend = nullptr;
+  const OpEntry* op = nullptr;
+  std::vector<std::string> string_defaults;  // storage behind plan.defaults[i].value.s
+};
+
+struct OpEntry {
+  std::string id;
+  std::vector<Impl*> impls;  // highest priority first
+};
+
+Status kernel_error(const Impl& impl, int32_t rc, const char* message);
+
+inline uint32_t pack_dtype(DLDataType t) {
+  return uint32_t{t.code} | (uint32_t{t.bits} << 8) | (uint32_t{t.lanes} << 16);
+}
+
+// The call-path check: plain loads and compares against the precomputed plan.
+inline CheckResult CheckPlan::check(std::span<DLTensor* const> t,
+                                    std::span<const kreg_attr> a) const {
+  if (static_cast<int>(t.size()) != num_tensors) [[unlikely]] {
+    return {CheckFailure::kTensorCount};
+  }
+  if (static_cast<int>(a.size()) > num_attrs || static_cast<int>(a.size()) < num_required_attrs)
+      [[unlikely]] {
+    return {CheckFailure::kAttrCount};
+  }
+  int64_t sym[kMaxSymbols];
+  for (int s = 0; s < num_symbols; ++s) sym[s] = -1;
+  uint32_t shared = 0;
+  int32_t device_id = 0;
+  for (int i = 0; i < num_tensors; ++i) {
+    const DLTensor* x = t[static_cast<size_t>(i)];
+    const auto arg = static_cast<int8_t>(i);
+    if (x == nullptr) [[unlikely]] return {CheckFailure::kNullTensor, arg};
+    if (x->device.device_type != device_type) [[unlikely]] return {CheckFailure::kDevice, arg};
+    if (i == 0) {
+      device_id = x->device.device_id;
+    } else if (x->device.device_id != device_id) [[unlikely]] {
+      return {CheckFailure::kDeviceMismatch, arg};
+    }
+    const TensorRule& r = tensors[i];
+    if (r.dtypes == 0) {
+      const uint32_t code = pack_dtype(x->dtype);
+      if (shared == 0) {
+        auto d = from_dl(x->dtype);
+        if (!d || !(shared_dtypes & mask_of(*d))) [[unlikely]] return {CheckFailure::kDType, arg};
+        shared = code;
+      } else if (code != shared) [[unlikely]] {
+        return {CheckFailure::kSharedDType, arg};
+      }
+    } else {
+      auto d = from_dl(x->dtype);
+      if (!d || !(r.dtypes & mask_of(*d))) [[unlikely]] return {CheckFailure::kDType, arg};
+    }
+    if (r.ndim >= 0) {
+      if (x->ndim != r.ndim) [[unlikely]] return {CheckFailure::kRank, arg};
+      for (int k = 0; k < r.ndim; ++k) {
+        const DimExpr& e = r.dims[k];
+        int64_t v = x->shape[k];
+        if (e.symbol < 0) {
+          if (v != e.literal) [[unlikely]] return {CheckFailure::kDim, arg, static_cast<int8_t>(k)};
+          continue;
+        }
+        if (e.coef != 1) {
+          if (v % e.coef != 0) [[unlikely]] {
+            return {CheckFailure::kDimDivisible, arg, static_cast<int8_t>(k)};
+          }
+          v /= e.coef;
+        }
+        int64_t& bound = sym[e.symbol];
+        if (bound < 0) {
+          bound = v;
+        } else if (bound != v) [[unlikely]] {
+          return {CheckFailure::kDim, arg, static_cast<int8_t>(k)};
+        }
+      }
+    }
+    if (x->strides != nullptr) {
+      int64_t expect = 1;
+      for (int k = x->ndim - 1; k >= 0; --k) {
+        if (x->shape[k] != 1 && x->strides[k] != expect) [[unlikely]] {
+          return {CheckFailure::kContiguous, arg};
+        }
+        expect *= x->shape[k];
+      }
+    }
+  }
+  for (size_t j = 0; j < a.size(); ++j) {
+    if (a[j].type != attr_types[j]) [[unlikely]] {
+      return {CheckFailure::kAttrType, static_cast<int8_t>(j)};
+    }
+  }
+  return {};
+}
+
+// Fills in default attributes and calls the kernel through the C frame. The arguments
+// must already have passed impl.plan.check().
+inline Status invoke(const Impl& impl, std::span<DLTensor* const> tensors,
+                     std::span<const kreg_attr> attrs, void* stream) {
+  const CheckPlan& plan = impl.plan;
+  const kreg_attr* attr_ptr = attrs.data();
+  kreg_attr full[kMaxAttrs];
+  if (static_cast<int>(attrs.size()) < plan.num_attrs) {
+    size_t i = 0;
+    for (; i < attrs.size(); ++i) full[i] = attrs[i];
+    for (; i < static_cast<size_t>(plan.num_attrs); ++i) full[i] = plan.defaults[i];
+    attr_ptr = full;
+  }
+  const kreg_call_frame frame{sizeof(kreg_call_frame), tensors.data(),
+                              static_cast<int32_t>(tensors.size()), plan.num_attrs, attr_ptr,
+                              stream};
+  char message[256];
+  message[0] = '\0';
+  kreg_error err{sizeof(kreg_error), message, sizeof message};
+  const int32_t rc = impl.fn.load(std::memory_order_acquire)(&frame, &err);
+  if (rc != KREG_OK) [[unlikely]] {
+    return kernel_error(impl, rc, message);
+  }
+  return Status();
+}
+
+}  // namespace detail
+
+// A named attribute value, for building attribute lists off the hot path.
+struct NamedAttr {
+  std::string name;
+  std::variant<int64_t, double, bool, std::string> value;
+};
+
+// Attributes in signature order with defaults filled in; owns its strings.
+class AttrList {
+ public:
+  std::span<const kreg_attr> view() const { return attrs_; }
+
+ private:
+  friend class KernelHandle;
+  std::vector<kreg_attr> attrs_;
+  std::vector<std::unique_ptr<std::string>> strings_;
+};
+
+// An op resolved to one implementation. Cheap to copy; valid while its Registry lives.
+class KernelHandle {
+ public:
+  KernelHandle() = default;
+
+  bool valid() const { return impl_ != nullptr; }
+  const KernelSpec& spec() const { return impl_->spec; }
+  const std::string& op() const { return impl_->spec.op; }
+  const std::string& backend() const { return impl_->spec.backend; }
+
+  // Runs the kernel. `attrs` are positional in signature order; trailing attributes with
+  // defaults may be omitted. Errors name the op, the argument and what was expected.
+  Status call(std::span<DLTensor* const> tensors, std::span<const kreg_attr> attrs = {},
+              void* stream = nullptr) const {
+    const detail::Impl& impl = *impl_;
+    const detail::CheckPlan& plan = impl.plan;
+    detail::CheckResult r = plan.check(tensors, attrs);
+    if (r.why != detail::CheckFailure::kNone) [[unlikely]] {
+      return explain(r, tensors, attrs);
+    }
+    return detail::invoke(impl, tensors, attrs, stream);
+  }
+
+  // Builds a positional attribute list from names (unknown names, wrong types and
+  // missing required attributes are errors naming them).
+  Result<AttrList> attrs(const std::vector<NamedAttr>& named) const;
+
+ private:
+  friend class Registry;
+  explicit KernelHandle(const detail::Impl* impl) : impl_(impl) {}
+  Status explain(const detail::CheckResult& r, std::span<DLTensor* const> tensors,
+                 std::span<const kreg_attr> attrs) const;
+
+  const detail::Impl* impl_ = nullptr;
+};
+
+struct ResolveOptions {
+  std::optional<std::string> backend;  // explicit backend: absent -> error
+};
+
+// What to resolve for when no tensors exist yet (tools): device and shared dtype.
+struct Target {
+  DLDevice device{kDLCPU, 0};
+  std::optional<DType> dtype;
+};
+
+struct GroupInfo {
+  std::string name;
+  bool loaded = false;
+  bool enabled = true;
+  LoadMode load = LoadMode::kEager;
+  std::optional<PluginInfo> plugin;  // when loaded from a library
+  uint64_t generation = 0;           // 1 after the first load
+  std::vector<std::string> ops;      // sorted
+  std::string error;                 // last load error, if any
+};
+
+struct OpenOptions {
+  // Load lazy groups too (tools that list everything).
+  bool load_lazy_groups = false;
+};
+
+class Registry {
+ public:
+  Registry();
+  ~Registry();
+  Registry(const Registry&) = delete;
+  Registry& operator=(const Registry&) = delete;
+
+  // Creates a registry for the manifest's groups and aliases and loads the enabled eager
+  // groups. Fails on the first group that does not load, naming it.
+  static Result<std::unique_ptr<Registry>> open(const Manifest& manifest,
+                                                const OpenOptions& options = {});
+
+  // Loads one group's library (checks as in PluginLibrary::open, then registers its
+  // kernels under the duplicate policy, then runs its init hook). All or nothing.
+  Status load_group(const GroupEntry& entry);
+
+  // Registers an implementation from this process (tests, benchmarks, embedders).
+  // Identical re-registration is a no-op; a conflicting one is an error naming both.
+  Status add(const KernelSpec& spec);
+
+  // Adds a compatibility alias (old op id -> new op id). Calls through it work and warn
+  // once on stderr with `message`.
+  Status add_alias(const std::string& from, const std::string& to, const std::string& message);
+
+  Result<KernelHandle> resolve(std::string_view op, std::span<DLTensor* const> args,
+                               const ResolveOptions& options = {}) const;
+  Result<KernelHandle> resolve(std::string_view op, const Target& target,
+                               const ResolveOptions& options = {}) const;
+
+  // Lookup by name and call: resolve against these arguments, then call.
+  Status call(std::string_view op, std::span<DLTensor* const> tensors,
+              std::span<const kreg_attr> attrs = {}, void* stream = nullptr) const;
+
+  // Introspection (sorted by name).
+  std::vector<GroupInfo> groups() const;
+  std::vector<std::string> op_ids() const;
+  // All implementations of an op, highest priority first; empty if unknown.
+  std::vector<const KernelSpec*> implementations(std::string_view op) const;
+  // The alias target and message, when `op` is an alias.
+  std::optional<std::pair<std::string, std::string>> alias(std::string_view op) const;
+
+ private:
+  struct Group;
+  struct Alias {
+    std::string to;
+    std::string message;
+    mutable std::atomic<bool> warned{false};
+  };
+
+  struct StringHash {
+    using is_transparent = void;
+    size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+  };
+
+  const detail::OpEntry* find_op(std::string_view op) const;
+  const detail::OpEntry* find_op_or_alias(std::string_view op) const;
+  Group* find_group(std::string_view name) const;
+  Status ensure_loaded(Group& g) const;
+  Status load_locked(Group& g) const;
+  Status publish_locked(Group& g, const std::vector<KernelSpec>& specs) const;
+  Group& group_locked(const std::string& name);
+  const detail::Impl* select(std::string_view op, const detail::OpEntry& entry,
+                             std::span<DLTensor* const> args, const Target* target,
+                             const ResolveOptions& options, std::string* why) const;
+  std::optional<std::string> forced_backend(std::string_view op) const;
+
+  mutable std::recursive_mutex mu_;
+  // Groups are created by open() and add() only; their op tables are published
+  // atomically, so lookups need no lock while a group loads.
+  std::unordered_map<std::string, std::unique_ptr<Group>, StringHash, std::equal_to<>> groups_;
+  std::unordered_map<std::string, std::unique_ptr<Alias>, StringHash, std::equal_to<>> aliases_;
+  mutable std::vector<std::unique_ptr<detail::Impl>> impls_;
+  // KREG_FORCE_BACKEND, parsed: (op pattern, backend); pattern "*", "group.*" or an op id.
+  std::vector<std::pair<std::string, std::string>> force_;
+};
+
+// The canonical error message for a rejected selection, exposed for tests.
+std::string describe_target(const Target& t);
+
+}  // namespace kreg

@@ -1,0 +1,78 @@
+// Kernel signatures: a schema string parsed once, at registration, into the facts a call
+// is checked against.
+//
+//   rmsnorm(Tensor[T,H] x, Tensor[H] weight, Tensor(a!)[T,H] out, float eps=1e-6) -> ()
+//
+// Grammar (whitespace is free):
+//   signature := NAME '(' [param (',' param)*] ')' '->' '(' ')'
+//   param     := tensor | attr
+//   tensor    := 'Tensor' ['<' DTYPE ('|' DTYPE)* '>'] ['(' ALIAS ['!'] ')']
+//                ['[' dim (',' dim)* ']'] NAME
+//   dim       := INT | [INT '*'] SYMBOL          e.g. 4096, H, 2*D
+//   attr      := ('int' | 'float' | 'bool' | 'str') NAME ['=' LITERAL]
+// A tensor without '<...>' takes the implementation's shared dtype (KernelSpec::dtypes):
+// all such tensors of one call must have the same dtype. A tensor without '[...]' may
+// have any rank. '!' marks a tensor the kernel writes. Attributes with a default may be
+// omitted by callers; all attributes follow all tensors they relate to in any order.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kreg/abi.h"
+#include "kreg/dtype.hpp"
+#include "kreg/status.hpp"
+
+namespace kreg {
+
+enum class ArgKind : uint8_t { kTensor, kInt, kFloat, kBool, kString };
+std::string_view arg_kind_name(ArgKind k);  // "Tensor", "int", "float", "bool", "str"
+char arg_kind_code(ArgKind k);              // 'T', 'i', 'f', 'b', 's' (see plugin.hpp)
+
+// One dimension: a literal size, or coef * symbol.
+struct DimExpr {
+  int64_t literal = -1;  // >= 0 for a literal dimension
+  int32_t coef = 1;
+  int32_t symbol = -1;  // index into Signature::symbols
+};
+
+struct Param {
+  std::string name;
+  ArgKind kind = ArgKind::kTensor;
+  // Tensors.
+  DTypeMask dtypes = 0;  // 0: the implementation's shared dtype
+  std::string alias;     // "a" in Tensor(a!)
+  bool mutated = false;  // '!'
+  bool ranked = false;   // dims given
+  std::vector<DimExpr> dims;
+  // Attributes.
+  bool has_default = false;
+  kreg_attr default_value{};  // for strings, value.s is unset: see default_text
+  std::string default_text;   // the literal as written (string defaults unquoted)
+};
+
+struct Signature {
+  std::string name;  // the op's short name, e.g. "rmsnorm"
+  std::vector<Param> params;
+  std::vector<std::string> symbols;  // dimension names, in first-use order
+  int num_tensors = 0;
+  int num_attrs = 0;
+  std::string text;  // as registered
+
+  std::string arg_kinds() const;  // e.g. "TTTf"
+  const Param* find(std::string_view name) const;
+  // Index of the n-th tensor / attribute parameter in params.
+  const Param& tensor(int n) const;
+  const Param& attr(int n) const;
+  // Canonical rendering of one dimension, e.g. "2*D".
+  std::string dim_name(const DimExpr& d) const;
+  std::string shape_name(const Param& p) const;  // "[T,2*D]" or "[*]"
+};
+
+// Parses a schema string; the error names the column and what was expected.
+Result<Signature> parse_signature(std::string_view text);
+
+}  // namespace kreg
