@@ -1,1 +1,640 @@
-// placeholder
+// Parsing and checking registry.yaml. The parser never stops at the first problem: a
+// manifest is edited by hand, and one run should show everything that needs fixing, each
+// problem pointing at its file:line:col and key path like a compiler diagnostic.
+#include "kreg/manifest.hpp"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string_view>
+#include <system_error>
+#include <utility>
+
+namespace kreg {
+
+std::string SourceLocation::to_string() const {
+  // Without a line (e.g. the file could not be read) a column would mean nothing.
+  if (line <= 0) return file;
+  std::string out = file + ":" + std::to_string(line);
+  if (column > 0) out += ":" + std::to_string(column);
+  return out;
+}
+
+std::string ManifestDiagnostic::to_string() const {
+  std::string out = where.to_string() + ": ";
+  if (!key.empty()) out += key + ": ";
+  return out + message;
+}
+
+const GroupEntry* Manifest::find_group(std::string_view name) const {
+  for (const GroupEntry& group : groups) {
+    if (group.name == name) return &group;
+  }
+  return nullptr;
+}
+
+ManifestOptions manifest_options_from_env() {
+  ManifestOptions options;
+  // An empty value counts as unset so `KREG_PLUGIN_DIR= cmd` can clear an inherited one.
+  if (const char* dir = std::getenv("KREG_PLUGIN_DIR"); dir != nullptr && *dir != '\0') {
+    options.plugin_dir_override = std::filesystem::path(dir);
+  }
+  return options;
+}
+
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr int kFormatVersion = 1;
+constexpr std::string_view kDefaultPluginDir = "build/plugins";
+
+const std::vector<std::string_view> kTopKeys = {"kreg_manifest", "plugin_dir", "groups", "aliases"};
+const std::vector<std::string_view> kGroupKeys = {"name",    "library", "enabled",
+                                                  "version", "load",    "sha256"};
+const std::vector<std::string_view> kAliasKeys = {"from", "to", "message"};
+
+bool is_snake_case(std::string_view s) {
+  if (s.empty() || s.front() < 'a' || s.front() > 'z') return false;
+  return std::all_of(s.begin(), s.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
+  });
+}
+
+bool is_op_id(std::string_view s) {
+  const size_t dot = s.find('.');
+  if (dot == std::string_view::npos) return false;
+  return is_snake_case(s.substr(0, dot)) && is_snake_case(s.substr(dot + 1));
+}
+
+bool is_sha256(std::string_view s) {
+  return s.size() == 64 && std::all_of(s.begin(), s.end(), [](char c) {
+           return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+         });
+}
+
+size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
+
+std::string join(const std::vector<std::string_view>& items) {
+  std::string out;
+  for (std::string_view item : items) {
+    if (!out.empty()) out += ", ";
+    out += item;
+  }
+  return out;
+}
+
+// Plain (unquoted) scalars carry the non-specific tag "?"; quoted ones carry "!". Only a
+// plain `true` is a boolean: `"true"` is a string the author chose to quote.
+bool is_plain(const YAML::Node& node) { return node.Tag() == "?"; }
+
+std::string describe(const YAML::Node& node) {
+  switch (node.Type()) {
+    case YAML::NodeType::Map:
+      return "a map";
+    case YAML::NodeType::Sequence:
+      return "a sequence";
+    case YAML::NodeType::Scalar:
+      return is_plain(node) ? "'" + node.Scalar() + "'" : "the string \"" + node.Scalar() + "\"";
+    case YAML::NodeType::Null:
+      return "nothing (null)";
+    case YAML::NodeType::Undefined:
+      break;
+  }
+  return "nothing";
+}
+
+std::string index_path(const std::string& path, size_t i) {
+  return path + "[" + std::to_string(i) + "]";
+}
+
+std::string child_path(const std::string& path, std::string_view key) {
+  return path.empty() ? std::string(key) : path + "." + std::string(key);
+}
+
+// yaml-cpp gives the key and its value; a map's entries are collected once (duplicates and
+// unknown keys reported) and then looked up by name.
+struct Entry {
+  YAML::Node key;
+  YAML::Node value;
+};
+
+class ManifestParser {
+ public:
+  ManifestParser(std::string display_name, fs::path file, const ManifestOptions& options)
+      : display_name_(std::move(display_name)), file_(std::move(file)), options_(options) {}
+
+  Result<Manifest> parse(const std::string& text, std::vector<ManifestDiagnostic>* out);
+
+ private:
+  SourceLocation at(const YAML::Mark& mark) const {
+    // yaml-cpp's marks are 0-based and -1 when unknown (e.g. an empty document).
+    SourceLocation loc{display_name_, 1, 1};
+    if (mark.line >= 0) loc.line = mark.line + 1;
+    if (mark.column >= 0) loc.column = mark.column + 1;
+    return loc;
+  }
+  // A null value (`key:` with nothing after it) is marked where the next token starts,
+  // often the following line, so such values are reported at their key instead.
+  SourceLocation at_value(const Entry& entry) const {
+    return entry.value.IsNull() ? at(entry.key.Mark()) : at(entry.value.Mark());
+  }
+
+  void error(SourceLocation where, std::string key, std::string message) {
+    diagnostics_.push_back({std::move(where), std::move(key), std::move(message)});
+  }
+
+  std::map<std::string, Entry> read_map(const YAML::Node& map, const std::string& path,
+                                        const std::vector<std::string_view>& allowed);
+  std::optional<std::string> read_string(const Entry& entry, const std::string& path);
+  std::optional<bool> read_bool(const Entry& entry, const std::string& path);
+  // Looks up `key` in `entries`; reports it missing (at `map`) when required.
+  const Entry* find(const std::map<std::string, Entry>& entries, std::string_view key,
+                    const YAML::Node& map, const std::string& path, bool required);
+
+  void parse_document(const YAML::Node& root, Manifest& manifest);
+  void parse_version(const Entry& entry);
+  void parse_groups(const Entry& entry, Manifest& manifest);
+  void parse_group(const YAML::Node& node, const std::string& path, Manifest& manifest);
+  void parse_aliases(const Entry& entry, Manifest& manifest);
+  void parse_alias(const YAML::Node& node, const std::string& path, Manifest& manifest);
+  fs::path resolve_plugin_dir(const std::map<std::string, Entry>& top);
+  void check_groups(const Manifest& manifest);
+  void check_aliases(const Manifest& manifest);
+
+  std::string display_name_;
+  fs::path file_;  // absolute and normalised; empty when parsing text with no file name
+  const ManifestOptions& options_;
+  std::vector<ManifestDiagnostic> diagnostics_;
+  // The path-derived keys of each group, kept beside the entries for the cross-group checks.
+  std::vector<std::string> group_paths_;
+};
+
+std::map<std::string, Entry> ManifestParser::read_map(
+    const YAML::Node& map, const std::string& path, const std::vector<std::string_view>& allowed) {
+  std::map<std::string, Entry> entries;
+  for (auto it = map.begin(); it != map.end(); ++it) {
+    const YAML::Node& key = it->first;
+    if (!key.IsScalar()) {
+      error(at(key.Mark()), path, "keys must be plain strings, got " + describe(key));
+      continue;
+    }
+    const std::string name = key.Scalar();
+    const std::string key_path = child_path(path, name);
+    if (std::find(allowed.begin(), allowed.end(), name) == allowed.end()) {
+      std::string message = "unknown key '" + name + "'";
+      for (std::string_view candidate : allowed) {
+        if (edit_distance(name, candidate) <= 2) {
+          message += "; did you mean '" + std::string(candidate) + "'?";
+          break;
+        }
+      }
+      error(at(key.Mark()), key_path, message + " (allowed: " + join(allowed) + ")");
+      continue;
+    }
+    // yaml-cpp keeps both entries of a repeated key and a lookup silently takes the first.
+    if (auto found = entries.find(name); found != entries.end()) {
+      error(at(key.Mark()), key_path,
+            "duplicate key '" + name + "' (first given at " +
+                at(found->second.key.Mark()).to_string() + ")");
+      continue;
+    }
+    entries.emplace(name, Entry{key, it->second});
+  }
+  return entries;
+}
+
+std::optional<std::string> ManifestParser::read_string(const Entry& entry,
+                                                       const std::string& path) {
+  if (!entry.value.IsScalar()) {
+    error(at_value(entry), path, "expected a string, got " + describe(entry.value));
+    return std::nullopt;
+  }
+  return entry.value.Scalar();
+}
+
+std::optional<bool> ManifestParser::read_bool(const Entry& entry, const std::string& path) {
+  // YAML 1.2 booleans only: yaml-cpp would also take yes/no/on/off/y/n, which makes a
+  // typo or a country code (`no`) silently change meaning.
+  if (entry.value.IsScalar() &&
+      (is_plain(entry.value) || entry.value.Tag() == "tag:yaml.org,2002:bool")) {
+    const std::string& s = entry.value.Scalar();
+    if (s == "true" || s == "True" || s == "TRUE") return true;
+    if (s == "false" || s == "False" || s == "FALSE") return false;
+  }
+  error(at_value(entry), path, "expected a boolean (true or false), got " + describe(entry.value));
+  return std::nullopt;
+}
+
+const Entry* ManifestParser::find(const std::map<std::string, Entry>& entries, std::string_view key,
+                                  const YAML::Node& map, const std::string& path, bool required) {
+  if (auto it = entries.find(std::string(key)); it != entries.end()) return &it->second;
+  if (required) {
+    error(at(map.Mark()), child_path(path, key), "missing required key '" + std::string(key) + "'");
+  }
+  return nullptr;
+}
+
+void ManifestParser::parse_version(const Entry& entry) {
+  const std::string expected = "expected the format version " + std::to_string(kFormatVersion);
+  if (!entry.value.IsScalar() || !is_plain(entry.value)) {
+    error(at_value(entry), "kreg_manifest", expected + ", got " + describe(entry.value));
+    return;
+  }
+  const std::string& text = entry.value.Scalar();
+  const bool is_integer = !text.empty() && std::all_of(text.begin(), text.end(),
+                                                       [](char c) { return c >= '0' && c <= '9'; });
+  if (!is_integer) {
+    error(at_value(entry), "kreg_manifest",
+          expected + " (an integer), got " + describe(entry.value));
+  } else if (text != std::to_string(kFormatVersion)) {
+    error(at_value(entry), "kreg_manifest",
+          "unsupported format version " + text + "; this kreg reads version " +
+              std::to_string(kFormatVersion));
+  }
+}
+
+fs::path ManifestParser::resolve_plugin_dir(const std::map<std::string, Entry>& top) {
+  fs::path spec{std::string(kDefaultPluginDir)};
+  if (auto it = top.find("plugin_dir"); it != top.end()) {
+    if (auto value = read_string(it->second, "plugin_dir")) {
+      if (value->empty()) {
+        error(
+            at_value(it->second), "plugin_dir",
+            "must not be empty (omit it for the default '" + std::string(kDefaultPluginDir) + "')");
+      } else {
+        spec = *value;
+      }
+    }
+  }
+  fs::path dir;
+  std::error_code ec;
+  if (options_.plugin_dir_override) {
+    // An override comes from the command line or the environment, so it is relative to
+    // where the user is, not to the manifest.
+    dir = fs::absolute(*options_.plugin_dir_override, ec);
+  } else if (spec.is_absolute()) {
+    dir = spec;
+  } else {
+    const fs::path base = file_.empty() ? fs::current_path(ec) : file_.parent_path();
+    dir = base / spec;
+  }
+  dir = dir.lexically_normal();
+  // "a/b/" normalises to "a/b/"; drop the empty last component so the path prints cleanly.
+  if (!dir.has_filename() && dir.has_parent_path() && dir != dir.root_path()) {
+    dir = dir.parent_path();
+  }
+  return dir;
+}
+
+void ManifestParser::parse_group(const YAML::Node& node, const std::string& path,
+                                 Manifest& manifest) {
+  if (!node.IsMap()) {
+    error(at(node.Mark()), path,
+          "expected a group (a map with name and library), got " + describe(node));
+    return;
+  }
+  GroupEntry group;
+  group.where = at(node.Mark());
+  bool valid = true;
+  const auto entries = read_map(node, path, kGroupKeys);
+
+  if (const Entry* e = find(entries, "name", node, path, true)) {
+    const std::string key = child_path(path, "name");
+    if (auto name = read_string(*e, key)) {
+      if (is_snake_case(*name)) {
+        group.name = *name;
+      } else {
+        error(at_value(*e), key,
+              "invalid group name '" + *name + "': expected snake_case ([a-z][a-z0-9_]*)");
+        valid = false;
+      }
+    } else {
+      valid = false;
+    }
+  } else {
+    valid = false;
+  }
+
+  if (const Entry* e = find(entries, "library", node, path, true)) {
+    const std::string key = child_path(path, "library");
+    if (auto library = read_string(*e, key)) {
+      if (library->empty()) {
+        error(at_value(*e), key, "must not be empty");
+        valid = false;
+      } else {
+        group.library_spec = *library;
+        group.library_where = at_value(*e);
+        const fs::path spec(*library);
+        group.library = (spec.is_absolute() ? spec : manifest.plugin_dir / spec).lexically_normal();
+      }
+    } else {
+      valid = false;
+    }
+  } else {
+    valid = false;
+  }
+
+  if (const Entry* e = find(entries, "enabled", node, path, false)) {
+    if (auto enabled = read_bool(*e, child_path(path, "enabled"))) group.enabled = *enabled;
+  }
+  if (const Entry* e = find(entries, "version", node, path, false)) {
+    const std::string key = child_path(path, "version");
+    if (auto version = read_string(*e, key)) {
+      if (version->empty()) {
+        error(at_value(*e), key, "must not be empty (omit it to accept any version)");
+      } else {
+        group.version = *version;
+      }
+    }
+  }
+  if (const Entry* e = find(entries, "load", node, path, false)) {
+    const std::string key = child_path(path, "load");
+    if (auto load = read_string(*e, key)) {
+      if (*load == "eager") {
+        group.load = LoadMode::kEager;
+      } else if (*load == "lazy") {
+        group.load = LoadMode::kLazy;
+      } else {
+        error(at_value(*e), key, "invalid load mode '" + *load + "': expected eager or lazy");
+      }
+    }
+  }
+  if (const Entry* e = find(entries, "sha256", node, path, false)) {
+    const std::string key = child_path(path, "sha256");
+    if (auto sha = read_string(*e, key)) {
+      if (is_sha256(*sha)) {
+        group.sha256 = *sha;
+      } else {
+        const std::string problem =
+            sha->size() != 64 ? "got " + std::to_string(sha->size()) + " characters"
+                              : "found a character outside 0-9a-f (uppercase is not accepted)";
+        error(at_value(*e), key,
+              "invalid sha256 '" + *sha + "': expected 64 lowercase hex digits; " + problem);
+      }
+    }
+  }
+
+  // Entries without a usable name or library would only cause follow-on noise in the
+  // duplicate and file checks; their own diagnostics already say what is wrong.
+  if (valid) {
+    manifest.groups.push_back(std::move(group));
+    group_paths_.push_back(path);
+  }
+}
+
+void ManifestParser::parse_groups(const Entry& entry, Manifest& manifest) {
+  if (!entry.value.IsSequence()) {
+    error(at_value(entry), "groups",
+          "expected a sequence of groups (`- name: ...`; `[]` for none), got " +
+              describe(entry.value));
+    return;
+  }
+  for (size_t i = 0; i < entry.value.size(); ++i) {
+    parse_group(entry.value[i], index_path("groups", i), manifest);
+  }
+}
+
+void ManifestParser::parse_alias(const YAML::Node& node, const std::string& path,
+                                 Manifest& manifest) {
+  if (!node.IsMap()) {
+    error(at(node.Mark()), path,
+          "expected an alias (a map with from and to), got " + describe(node));
+    return;
+  }
+  AliasEntry alias;
+  alias.where = at(node.Mark());
+  bool valid = true;
+  const auto entries = read_map(node, path, kAliasKeys);
+  SourceLocation to_where;
+  for (std::string_view field : {"from", "to"}) {
+    const Entry* e = find(entries, field, node, path, true);
+    if (e == nullptr) {
+      valid = false;
+      continue;
+    }
+    const std::string key = child_path(path, field);
+    auto id = read_string(*e, key);
+    if (!id) {
+      valid = false;
+    } else if (!is_op_id(*id)) {
+      error(at_value(*e), key,
+            "invalid op id '" + *id +
+                "': expected '<group>.<name>', both snake_case (e.g. layernorm.rmsnorm)");
+      valid = false;
+    } else if (field == "from") {
+      alias.from = *id;
+    } else {
+      alias.to = *id;
+      to_where = at_value(*e);
+    }
+  }
+  if (valid && alias.from == alias.to) {
+    error(to_where, child_path(path, "to"), "alias maps '" + alias.from + "' to itself; remove it");
+  }
+  if (const Entry* e = find(entries, "message", node, path, false)) {
+    if (auto message = read_string(*e, child_path(path, "message"))) alias.message = *message;
+  }
+  if (valid) manifest.aliases.push_back(std::move(alias));
+}
+
+void ManifestParser::parse_aliases(const Entry& entry, Manifest& manifest) {
+  if (!entry.value.IsSequence()) {
+    error(at_value(entry), "aliases",
+          "expected a sequence of aliases (`- from: ...`; `[]` or omit for none), got " +
+              describe(entry.value));
+    return;
+  }
+  for (size_t i = 0; i < entry.value.size(); ++i) {
+    parse_alias(entry.value[i], index_path("aliases", i), manifest);
+  }
+}
+
+void ManifestParser::check_groups(const Manifest& manifest) {
+  std::map<std::string, size_t> by_name;
+  std::map<fs::path, size_t> by_library;
+  for (size_t i = 0; i < manifest.groups.size(); ++i) {
+    const GroupEntry& group = manifest.groups[i];
+    const std::string& path = group_paths_[i];
+    if (auto [it, inserted] = by_name.emplace(group.name, i); !inserted) {
+      const GroupEntry& first = manifest.groups[it->second];
+      error(group.where, child_path(path, "name"),
+            "duplicate group name '" + group.name + "' at " + group.where.to_string() +
+                "; first defined at " + first.where.to_string());
+    }
+    if (auto [it, inserted] = by_library.emplace(group.library, i); !inserted) {
+      const GroupEntry& first = manifest.groups[it->second];
+      error(group.library_where, child_path(path, "library"),
+            "duplicate library '" + group.library.string() + "' at " +
+                group.library_where.to_string() + "; already used by group '" + first.name +
+                "' at " + first.library_where.to_string());
+    }
+    // A disabled group is allowed to name a library that is not built (yet).
+    if (!options_.check_files || !group.enabled) continue;
+    std::error_code ec;
+    const fs::file_status status = fs::status(group.library, ec);
+    if (status.type() == fs::file_type::not_found) {
+      error(group.library_where, child_path(path, "library"),
+            "library file not found: " + group.library.string() +
+                " (build the plugins, set KREG_PLUGIN_DIR, or set enabled: false)");
+    } else if (ec) {
+      error(group.library_where, child_path(path, "library"),
+            "cannot access library " + group.library.string() + ": " + ec.message());
+    } else if (status.type() == fs::file_type::directory) {
+      error(group.library_where, child_path(path, "library"),
+            "library path is a directory, not a file: " + group.library.string());
+    }
+  }
+}
+
+void ManifestParser::check_aliases(const Manifest& manifest) {
+  std::map<std::string, size_t> by_from;
+  for (size_t i = 0; i < manifest.aliases.size(); ++i) {
+    const AliasEntry& alias = manifest.aliases[i];
+    const std::string path = index_path("aliases", i);
+    if (auto [it, inserted] = by_from.emplace(alias.from, i); !inserted) {
+      error(alias.where, child_path(path, "from"),
+            "duplicate alias from '" + alias.from + "' at " + alias.where.to_string() +
+                "; first defined at " + manifest.aliases[it->second].where.to_string());
+    }
+  }
+  // A chain a -> b -> a would make alias resolution loop. Each cycle is reported once, at
+  // its member that comes first in the file; self-aliases are reported where they are parsed.
+  for (size_t i = 0; i < manifest.aliases.size(); ++i) {
+    const AliasEntry& start = manifest.aliases[i];
+    if (start.from == start.to || by_from.at(start.from) != i) continue;
+    std::string chain = start.from;
+    std::string current = start.to;
+    bool is_cycle = false;
+    for (size_t step = 0; step < manifest.aliases.size(); ++step) {
+      chain += " -> " + current;
+      if (current == start.from) {
+        is_cycle = true;
+        break;
+      }
+      auto next = by_from.find(current);
+      if (next == by_from.end() || next->second < i) break;
+      current = manifest.aliases[next->second].to;
+    }
+    if (is_cycle) {
+      error(start.where, index_path("aliases", i), "alias cycle: " + chain);
+    }
+  }
+}
+
+void ManifestParser::parse_document(const YAML::Node& root, Manifest& manifest) {
+  if (root.IsNull()) {
+    error(at(root.Mark()), "",
+          "the manifest is empty; expected a map with 'kreg_manifest' and 'groups' (see "
+          "docs/manifest.md)");
+    return;
+  }
+  if (!root.IsMap()) {
+    error(
+        at(root.Mark()), "",
+        "expected a map with 'kreg_manifest' and 'groups' at the top level, got " + describe(root));
+    return;
+  }
+  const auto top = read_map(root, "", kTopKeys);
+  if (const Entry* e = find(top, "kreg_manifest", root, "", true)) parse_version(*e);
+  manifest.plugin_dir = resolve_plugin_dir(top);
+  if (const Entry* e = find(top, "groups", root, "", true)) parse_groups(*e, manifest);
+  if (const Entry* e = find(top, "aliases", root, "", false)) parse_aliases(*e, manifest);
+  check_groups(manifest);
+  check_aliases(manifest);
+}
+
+Result<Manifest> ManifestParser::parse(const std::string& text,
+                                       std::vector<ManifestDiagnostic>* out) {
+  Manifest manifest;
+  manifest.file = file_;
+  try {
+    const std::vector<YAML::Node> documents = YAML::LoadAll(text);
+    if (documents.empty()) {
+      parse_document(YAML::Node(), manifest);
+    } else {
+      parse_document(documents.front(), manifest);
+      if (documents.size() > 1) {
+        error(at(documents[1].Mark()), "",
+              "a manifest is a single YAML document; remove the '---' and what follows");
+      }
+    }
+  } catch (const YAML::ParserException& e) {
+    error(at(e.mark), "", "YAML syntax error: " + e.msg);
+  } catch (const std::exception& e) {
+    // Nothing above is expected to throw beyond parse errors, but a manifest must never take
+    // down a host process.
+    error(SourceLocation{display_name_}, "", std::string("internal error: ") + e.what());
+  }
+
+  if (diagnostics_.empty()) return manifest;
+  std::stable_sort(diagnostics_.begin(), diagnostics_.end(),
+                   [](const ManifestDiagnostic& a, const ManifestDiagnostic& b) {
+                     return std::pair(a.where.line, a.where.column) <
+                            std::pair(b.where.line, b.where.column);
+                   });
+  std::string message;
+  for (const ManifestDiagnostic& d : diagnostics_) {
+    if (!message.empty()) message += '\n';
+    message += d.to_string();
+  }
+  if (out != nullptr) out->insert(out->end(), diagnostics_.begin(), diagnostics_.end());
+  return Status(KREG_INVALID_ARGUMENT, std::move(message));
+}
+
+fs::path absolute_normal(const fs::path& path) {
+  std::error_code ec;
+  fs::path abs = fs::absolute(path, ec);
+  return (ec ? path : abs).lexically_normal();
+}
+
+}  // namespace
+
+Result<Manifest> parse_manifest(const std::string& text, const std::filesystem::path& file,
+                                const ManifestOptions& options,
+                                std::vector<ManifestDiagnostic>* diagnostics) {
+  const std::string display = file.empty() ? std::string("<manifest>") : file.string();
+  ManifestParser parser(display, file.empty() ? fs::path() : absolute_normal(file), options);
+  return parser.parse(text, diagnostics);
+}
+
+Result<Manifest> load_manifest(const std::filesystem::path& file, const ManifestOptions& options,
+                               std::vector<ManifestDiagnostic>* diagnostics) {
+  auto fail = [&](const std::string& why) -> Result<Manifest> {
+    ManifestDiagnostic d{SourceLocation{file.string()}, "",
+                         "cannot read the manifest " + absolute_normal(file).string() + ": " + why};
+    if (diagnostics != nullptr) diagnostics->push_back(d);
+    return Status(KREG_NOT_FOUND, d.to_string());
+  };
+  std::error_code ec;
+  const fs::file_status status = fs::status(file, ec);
+  if (status.type() == fs::file_type::not_found) return fail("no such file");
+  if (ec) return fail(ec.message());
+  if (status.type() == fs::file_type::directory) return fail("it is a directory");
+
+  std::ifstream in(file, std::ios::binary);
+  if (!in) return fail("cannot open it for reading");
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) return fail("read error");
+  return parse_manifest(text.str(), file, options, diagnostics);
+}
+
+}  // namespace kreg
