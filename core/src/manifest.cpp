@@ -129,8 +129,7 @@ std::string child_path(const std::string& path, std::string_view key) {
   return path.empty() ? std::string(key) : path + "." + std::string(key);
 }
 
-// yaml-cpp gives the key and its value; a map's entries are collected once (duplicates and
-// unknown keys reported) and then looked up by name.
+// Keys are kept beside their values so a problem with a value can point at its key.
 struct Entry {
   YAML::Node key;
   YAML::Node value;
@@ -183,7 +182,8 @@ class ManifestParser {
   fs::path file_;  // absolute and normalised; empty when parsing text with no file name
   const ManifestOptions& options_;
   std::vector<ManifestDiagnostic> diagnostics_;
-  // The path-derived keys of each group, kept beside the entries for the cross-group checks.
+  // Each accepted group's key path ("groups[2]"): indices in the file and in
+  // manifest.groups differ once an invalid entry is skipped.
   std::vector<std::string> group_paths_;
 };
 
