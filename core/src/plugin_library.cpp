@@ -68,16 +68,21 @@ Status check_entry_symbol(const fs::path& file) {
 }
 
 Result<std::unique_ptr<PluginLibrary>> PluginLibrary::open(const fs::path& file,
-                                                          const Expect& expect) {
+                                                          const Expect& expect, Stage* failed_at) {
+  Stage scratch;
+  Stage& stage = failed_at ? *failed_at : scratch;
+  stage = Stage::kFile;
   const std::string where = "plugin '" + expect.group + "' (" + file.string() + ")";
   if (Status st = file_problem(file); !st.ok()) return st;
 
   auto impl = std::make_unique<Impl>();
+  stage = Stage::kLoad;
   try {
     impl->lib.load(file, boost::dll::load_mode::rtld_local | boost::dll::load_mode::rtld_now);
   } catch (const std::exception& e) {
     return Status(KREG_INVALID_ARGUMENT, where + ": cannot load: " + e.what());
   }
+  stage = Stage::kEntry;
   if (!impl->lib.has(KREG_PLUGIN_ENTRY_SYMBOL)) {
     return Status(KREG_NOT_FOUND,
                   where + ": does not export the entry symbol '" KREG_PLUGIN_ENTRY_SYMBOL "'");
@@ -89,6 +94,7 @@ Result<std::unique_ptr<PluginLibrary>> PluginLibrary::open(const fs::path& file,
     return Status(KREG_INVALID_ARGUMENT, where + ": descriptor too small (struct_size " +
                                              std::to_string(d->struct_size) + ")");
   }
+  stage = Stage::kAbi;
   if (d->abi_major != KREG_ABI_MAJOR) {
     return Status(KREG_FAILED_PRECONDITION,
                   where + ": built for kreg ABI " + std::to_string(d->abi_major) + "." +
@@ -104,11 +110,13 @@ Result<std::unique_ptr<PluginLibrary>> PluginLibrary::open(const fs::path& file,
   if (d->group == nullptr || d->version == nullptr) {
     return Status(KREG_INVALID_ARGUMENT, where + ": descriptor lacks group or version");
   }
+  stage = Stage::kGroup;
   if (expect.group != d->group) {
     return Status(KREG_FAILED_PRECONDITION, where + ": the library declares group '" +
                                                 std::string(d->group) + "', but the manifest " +
                                                 "lists it as group '" + expect.group + "'");
   }
+  stage = Stage::kVersion;
   if (expect.version && *expect.version != d->version) {
     return Status(KREG_FAILED_PRECONDITION, where + ": version " + d->version +
                                                 " does not match the expected " +
@@ -127,6 +135,7 @@ Result<std::unique_ptr<PluginLibrary>> PluginLibrary::open(const fs::path& file,
     info.cuda_version = d->build->cuda_version;
     info.cuda_archs = d->build->cuda_archs ? d->build->cuda_archs : "";
   }
+  stage = Stage::kKernels;
   if (d->num_kernels > 0 && d->kernels == nullptr) {
     return Status(KREG_INVALID_ARGUMENT, where + ": kernel table is null");
   }
@@ -137,6 +146,7 @@ Result<std::unique_ptr<PluginLibrary>> PluginLibrary::open(const fs::path& file,
     p->kernels_.push_back(std::move(spec).value());
   }
   p->impl_->desc = d;
+  stage = Stage::kOk;
   return p;
 }
 

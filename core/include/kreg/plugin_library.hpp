@@ -36,10 +36,14 @@ class PluginLibrary {
     std::optional<std::string> version;  // and, if set, this version
   };
 
+  // Where opening failed, for validators that name a check per stage.
+  enum class Stage { kFile, kLoad, kEntry, kAbi, kGroup, kVersion, kKernels, kOk };
+
   // Loads `file` and checks its descriptor. Runs no plugin code except the entry
   // function (and static initializers, which dlopen runs).
   static Result<std::unique_ptr<PluginLibrary>> open(const std::filesystem::path& file,
-                                                     const Expect& expect);
+                                                     const Expect& expect,
+                                                     Stage* failed_at = nullptr);
   ~PluginLibrary();
   PluginLibrary(const PluginLibrary&) = delete;
   PluginLibrary& operator=(const PluginLibrary&) = delete;

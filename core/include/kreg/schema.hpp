@@ -12,7 +12,9 @@
 //   attr      := ('int' | 'float' | 'bool' | 'str') NAME ['=' LITERAL]
 // A tensor without '<...>' takes the implementation's shared dtype (KernelSpec::dtypes):
 // all such tensors of one call must have the same dtype. A tensor without '[...]' may
-// have any rank. '!' marks a tensor the kernel writes. Attributes with a default may be
+// have any rank. '!' marks a tensor the kernel writes; a written tensor whose name starts
+// with "out" is write-only (PyTorch's out= convention), any other is read and written in
+// place (tools count bytes and build inputs from this). Attributes with a default may be
 // omitted by callers; all attributes follow all tensors they relate to in any order.
 #pragma once
 
@@ -52,6 +54,10 @@ struct Param {
   bool has_default = false;
   kreg_attr default_value{};  // for strings, value.s is unset: see default_text
   std::string default_text;   // the literal as written (string defaults unquoted)
+
+  bool is_tensor() const { return kind == ArgKind::kTensor; }
+  bool written() const { return is_tensor() && mutated; }
+  bool read() const { return is_tensor() && !(mutated && name.rfind("out", 0) == 0); }
 };
 
 struct Signature {

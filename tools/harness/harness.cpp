@@ -1,0 +1,570 @@
+#include "harness.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "kreg/numeric.hpp"
+
+#if defined(KREG_HAVE_CUDA)
+#include <cuda_runtime.h>
+#endif
+
+namespace kreg::harness {
+
+namespace {
+
+#if defined(KREG_HAVE_CUDA)
+Status cuda_status(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return OkStatus();
+  return Status(KREG_INTERNAL, std::string(what) + ": " + cudaGetErrorString(e));
+}
+#endif
+
+[[maybe_unused]] Status no_cuda() {
+  return Status(KREG_UNAVAILABLE, "this kreg was built without CUDA; only CPU tensors work");
+}
+
+bool is_float(DType d) {
+  return d == DType::kF32 || d == DType::kF16 || d == DType::kBF16 || d == DType::kF64;
+}
+
+double read_element(const void* base, DType d, int64_t i) {
+  switch (d) {
+    case DType::kF32:
+      return static_cast<const float*>(base)[i];
+    case DType::kF64:
+      return static_cast<const double*>(base)[i];
+    case DType::kF16:
+      return to_float(static_cast<const f16*>(base)[i]);
+    case DType::kBF16:
+      return to_float(static_cast<const bf16*>(base)[i]);
+    case DType::kI8:
+      return static_cast<const int8_t*>(base)[i];
+    case DType::kI16:
+      return static_cast<const int16_t*>(base)[i];
+    case DType::kI32:
+      return static_cast<const int32_t*>(base)[i];
+    case DType::kI64:
+      return static_cast<double>(static_cast<const int64_t*>(base)[i]);
+    case DType::kU8:
+    case DType::kBool:
+      return static_cast<const uint8_t*>(base)[i];
+    default:
+      return std::numeric_limits<double>::quiet_NaN();
+  }
+}
+
+void write_element(void* base, DType d, int64_t i, double v) {
+  switch (d) {
+    case DType::kF32:
+      static_cast<float*>(base)[i] = static_cast<float>(v);
+      break;
+    case DType::kF64:
+      static_cast<double*>(base)[i] = v;
+      break;
+    case DType::kF16:
+      static_cast<f16*>(base)[i] = to_f16(static_cast<float>(v));
+      break;
+    case DType::kBF16:
+      static_cast<bf16*>(base)[i] = to_bf16(static_cast<float>(v));
+      break;
+    case DType::kI8:
+      static_cast<int8_t*>(base)[i] = static_cast<int8_t>(v);
+      break;
+    case DType::kI16:
+      static_cast<int16_t*>(base)[i] = static_cast<int16_t>(v);
+      break;
+    case DType::kI32:
+      static_cast<int32_t*>(base)[i] = static_cast<int32_t>(v);
+      break;
+    case DType::kI64:
+      static_cast<int64_t*>(base)[i] = static_cast<int64_t>(v);
+      break;
+    default:
+      static_cast<uint8_t*>(base)[i] = static_cast<uint8_t>(v);
+      break;
+  }
+}
+
+}  // namespace
+
+bool gpu_available() {
+#if defined(KREG_HAVE_CUDA)
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+#else
+  return false;
+#endif
+}
+
+std::string gpu_name() {
+#if defined(KREG_HAVE_CUDA)
+  cudaDeviceProp prop{};
+  if (gpu_available() && cudaGetDeviceProperties(&prop, 0) == cudaSuccess) {
+    return std::string(prop.name) + " (sm" + std::to_string(prop.major * 10 + prop.minor) + ")";
+  }
+#endif
+  return "none";
+}
+
+// ---- Buffer ----
+
+Result<Buffer> Buffer::make(DLDevice device, DType dtype, std::vector<int64_t> shape) {
+  Buffer b;
+  b.dtype_ = dtype;
+  b.shape_ = std::move(shape);
+  b.t_.device = device;
+  b.t_.dtype = to_dl(dtype);
+  b.t_.ndim = static_cast<int32_t>(b.shape_.size());
+  b.t_.shape = b.shape_.data();
+  b.t_.strides = nullptr;
+  b.t_.byte_offset = 0;
+  const size_t n = std::max<size_t>(b.bytes(), 1);
+  if (device.device_type == kDLCPU) {
+    b.t_.data = ::operator new(n, std::align_val_t(64));
+  } else if (device.device_type == kDLCUDA) {
+#if defined(KREG_HAVE_CUDA)
+    void* p = nullptr;
+    if (Status st = cuda_status(cudaMalloc(&p, n), "cudaMalloc"); !st.ok()) return st;
+    b.t_.data = p;
+#else
+    return no_cuda();
+#endif
+  } else {
+    return Status(KREG_UNIMPLEMENTED, "harness buffers live on cpu or cuda only");
+  }
+  return b;
+}
+
+Buffer::Buffer(Buffer&& o) noexcept { *this = std::move(o); }
+
+Buffer& Buffer::operator=(Buffer&& o) noexcept {
+  if (this != &o) {
+    release();
+    t_ = o.t_;
+    dtype_ = o.dtype_;
+    shape_ = std::move(o.shape_);
+    t_.shape = shape_.data();
+    o.t_.data = nullptr;
+  }
+  return *this;
+}
+
+Buffer::~Buffer() { release(); }
+
+void Buffer::release() {
+  if (t_.data == nullptr) return;
+  if (t_.device.device_type == kDLCPU) {
+    ::operator delete(t_.data, std::align_val_t(64));
+  } else {
+#if defined(KREG_HAVE_CUDA)
+    cudaFree(t_.data);
+#endif
+  }
+  t_.data = nullptr;
+}
+
+int64_t Buffer::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape_) n *= d;
+  return n;
+}
+
+size_t Buffer::bytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype_); }
+
+Result<std::vector<double>> Buffer::to_doubles() const {
+  std::vector<char> host(bytes());
+  const void* src = t_.data;
+  if (on_gpu()) {
+#if defined(KREG_HAVE_CUDA)
+    if (Status st = cuda_status(cudaMemcpy(host.data(), t_.data, bytes(), cudaMemcpyDeviceToHost),
+                                "cudaMemcpy to host");
+        !st.ok()) {
+      return st;
+    }
+    src = host.data();
+#else
+    return no_cuda();
+#endif
+  }
+  std::vector<double> out(static_cast<size_t>(numel()));
+  for (int64_t i = 0; i < numel(); ++i) out[static_cast<size_t>(i)] = read_element(src, dtype_, i);
+  return out;
+}
+
+Status Buffer::from_doubles(const std::vector<double>& values) {
+  if (static_cast<int64_t>(values.size()) != numel()) {
+    return Status(KREG_INVALID_ARGUMENT, "from_doubles: size mismatch");
+  }
+  std::vector<char> host(bytes());
+  void* dst = on_gpu() ? static_cast<void*>(host.data()) : t_.data;
+  for (int64_t i = 0; i < numel(); ++i) write_element(dst, dtype_, i, values[static_cast<size_t>(i)]);
+  if (on_gpu()) {
+#if defined(KREG_HAVE_CUDA)
+    return cuda_status(cudaMemcpy(t_.data, host.data(), bytes(), cudaMemcpyHostToDevice),
+                       "cudaMemcpy to device");
+#else
+    return no_cuda();
+#endif
+  }
+  return OkStatus();
+}
+
+Status Buffer::copy_from(const Buffer& o) {
+  if (o.bytes() != bytes() || o.dtype_ != dtype_) {
+    return Status(KREG_INVALID_ARGUMENT, "copy_from: dtype or size mismatch");
+  }
+  if (!on_gpu() && !o.on_gpu()) {
+    std::memcpy(t_.data, o.t_.data, bytes());
+    return OkStatus();
+  }
+#if defined(KREG_HAVE_CUDA)
+  return cuda_status(cudaMemcpy(t_.data, o.t_.data, bytes(), cudaMemcpyDefault), "cudaMemcpy");
+#else
+  return no_cuda();
+#endif
+}
+
+Status Buffer::fill_random(std::mt19937_64& rng) {
+  std::vector<double> v(static_cast<size_t>(numel()));
+  if (is_float(dtype_)) {
+    std::uniform_real_distribution<double> mag(0.05, 2.0);
+    std::bernoulli_distribution sign(0.5);
+    for (double& x : v) x = sign(rng) ? mag(rng) : -mag(rng);
+  } else {
+    std::uniform_int_distribution<int> dist(0, 15);
+    for (double& x : v) x = dist(rng);
+  }
+  return from_doubles(v);
+}
+
+Status Buffer::poison() {
+  std::vector<double> v(static_cast<size_t>(numel()),
+                        is_float(dtype_) ? std::numeric_limits<double>::quiet_NaN() : 127.0);
+  return from_doubles(v);
+}
+
+// ---- Example arguments ----
+
+Result<SymbolMap> parse_shape_spec(const std::string& text) {
+  SymbolMap out;
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t comma = text.find(',', pos);
+    std::string item = text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    size_t eq = item.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      return Status(KREG_INVALID_ARGUMENT,
+                    "--shape: '" + item + "' is not NAME=SIZE (e.g. T=64,H=4096)");
+    }
+    char* end = nullptr;
+    const std::string value = item.substr(eq + 1);
+    long long n = std::strtoll(value.c_str(), &end, 10);
+    if (value.empty() || *end != '\0' || n < 0) {
+      return Status(KREG_INVALID_ARGUMENT, "--shape: size of '" + item.substr(0, eq) +
+                                               "' must be a non-negative integer, got '" +
+                                               value + "'");
+    }
+    out[item.substr(0, eq)] = n;
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  return out;
+}
+
+Result<ExampleArgs> make_example(const KernelSpec& spec, const SymbolMap& symbols, DType dtype,
+                                 DLDevice device, uint64_t seed) {
+  const Signature& sig = spec.signature;
+  for (const std::string& s : sig.symbols) {
+    if (!symbols.count(s)) {
+      std::string all;
+      for (const std::string& t : sig.symbols) all += (all.empty() ? "" : ",") + t + "=N";
+      return Status(KREG_INVALID_ARGUMENT, spec.op + ": --shape needs a size for '" + s +
+                                               "' (signature " + sig.text + "; e.g. --shape " +
+                                               all + ")");
+    }
+  }
+  std::mt19937_64 rng(seed);
+  ExampleArgs args;
+  for (const Param& p : sig.params) {
+    if (!p.is_tensor()) continue;
+    if (!p.ranked) {
+      return Status(KREG_INVALID_ARGUMENT,
+                    spec.op + ": tensor '" + p.name + "' has no named shape to build it from");
+    }
+    std::vector<int64_t> shape;
+    for (const DimExpr& d : p.dims) {
+      shape.push_back(d.symbol < 0 ? d.literal
+                                   : d.coef * symbols.at(sig.symbols[static_cast<size_t>(d.symbol)]));
+    }
+    DType dt = dtype;
+    if (p.dtypes != 0) {  // an explicit dtype set: its first member
+      for (int i = 0; i < static_cast<int>(DType::kCount); ++i) {
+        if (p.dtypes & mask_of(static_cast<DType>(i))) {
+          dt = static_cast<DType>(i);
+          break;
+        }
+      }
+    }
+    auto buf = Buffer::make(device, dt, shape);
+    if (!buf) return buf.status();
+    Status st = p.read() ? buf->fill_random(rng) : buf->poison();
+    if (!st.ok()) return st;
+    args.buffers.push_back(std::move(buf).value());
+  }
+  for (Buffer& b : args.buffers) args.tensors.push_back(b.tensor());
+  return args;
+}
+
+Result<ExampleArgs> copy_example(const ExampleArgs& src, DLDevice device) {
+  ExampleArgs out;
+  for (const Buffer& b : src.buffers) {
+    auto nb = Buffer::make(device, b.dtype(), b.shape());
+    if (!nb) return nb.status();
+    if (Status st = nb->copy_from(b); !st.ok()) return st;
+    out.buffers.push_back(std::move(nb).value());
+  }
+  for (Buffer& b : out.buffers) out.tensors.push_back(b.tensor());
+  return out;
+}
+
+size_t bytes_moved(const KernelSpec& spec, const ExampleArgs& args) {
+  size_t total = 0;
+  int i = 0;
+  for (const Param& p : spec.signature.params) {
+    if (!p.is_tensor()) continue;
+    const size_t b = args.buffers[static_cast<size_t>(i++)].bytes();
+    if (p.read()) total += b;
+    if (p.written()) total += b;
+  }
+  return total;
+}
+
+Tolerance tolerance_for(DType dtype) {
+  switch (dtype) {
+    case DType::kBF16:
+      return {1e-2, 1.6e-2};
+    case DType::kF16:
+      return {1e-3, 2e-3};
+    case DType::kF64:
+      return {1e-10, 1e-10};
+    case DType::kF32:
+      return {1e-5, 1e-4};
+    default:
+      return {0, 0};
+  }
+}
+
+Comparison compare_values(const std::string& name, const std::vector<double>& got,
+                          const std::vector<double>& want, Tolerance tol) {
+  Comparison c;
+  c.tensor = name;
+  c.count = want.size();
+  if (got.size() != want.size()) {
+    c.mismatches = std::max(got.size(), want.size());
+    return c;
+  }
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double a = got[i], b = want[i];
+    const double diff = std::fabs(a - b);
+    if (!(diff <= tol.atol + tol.rtol * std::fabs(b))) ++c.mismatches;  // NaN fails
+    if (std::isnan(diff)) {
+      c.max_abs = std::numeric_limits<double>::quiet_NaN();
+      continue;
+    }
+    if (!std::isnan(c.max_abs)) c.max_abs = std::max(c.max_abs, diff);
+    if (std::fabs(b) > 1e-3) c.max_rel = std::max(c.max_rel, diff / std::fabs(b));
+  }
+  return c;
+}
+
+Result<std::vector<Comparison>> check_against_reference(const Registry& registry,
+                                                        const KernelHandle& handle,
+                                                        const SymbolMap& symbols, DType dtype,
+                                                        const AttrList& attrs, uint64_t seed) {
+  const KernelSpec& spec = handle.spec();
+  const DLDevice device{static_cast<DLDeviceType>(spec.device_type()), 0};
+  auto host = make_example(spec, symbols, dtype, DLDevice{kDLCPU, 0}, seed);
+  if (!host) return host.status();
+  auto dev = copy_example(*host, device);
+  if (!dev) return dev.status();
+  if (Status st = handle.call(dev->tensors, attrs.view()); !st.ok()) return st;
+  if (Status st = device_synchronize(); !st.ok()) {
+    return Status(st.code(), spec.op + " (" + spec.backend + "): " + st.message());
+  }
+  auto ref = registry.resolve(spec.op, Target{DLDevice{kDLCPU, 0}, dtype},
+                              ResolveOptions{std::string("cpu")});
+  if (!ref) return ref.status();
+  if (Status st = ref->call(host->tensors, attrs.view()); !st.ok()) return st;
+  std::vector<Comparison> out;
+  int i = 0;
+  for (const Param& p : spec.signature.params) {
+    if (!p.is_tensor()) continue;
+    const size_t idx = static_cast<size_t>(i++);
+    if (!p.written()) continue;
+    auto got = dev->buffers[idx].to_doubles();
+    if (!got) return got.status();
+    auto want = host->buffers[idx].to_doubles();
+    if (!want) return want.status();
+    out.push_back(compare_values(p.name, *got, *want, tolerance_for(host->buffers[idx].dtype())));
+  }
+  return out;
+}
+
+Status device_synchronize() {
+#if defined(KREG_HAVE_CUDA)
+  if (!gpu_available()) return OkStatus();
+  return cuda_status(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+#else
+  return OkStatus();
+#endif
+}
+
+// ---- GPU timing ----
+
+#if defined(KREG_HAVE_CUDA)
+namespace {
+
+struct Events {
+  cudaEvent_t start = nullptr, stop = nullptr;
+  Events() {
+    cudaEventCreate(&start);
+    cudaEventCreate(&stop);
+  }
+  ~Events() {
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+  }
+  float ms() const {
+    float t = 0;
+    cudaEventElapsedTime(&t, start, stop);
+    return t;
+  }
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+}  // namespace
+#endif
+
+Result<Timing> time_on_gpu(const KernelHandle& handle, const SymbolMap& symbols, DType dtype,
+                           const AttrList& attrs, int reps, uint64_t seed) {
+#if defined(KREG_HAVE_CUDA)
+  const KernelSpec& spec = handle.spec();
+  if (spec.device_type() != kDLCUDA) {
+    return Status(KREG_INVALID_ARGUMENT, "bench times CUDA implementations; " + spec.op +
+                                             " resolved to backend " + spec.backend);
+  }
+  int l2 = 0;
+  cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0);
+  auto first = make_example(spec, symbols, dtype, DLDevice{kDLCUDA, 0}, seed);
+  if (!first) return first.status();
+  Timing t;
+  t.bytes = bytes_moved(spec, *first);
+  const size_t per_set = std::max<size_t>(t.bytes, 1);
+  // Enough sets that the total exceeds twice the L2, so each call misses in cache.
+  const int sets = static_cast<int>(std::clamp<size_t>(2 * static_cast<size_t>(l2) / per_set + 1, 2, 64));
+  std::vector<ExampleArgs> all;
+  all.push_back(std::move(first).value());
+  for (int s = 1; s < sets; ++s) {
+    auto a = make_example(spec, symbols, dtype, DLDevice{kDLCUDA, 0}, seed + static_cast<uint64_t>(s));
+    if (!a) return a.status();
+    all.push_back(std::move(a).value());
+  }
+  t.buffer_sets = sets;
+  cudaStream_t stream = nullptr;
+  if (Status st = cuda_status(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+      !st.ok()) {
+    return st;
+  }
+  auto run = [&](int i) { return handle.call(all[static_cast<size_t>(i % sets)].tensors, attrs.view(), stream); };
+  for (int i = 0; i < 3 * sets; ++i) {
+    if (Status st = run(i); !st.ok()) return st;
+  }
+  Events ev;
+  cudaEventRecord(ev.start, stream);
+  for (int i = 0; i < sets; ++i) (void)run(i);
+  cudaEventRecord(ev.stop, stream);
+  if (Status st = cuda_status(cudaStreamSynchronize(stream), "warm-up"); !st.ok()) return st;
+  const double warm_us = ev.ms() * 1000.0 / sets;
+  std::vector<double> samples;
+  if (warm_us < 20.0 && spec.graph_safe()) {
+    // Graph of `batch` calls rotating over the sets; time replays.
+    t.graph = true;
+    const int batch = std::max(sets, 64);
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
+    for (int i = 0; i < batch; ++i) (void)run(i);
+    if (Status st = cuda_status(cudaStreamEndCapture(stream, &graph), "graph capture"); !st.ok()) {
+      return st;
+    }
+    if (Status st = cuda_status(cudaGraphInstantiate(&exec, graph, 0), "graph instantiate");
+        !st.ok()) {
+      return st;
+    }
+    cudaGraphLaunch(exec, stream);
+    for (int r = 0; r < reps; ++r) {
+      cudaEventRecord(ev.start, stream);
+      cudaGraphLaunch(exec, stream);
+      cudaEventRecord(ev.stop, stream);
+      cudaEventSynchronize(ev.stop);
+      samples.push_back(ev.ms() * 1000.0 / batch);
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+  } else {
+    for (int r = 0; r < reps; ++r) {
+      cudaEventRecord(ev.start, stream);
+      (void)run(r);
+      cudaEventRecord(ev.stop, stream);
+      cudaEventSynchronize(ev.stop);
+      samples.push_back(ev.ms() * 1000.0);
+    }
+  }
+  if (Status st = cuda_status(cudaStreamSynchronize(stream), "timed calls"); !st.ok()) return st;
+  cudaStreamDestroy(stream);
+  t.median_us = median(samples);
+  t.min_us = *std::min_element(samples.begin(), samples.end());
+  t.gbps = static_cast<double>(t.bytes) / (t.median_us * 1e3);
+  return t;
+#else
+  (void)handle, (void)symbols, (void)dtype, (void)attrs, (void)reps, (void)seed;
+  return no_cuda();
+#endif
+}
+
+Result<double> copy_bandwidth_gbps(size_t bytes) {
+#if defined(KREG_HAVE_CUDA)
+  void* a = nullptr;
+  void* b = nullptr;
+  if (Status st = cuda_status(cudaMalloc(&a, bytes), "cudaMalloc"); !st.ok()) return st;
+  if (Status st = cuda_status(cudaMalloc(&b, bytes), "cudaMalloc"); !st.ok()) {
+    cudaFree(a);
+    return st;
+  }
+  cudaMemset(a, 1, bytes);
+  Events ev;
+  std::vector<double> samples;
+  for (int r = 0; r < 23; ++r) {
+    cudaEventRecord(ev.start);
+    cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice);
+    cudaEventRecord(ev.stop);
+    cudaEventSynchronize(ev.stop);
+    if (r >= 3) samples.push_back(ev.ms());
+  }
+  cudaFree(a);
+  cudaFree(b);
+  return 2.0 * static_cast<double>(bytes) / (median(samples) * 1e6);
+#else
+  (void)bytes;
+  return no_cuda();
+#endif
+}
+
+}  // namespace kreg::harness

@@ -1,0 +1,121 @@
+// The harness shared by the kreg CLI, the host application and the tests: owning tensor
+// buffers on the CPU or a CUDA device, example inputs built from an op's signature,
+// comparison of an implementation against the CPU reference, and CUDA-event timing.
+// Built with CUDA support when the toolkit exists; without it only CPU tensors work.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kreg/registry.hpp"
+
+namespace kreg::harness {
+
+// True when this build has CUDA support and a CUDA device is present.
+bool gpu_available();
+std::string gpu_name();
+
+// An owning, contiguous tensor.
+class Buffer {
+ public:
+  static Result<Buffer> make(DLDevice device, DType dtype, std::vector<int64_t> shape);
+  Buffer() = default;
+  Buffer(Buffer&&) noexcept;
+  Buffer& operator=(Buffer&&) noexcept;
+  ~Buffer();
+
+  DLTensor* tensor() { return &t_; }
+  const DLTensor* tensor() const { return &t_; }
+  DType dtype() const { return dtype_; }
+  const std::vector<int64_t>& shape() const { return shape_; }
+  int64_t numel() const;
+  size_t bytes() const;
+  bool on_gpu() const { return t_.device.device_type == kDLCUDA; }
+
+  // Host-side values as doubles (copied back from the device when needed).
+  Result<std::vector<double>> to_doubles() const;
+  // Sets the contents from doubles (rounded to the dtype), copying to the device as needed.
+  Status from_doubles(const std::vector<double>& values);
+  Status copy_from(const Buffer& other);  // same dtype and size; any devices
+  // Random non-zero values: floats uniform in +-[0.05, 2]; integers in [0, 16).
+  Status fill_random(std::mt19937_64& rng);
+  // NaN for floats (0x7f.. bytes for integers): unwritten outputs show up in comparisons.
+  Status poison();
+
+ private:
+  void release();
+  DLTensor t_{};
+  DType dtype_ = DType::kF32;
+  std::vector<int64_t> shape_;
+};
+
+// "T=64,H=4096" -> {T:64, H:4096}.
+using SymbolMap = std::map<std::string, int64_t>;
+Result<SymbolMap> parse_shape_spec(const std::string& text);
+
+// One buffer per tensor parameter of `spec`, shaped from `symbols`: inputs random,
+// write-only outputs poisoned. Tensors without an explicit dtype take `dtype`.
+struct ExampleArgs {
+  std::vector<Buffer> buffers;
+  std::vector<DLTensor*> tensors;  // views, in signature order
+};
+Result<ExampleArgs> make_example(const KernelSpec& spec, const SymbolMap& symbols, DType dtype,
+                                 DLDevice device, uint64_t seed);
+Result<ExampleArgs> copy_example(const ExampleArgs& src, DLDevice device);
+
+// Bytes a call moves at minimum: each read tensor once, each written tensor once.
+size_t bytes_moved(const KernelSpec& spec, const ExampleArgs& args);
+
+struct Tolerance {
+  double atol;
+  double rtol;
+};
+Tolerance tolerance_for(DType dtype);
+
+struct Comparison {
+  std::string tensor;
+  double max_abs = 0;
+  double max_rel = 0;
+  size_t mismatches = 0;
+  size_t count = 0;
+  bool ok() const { return mismatches == 0; }
+};
+
+// Runs `handle` on example inputs and the op's CPU reference on copies of the same
+// inputs, then compares every written tensor. Synchronizes the device.
+Result<std::vector<Comparison>> check_against_reference(const Registry& registry,
+                                                        const KernelHandle& handle,
+                                                        const SymbolMap& symbols, DType dtype,
+                                                        const AttrList& attrs, uint64_t seed);
+
+// Element-wise comparison of two tensors' values under a tolerance.
+Comparison compare_values(const std::string& name, const std::vector<double>& got,
+                          const std::vector<double>& want, Tolerance tol);
+
+struct Timing {
+  double median_us = 0;
+  double min_us = 0;
+  size_t bytes = 0;
+  double gbps = 0;  // bytes / median
+  int buffer_sets = 0;
+  bool graph = false;
+};
+
+// CUDA-event timing of `handle` on a CUDA device: rotating buffer sets whose total exceeds
+// twice the L2, warm-up, `reps` timed calls, median. Small calls (under ~20 us) are timed
+// as CUDA-graph replays of many calls to remove launch gaps.
+Result<Timing> time_on_gpu(const KernelHandle& handle, const SymbolMap& symbols, DType dtype,
+                           const AttrList& attrs, int reps, uint64_t seed);
+
+// Device-to-device copy bandwidth (bytes read + written per second), cudaMemcpyAsync of
+// `bytes`, median of several runs.
+Result<double> copy_bandwidth_gbps(size_t bytes);
+
+// Synchronizes the current device (no-op without CUDA).
+Status device_synchronize();
+
+}  // namespace kreg::harness

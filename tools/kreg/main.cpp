@@ -1,0 +1,423 @@
+// kreg: the registry's command line. list, info, validate, run, bench.
+// Exit codes: 0 success, 1 a violation / mismatch / failed run, 2 usage error or a
+// manifest that cannot be read.
+#include <cstdlib>
+#include <iostream>
+#include <sstream>
+
+#include <CLI/CLI.hpp>
+#include <unistd.h>
+
+#include "harness.hpp"
+#include "json.hpp"
+#include "kreg/registry.hpp"
+#include "kreg/validation.hpp"
+
+namespace fs = std::filesystem;
+using kreg::cli::JsonWriter;
+
+namespace {
+
+constexpr int kExitViolation = 1;
+constexpr int kExitUsage = 2;
+
+std::string default_manifest() {
+  const char* env = std::getenv("KREG_MANIFEST");
+  return env && *env ? env : "registry.yaml";
+}
+
+struct Opened {
+  kreg::Manifest manifest;
+  std::unique_ptr<kreg::Registry> registry;
+};
+
+// Loads the manifest and every enabled group (lazy ones too). Prints and returns an exit
+// code on failure.
+int open_registry(const std::string& path, Opened* out) {
+  auto manifest = kreg::load_manifest(path, kreg::manifest_options_from_env());
+  if (!manifest) {
+    std::cerr << "kreg: cannot use manifest " << path << ":\n" << manifest.status().message() << "\n";
+    return kExitUsage;
+  }
+  auto reg = kreg::Registry::open(*manifest, kreg::OpenOptions{.load_lazy_groups = true});
+  if (!reg) {
+    std::cerr << "kreg: " << reg.status().message() << "\n";
+    return kExitViolation;
+  }
+  out->manifest = std::move(manifest).value();
+  out->registry = std::move(reg).value();
+  return 0;
+}
+
+std::string join(const std::vector<std::string>& v, const char* sep) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : sep) + x;
+  return s;
+}
+
+std::string backends_of(const kreg::Registry& reg, const std::string& op) {
+  std::vector<std::string> b;
+  for (const kreg::KernelSpec* s : reg.implementations(op)) b.push_back(s->backend);
+  return join(b, ",");
+}
+
+// ---- list ----
+
+int cmd_list(const std::string& manifest, const std::string& group, bool json) {
+  Opened o;
+  if (int rc = open_registry(manifest, &o)) return rc;
+  const auto groups = o.registry->groups();
+  if (json) {
+    JsonWriter w(std::cout);
+    w.begin_object().key("groups").begin_array();
+    for (const auto& g : groups) {
+      if (!group.empty() && g.name != group) continue;
+      w.begin_object().field("name", g.name).field("loaded", g.loaded);
+      w.field("version", g.plugin ? g.plugin->version : std::string());
+      w.field("generation", static_cast<long long>(g.generation));
+      w.key("ops").begin_array();
+      for (const auto& op : g.ops) {
+        w.begin_object().field("op", op).key("implementations").begin_array();
+        for (const kreg::KernelSpec* s : o.registry->implementations(op)) {
+          w.begin_object().field("backend", s->backend).field("priority", s->priority);
+          w.field("dtypes", kreg::dtype_set_name(s->dtypes)).field("traits", s->traits_string());
+          w.end_object();
+        }
+        w.end_array().end_object();
+      }
+      w.end_array().end_object();
+    }
+    w.end_array().end_object();
+    return 0;
+  }
+  bool found = group.empty();
+  std::printf("%-11s %-34s %-10s %-14s %s\n", "GROUP", "OP", "BACKENDS", "DTYPES", "TRAITS");
+  for (const auto& g : groups) {
+    if (!group.empty() && g.name != group) continue;
+    found = true;
+    for (const auto& op : g.ops) {
+      const auto impls = o.registry->implementations(op);
+      std::printf("%-11s %-34s %-10s %-14s %s\n", g.name.c_str(), op.c_str(),
+                  backends_of(*o.registry, op).c_str(),
+                  kreg::dtype_set_name(impls.front()->dtypes).c_str(),
+                  impls.front()->traits_string().c_str());
+    }
+  }
+  if (!found) {
+    std::cerr << "kreg: no group named '" << group << "' in " << manifest << "\n";
+    return kExitUsage;
+  }
+  return 0;
+}
+
+// ---- info ----
+
+int cmd_info(const std::string& manifest, const std::string& op, bool json) {
+  Opened o;
+  if (int rc = open_registry(manifest, &o)) return rc;
+  std::string id = op;
+  std::string alias_note;
+  if (auto a = o.registry->alias(op)) {
+    id = a->first;
+    alias_note = a->second;
+  }
+  const auto impls = o.registry->implementations(id);
+  if (impls.empty()) {
+    std::cerr << "kreg: unknown op '" << op << "'\n";
+    return kExitUsage;
+  }
+  kreg::GroupInfo group;
+  for (const auto& g : o.registry->groups()) {
+    if (g.name == impls.front()->group()) group = g;
+  }
+  if (json) {
+    JsonWriter w(std::cout);
+    w.begin_object().field("op", id);
+    if (id != op) w.field("alias_of", id).field("deprecation", alias_note);
+    w.field("group", group.name).field("generation", static_cast<long long>(group.generation));
+    w.field("plugin_version", group.plugin ? group.plugin->version : std::string());
+    w.key("implementations").begin_array();
+    for (const kreg::KernelSpec* s : impls) {
+      w.begin_object().field("backend", s->backend).field("priority", s->priority);
+      w.field("signature", s->signature.text).field("dtypes", kreg::dtype_set_name(s->dtypes));
+      w.key("capabilities").begin_array();
+      for (const auto& c : s->capabilities) w.value(c.to_string());
+      w.end_array();
+      w.field("mutates", s->mutates()).field("graph_safe", s->graph_safe());
+      w.field("deterministic", s->deterministic()).field("description", s->description);
+      w.field("library", s->provenance.library).field("source", s->provenance.source_file);
+      w.end_object();
+    }
+    w.end_array().end_object();
+    return 0;
+  }
+  std::cout << id << (id != op ? "  (you asked for the deprecated alias " + op + ": " + alias_note + ")" : "")
+            << "\n";
+  std::cout << "  group      " << group.name << " " << (group.plugin ? group.plugin->version : "")
+            << ", generation " << group.generation << "\n";
+  std::cout << "  signature  " << impls.front()->signature.text << "\n";
+  for (const auto& p : impls.front()->signature.params) {
+    std::cout << "    " << std::string(kreg::arg_kind_name(p.kind)) << " " << p.name;
+    if (p.is_tensor()) {
+      std::cout << " " << impls.front()->signature.shape_name(p)
+                << (p.dtypes ? " " + kreg::dtype_set_name(p.dtypes) : "")
+                << (p.written() ? (p.read() ? " (read, written in place)" : " (written)") : "");
+    } else if (p.has_default) {
+      std::cout << " = " << p.default_text;
+    }
+    std::cout << "\n";
+  }
+  for (const kreg::KernelSpec* s : impls) {
+    std::cout << "  [" << s->backend << "] priority " << s->priority << ", dtypes "
+              << kreg::dtype_set_name(s->dtypes) << ", ";
+    for (const auto& c : s->capabilities) std::cout << c.to_string() << " ";
+    std::cout << "\n      traits " << s->traits_string() << "\n      " << s->description
+              << "\n      from " << s->source() << "\n";
+    const kreg::KernelBackend* b = kreg::find_backend(s->backend);
+    std::cout << "      launch: " << b->launch_semantics()
+              << (b->available() ? "" : "; unavailable here: " + b->unavailable_reason()) << "\n";
+  }
+  return 0;
+}
+
+// ---- validate ----
+
+int cmd_validate(const std::string& manifest, bool json, bool no_aliases) {
+  kreg::ValidateOptions opts;
+  opts.manifest = kreg::manifest_options_from_env();
+  opts.forbid_aliases = no_aliases;
+  const bool tty = !json && isatty(STDERR_FILENO);
+  if (tty) std::cerr << "kreg validate: checking " << manifest << " ...\r" << std::flush;
+  const auto report = kreg::validate_registry(manifest, opts);
+  if (tty) std::cerr << "\33[2K";
+  const int rc = !report.manifest_readable ? kExitUsage : report.ok() ? 0 : kExitViolation;
+  if (json) {
+    JsonWriter w(std::cout);
+    w.begin_object().field("schema", "kreg.validate/1").field("manifest", manifest);
+    w.field("ok", report.ok()).field("exit_code", rc);
+    w.strings("groups", report.groups).field("ops", static_cast<long long>(report.ops));
+    w.key("checks").begin_array();
+    for (const auto& c : report.outcomes) {
+      w.begin_object().field("check", c.check).field("group", c.group).field("passed", c.passed);
+      w.end_object();
+    }
+    w.end_array().key("violations").begin_array();
+    for (const auto& f : report.findings) {
+      w.begin_object().field("check", f.check).field("group", f.group).field("where", f.where);
+      w.field("message", f.message).end_object();
+    }
+    w.end_array().end_object();
+    return rc;
+  }
+  const bool color = isatty(STDOUT_FILENO);
+  const char* green = color ? "\33[32m" : "";
+  const char* red = color ? "\33[31m" : "";
+  const char* reset = color ? "\33[0m" : "";
+  size_t passed = 0;
+  for (const auto& c : report.outcomes) {
+    passed += c.passed;
+    std::printf("%s%-4s%s %-18s %s\n", c.passed ? green : red, c.passed ? "ok" : "FAIL", reset,
+                c.check.c_str(), c.group.empty() ? "(registry)" : c.group.c_str());
+  }
+  for (const auto& f : report.findings) {
+    std::printf("%serror%s [%s] %s%s: %s\n", red, reset, f.check.c_str(),
+                f.group.empty() ? "" : (f.group + " ").c_str(), f.where.c_str(), f.message.c_str());
+  }
+  std::printf("%zu checks passed, %zu failed; %zu violations; %zu groups, %zu ops\n", passed,
+              report.outcomes.size() - passed, report.findings.size(), report.groups.size(),
+              report.ops);
+  return rc;
+}
+
+// ---- run / bench ----
+
+struct RunArgs {
+  std::string op, shape, dtype = "bf16", backend;
+  std::vector<std::string> attrs;
+  uint64_t seed = 1;
+  int reps = 100;
+};
+
+int prepare(const std::string& manifest, const RunArgs& a, Opened* o, kreg::KernelHandle* h,
+            kreg::harness::SymbolMap* symbols, kreg::DType* dtype, kreg::AttrList* attrs) {
+  if (int rc = open_registry(manifest, o)) return rc;
+  auto d = kreg::parse_dtype(a.dtype);
+  if (!d) {
+    std::cerr << "kreg: unknown --dtype '" << a.dtype << "'\n";
+    return kExitUsage;
+  }
+  *dtype = *d;
+  auto sym = kreg::harness::parse_shape_spec(a.shape);
+  if (!sym) {
+    std::cerr << "kreg: " << sym.status().message() << "\n";
+    return kExitUsage;
+  }
+  *symbols = *sym;
+  std::string backend = a.backend;
+  if (backend.empty()) {
+    backend = kreg::harness::gpu_available() && !o->registry->implementations(a.op).empty() &&
+                      o->registry->implementations(a.op).front()->backend == "cuda"
+                  ? "cuda"
+                  : "cpu";
+  }
+  const kreg::KernelBackend* be = kreg::find_backend(backend);
+  if (be == nullptr) {
+    std::cerr << "kreg: unknown --backend '" << backend << "' (cpu, cuda)\n";
+    return kExitUsage;
+  }
+  auto handle = o->registry->resolve(a.op, kreg::Target{DLDevice{be->device_type(), 0}, *d},
+                                     kreg::ResolveOptions{backend});
+  if (!handle) {
+    std::cerr << "kreg: " << handle.status().message() << "\n";
+    return kExitViolation;
+  }
+  *h = *handle;
+  std::vector<kreg::NamedAttr> named;
+  for (const std::string& kv : a.attrs) {
+    const size_t eq = kv.find('=');
+    if (eq == std::string::npos) {
+      std::cerr << "kreg: --attr '" << kv << "' is not NAME=VALUE\n";
+      return kExitUsage;
+    }
+    const std::string name = kv.substr(0, eq), value = kv.substr(eq + 1);
+    const kreg::Param* p = h->spec().signature.find(name);
+    kreg::NamedAttr na{name, value};
+    if (p && p->kind == kreg::ArgKind::kFloat) na.value = std::strtod(value.c_str(), nullptr);
+    if (p && p->kind == kreg::ArgKind::kInt) na.value = static_cast<int64_t>(std::strtoll(value.c_str(), nullptr, 10));
+    if (p && p->kind == kreg::ArgKind::kBool) na.value = value == "true" || value == "1";
+    named.push_back(std::move(na));
+  }
+  auto list = h->attrs(named);
+  if (!list) {
+    std::cerr << "kreg: " << list.status().message() << "\n";
+    return kExitUsage;
+  }
+  *attrs = std::move(list).value();
+  return 0;
+}
+
+int cmd_run(const std::string& manifest, const RunArgs& a) {
+  Opened o;
+  kreg::KernelHandle h;
+  kreg::harness::SymbolMap symbols;
+  kreg::DType dtype;
+  kreg::AttrList attrs;
+  if (int rc = prepare(manifest, a, &o, &h, &symbols, &dtype, &attrs)) return rc;
+  auto result = kreg::harness::check_against_reference(*o.registry, h, symbols, dtype, attrs, a.seed);
+  if (!result) {
+    std::cerr << "kreg: " << result.status().message() << "\n";
+    return kExitViolation;
+  }
+  bool ok = true;
+  std::printf("%s [%s] %s %s, seed %llu, vs cpu reference\n", h.op().c_str(), h.backend().c_str(),
+              a.shape.c_str(), std::string(kreg::dtype_name(dtype)).c_str(),
+              static_cast<unsigned long long>(a.seed));
+  for (const auto& c : *result) {
+    ok = ok && c.ok();
+    std::printf("  %-10s max_abs_err %.3g  max_rel_err %.3g  mismatches %zu/%zu  %s\n",
+                c.tensor.c_str(), c.max_abs, c.max_rel, c.mismatches, c.count,
+                c.ok() ? "OK" : "MISMATCH");
+  }
+  return ok ? 0 : kExitViolation;
+}
+
+int cmd_bench(const std::string& manifest, const RunArgs& a) {
+  if (!kreg::harness::gpu_available()) {
+    std::cerr << "kreg bench: no CUDA device here (bench times GPU kernels with CUDA events)\n";
+    return kExitViolation;
+  }
+  RunArgs ra = a;
+  if (ra.backend.empty()) ra.backend = "cuda";
+  Opened o;
+  kreg::KernelHandle h;
+  kreg::harness::SymbolMap symbols;
+  kreg::DType dtype;
+  kreg::AttrList attrs;
+  if (int rc = prepare(manifest, ra, &o, &h, &symbols, &dtype, &attrs)) return rc;
+  auto check = kreg::harness::check_against_reference(*o.registry, h, symbols, dtype, attrs, a.seed);
+  if (!check) {
+    std::cerr << "kreg: " << check.status().message() << "\n";
+    return kExitViolation;
+  }
+  for (const auto& c : *check) {
+    if (!c.ok()) {
+      std::cerr << "kreg bench: " << h.op() << " disagrees with the CPU reference on '" << c.tensor
+                << "' (" << c.mismatches << " mismatches); not timing a wrong kernel\n";
+      return kExitViolation;
+    }
+  }
+  auto copy = kreg::harness::copy_bandwidth_gbps(size_t{1} << 30);
+  if (!copy) {
+    std::cerr << "kreg: " << copy.status().message() << "\n";
+    return kExitViolation;
+  }
+  auto t = kreg::harness::time_on_gpu(h, symbols, dtype, attrs, a.reps, a.seed);
+  if (!t) {
+    std::cerr << "kreg: " << t.status().message() << "\n";
+    return kExitViolation;
+  }
+  std::printf("%s [%s] %s %s on %s\n", h.op().c_str(), h.backend().c_str(), a.shape.c_str(),
+              std::string(kreg::dtype_name(dtype)).c_str(), kreg::harness::gpu_name().c_str());
+  std::printf("  median %.2f us (min %.2f), %zu bytes, %.0f GB/s = %.1f%% of copy %.0f GB/s "
+              "[%d buffer sets%s, %d reps]\n",
+              t->median_us, t->min_us, t->bytes, t->gbps, 100.0 * t->gbps / *copy, *copy,
+              t->buffer_sets, t->graph ? ", CUDA graph" : "", a.reps);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"kreg: the GPU kernel registry's command line"};
+  std::string manifest = default_manifest();
+  app.add_option("--manifest", manifest, "registry manifest (default $KREG_MANIFEST or ./registry.yaml)");
+  app.require_subcommand(1);
+
+  bool json = false;
+  std::string group;
+  auto* list = app.add_subcommand("list", "list groups, ops and their backends");
+  list->add_option("--group", group, "only this group");
+  list->add_flag("--json", json, "machine-readable output");
+
+  std::string op;
+  auto* info = app.add_subcommand("info", "show everything about one op");
+  info->add_option("op", op, "op id, e.g. layernorm.rmsnorm")->required();
+  info->add_flag("--json", json, "machine-readable output");
+
+  bool no_aliases = false;
+  auto* validate = app.add_subcommand("validate", "check the manifest and every plugin (CI gate)");
+  validate->add_flag("--json", json, "machine-readable report (schema kreg.validate/1)");
+  validate->add_flag("--no-aliases", no_aliases, "treat every alias as a violation");
+
+  RunArgs ra;
+  auto add_run_options = [&](CLI::App* sub) {
+    sub->add_option("op", ra.op, "op id")->required();
+    sub->add_option("--shape", ra.shape, "named dimensions, e.g. T=64,H=4096")->required();
+    sub->add_option("--dtype", ra.dtype, "dtype of the shared tensors (bf16, f16, f32)");
+    sub->add_option("--backend", ra.backend, "implementation to run (default: cuda if a GPU exists)");
+    sub->add_option("--attr", ra.attrs, "attribute NAME=VALUE (repeatable)");
+    sub->add_option("--seed", ra.seed, "random seed for inputs");
+  };
+  auto* run = app.add_subcommand("run", "run an op on random inputs and compare with the CPU reference");
+  add_run_options(run);
+  auto* bench = app.add_subcommand("bench", "time an op on the GPU (CUDA events) against a D2D copy");
+  add_run_options(bench);
+  bench->add_option("--reps", ra.reps, "timed repetitions (median reported)");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    app.exit(e);
+    return kExitUsage;
+  }
+  if (*list) return cmd_list(manifest, group, json);
+  if (*info) return cmd_info(manifest, op, json);
+  if (*validate) return cmd_validate(manifest, json, no_aliases);
+  if (*run) return cmd_run(manifest, ra);
+  if (*bench) return cmd_bench(manifest, ra);
+  return kExitUsage;
+}
