@@ -1,6 +1,11 @@
 #include "kreg/plugin_library.hpp"
 
+#include <elf.h>
+
+#include <cstring>
+
 #include <algorithm>
+#include <fstream>
 #include <system_error>
 
 #include <boost/dll/library_info.hpp>
@@ -49,10 +54,60 @@ Status file_problem(const fs::path& file) {
   return OkStatus();
 }
 
+#if defined(__x86_64__)
+constexpr uint16_t kHostMachine = EM_X86_64;
+#elif defined(__aarch64__)
+constexpr uint16_t kHostMachine = EM_AARCH64;
+#else
+constexpr uint16_t kHostMachine = EM_NONE;
+#endif
+
+// Reads the ELF headers before dlopen sees the file: dlopen maps a truncated library
+// without complaint and the process dies of SIGBUS on first touch, and a foreign
+// architecture gets a vaguer message from the loader.
+Status check_elf(const fs::path& file) {
+  const std::string what = "plugin library " + file.string();
+  std::ifstream in(file, std::ios::binary);
+  Elf64_Ehdr eh{};
+  if (!in.read(reinterpret_cast<char*>(&eh), sizeof eh)) {
+    return Status(KREG_INVALID_ARGUMENT, what + " is not an ELF shared object (too short)");
+  }
+  if (std::memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0) {
+    return Status(KREG_INVALID_ARGUMENT, what + " is not an ELF shared object (bad magic)");
+  }
+  if (eh.e_ident[EI_CLASS] != ELFCLASS64) {
+    return Status(KREG_INVALID_ARGUMENT, what + " is a 32-bit ELF object; this host needs 64-bit");
+  }
+  if (eh.e_type != ET_DYN) {
+    return Status(KREG_INVALID_ARGUMENT, what + " is an ELF object but not a shared library");
+  }
+  if (kHostMachine != EM_NONE && eh.e_machine != kHostMachine) {
+    return Status(KREG_INVALID_ARGUMENT, what + " is built for another architecture (ELF machine " +
+                                             std::to_string(eh.e_machine) + ", this host is " +
+                                             std::to_string(kHostMachine) + ")");
+  }
+  std::error_code ec;
+  const uint64_t size = fs::file_size(file, ec);
+  auto truncated = [&](const std::string& part) {
+    return Status(KREG_DATA_LOSS, what + " is truncated: its " + part + " ends past the file's " +
+                                      std::to_string(size) + " bytes (a build still writing it?)");
+  };
+  if (eh.e_phoff + uint64_t{eh.e_phnum} * eh.e_phentsize > size) return truncated("program headers");
+  if (eh.e_shoff + uint64_t{eh.e_shnum} * eh.e_shentsize > size) return truncated("section headers");
+  in.seekg(static_cast<std::streamoff>(eh.e_phoff));
+  for (int i = 0; i < eh.e_phnum; ++i) {
+    Elf64_Phdr ph{};
+    if (!in.read(reinterpret_cast<char*>(&ph), sizeof ph)) return truncated("program headers");
+    if (ph.p_type == PT_LOAD && ph.p_offset + ph.p_filesz > size) return truncated("segment " + std::to_string(i));
+  }
+  return OkStatus();
+}
+
 }  // namespace
 
 Status check_entry_symbol(const fs::path& file) {
   if (Status st = file_problem(file); !st.ok()) return st;
+  if (Status st = check_elf(file); !st.ok()) return st;
   try {
     boost::dll::library_info info(file);
     auto symbols = info.symbols();
@@ -75,8 +130,9 @@ Result<std::unique_ptr<PluginLibrary>> PluginLibrary::open(const fs::path& file,
   const std::string where = "plugin '" + expect.group + "' (" + file.string() + ")";
   if (Status st = file_problem(file); !st.ok()) return st;
 
-  auto impl = std::make_unique<Impl>();
   stage = Stage::kLoad;
+  if (Status st = check_elf(file); !st.ok()) return st;
+  auto impl = std::make_unique<Impl>();
   try {
     impl->lib.load(file, boost::dll::load_mode::rtld_local | boost::dll::load_mode::rtld_now);
   } catch (const std::exception& e) {

@@ -1,0 +1,411 @@
+// Registry semantics with in-process registrations: selection, duplicate policy, argument
+// checks and their messages, defaults, aliases, KREG_FORCE_BACKEND, and the call path's
+// zero-allocation promise.
+#include "kreg/registry.hpp"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <new>
+
+#include "kreg/plugin.hpp"
+
+// Counts heap allocations in this test binary.
+static std::atomic<long> g_allocations{0};
+void* operator new(std::size_t n) {
+  g_allocations.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(n ? n : 1)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+
+namespace kreg {
+namespace {
+
+// out = x * alpha; records which implementation ran.
+thread_local const char* g_last = nullptr;
+
+KernelStatus scale_a(Context&, const DLTensor& x, DLTensor& out, double alpha) {
+  g_last = "a";
+  for (int64_t i = 0; i < numel(x); ++i) {
+    data_ptr<float>(out)[i] = static_cast<float>(alpha) * data_ptr<float>(x)[i];
+  }
+  return kOk;
+}
+KernelStatus scale_b(Context& ctx, const DLTensor& x, DLTensor& out, double alpha) {
+  g_last = "b";
+  return scale_a(ctx, x, out, alpha);
+}
+KernelStatus failing(Context& ctx, const DLTensor&, DLTensor&, double) {
+  return ctx.fail(KREG_RESOURCE_EXHAUSTED, "out of %s", "workspace");
+}
+
+constexpr kreg_capability kCudaOld[] = {{kDLCUDA, 70, 75}};
+
+KernelSpec spec(const std::string& op, const std::string& backend, Binding b, int priority = 0,
+                const char* sig = nullptr, const char* dtypes = "f32|bf16") {
+  kreg_kernel_desc d{};
+  d.struct_size = sizeof d;
+  d.op = op.c_str();
+  d.backend = backend.c_str();
+  d.caps = backend == "cpu" ? kCpu : kCudaSm75Plus;
+  d.num_caps = 1;
+  const std::string name = op.substr(op.find('.') + 1);
+  const std::string default_sig = name + "(Tensor[N] x, Tensor(a!)[N] out, float alpha=2.0) -> ()";
+  d.signature = sig ? sig : default_sig.c_str();
+  d.dtypes = dtypes;
+  d.arg_kinds = b.arg_kinds;
+  d.priority = priority;
+  d.description = "test";
+  d.source_file = "registry_test.cpp";
+  d.fn = b.fn;
+  auto s = make_kernel_spec(d, Provenance{op.substr(0, op.find('.')), "0.1.0", "", ""});
+  EXPECT_TRUE(s.ok()) << s.status().message();
+  return std::move(s).value();
+}
+
+struct Vec {
+  explicit Vec(std::vector<int64_t> shape, DLDataType dt = {kDLFloat, 32, 1},
+               DLDevice dev = {kDLCPU, 0})
+      : shape_(std::move(shape)) {
+    int64_t n = 1;
+    for (int64_t d : shape_) n *= d;
+    data_.assign(static_cast<size_t>(n), 1.5f);
+    t.data = data_.data();
+    t.device = dev;
+    t.ndim = static_cast<int32_t>(shape_.size());
+    t.dtype = dt;
+    t.shape = shape_.data();
+  }
+  DLTensor t{};
+  std::vector<int64_t> shape_;
+  std::vector<float> data_;
+};
+
+class RegistryTest : public ::testing::Test {
+ protected:
+  void SetUp() override { unsetenv("KREG_FORCE_BACKEND"); }
+  Registry reg;
+};
+
+TEST_F(RegistryTest, ResolvesAndCallsThroughAHandle) {
+  ASSERT_TRUE(reg.add(spec("g.scale", "cpu", bind<&scale_a>)).ok());
+  Vec x({8}), out({8});
+  DLTensor* args[] = {&x.t, &out.t};
+  auto h = reg.resolve("g.scale", args);
+  ASSERT_TRUE(h.ok()) << h.status().message();
+  EXPECT_EQ(h->backend(), "cpu");
+  kreg_attr alpha{KREG_ATTR_FLOAT, 0, {.f = 3.0}};
+  ASSERT_TRUE(h->call(args, {&alpha, 1}).ok());
+  EXPECT_FLOAT_EQ(out.data_[7], 4.5f);
+  ASSERT_TRUE(h->call(args).ok());  // default alpha = 2.0
+  EXPECT_FLOAT_EQ(out.data_[0], 3.0f);
+}
+
+TEST_F(RegistryTest, UnknownOpIsNotFound) {
+  Vec x({8}), out({8});
+  DLTensor* args[] = {&x.t, &out.t};
+  auto h = reg.resolve("g.nope", args);
+  ASSERT_FALSE(h.ok());
+  EXPECT_EQ(h.status().code(), KREG_NOT_FOUND);
+  EXPECT_NE(h.status().message().find("unknown op 'g.nope'"), std::string::npos);
+  EXPECT_EQ(reg.call("nogroup.x", args).code(), KREG_NOT_FOUND);
+}
+
+TEST_F(RegistryTest, IdenticalReRegistrationIsANoOp) {
+  ASSERT_TRUE(reg.add(spec("g.scale", "cpu", bind<&scale_a>)).ok());
+  ASSERT_TRUE(reg.add(spec("g.scale", "cpu", bind<&scale_a>)).ok());
+  EXPECT_EQ(reg.implementations("g.scale").size(), 1u);
+}
+
+TEST_F(RegistryTest, ConflictingRegistrationNamesBothSources) {
+  KernelSpec first = spec("g.scale", "cpu", bind<&scale_a>);
+  first.provenance.library = "libfirst.so";
+  ASSERT_TRUE(reg.add(first).ok());
+  KernelSpec second = spec("g.scale", "cpu", bind<&scale_a>, 0, nullptr, "f32");
+  second.provenance.library = "libsecond.so";
+  Status st = reg.add(second);
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.code(), KREG_ALREADY_EXISTS);
+  EXPECT_NE(st.message().find("libfirst.so"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("libsecond.so"), std::string::npos) << st.message();
+  EXPECT_EQ(reg.implementations("g.scale").size(), 1u);
+}
+
+TEST_F(RegistryTest, HighestPriorityWinsAmongFittingCandidates) {
+  // Two CPU-device implementations can't share a backend name; use cpu + a cuda one that
+  // can never fit CPU tensors, plus check order with explicit backends.
+  ASSERT_TRUE(reg.add(spec("g.scale", "cpu", bind<&scale_a>, 0)).ok());
+  ASSERT_TRUE(reg.add(spec("g.scale", "cuda", bind<&scale_b>, 100)).ok());
+  auto impls = reg.implementations("g.scale");
+  ASSERT_EQ(impls.size(), 2u);
+  EXPECT_EQ(impls[0]->backend, "cuda");  // priority order
+  Vec x({8}), out({8});
+  DLTensor* args[] = {&x.t, &out.t};
+  auto h = reg.resolve("g.scale", args);  // CPU tensors: cuda is filtered out
+  ASSERT_TRUE(h.ok()) << h.status().message();
+  EXPECT_EQ(h->backend(), "cpu");
+}
+
+TEST_F(RegistryTest, ExplicitBackendThatIsAbsentIsAnError) {
+  ASSERT_TRUE(reg.add(spec("g.scale", "cpu", bind<&scale_a>)).ok());
+  Vec x({8}), out({8});
+  DLTensor* args[] = {&x.t, &out.t};
+  auto h = reg.resolve("g.scale", args, ResolveOptions{std::string("cuda")});
+  ASSERT_FALSE(h.ok());
+  EXPECT_EQ(h.status().code(), KREG_NOT_FOUND);
+  EXPECT_NE(h.status().message().find("no implementation for backend 'cuda'"), std::string::npos);
+  EXPECT_NE(h.status().message().find("it has: cpu"), std::string::npos);
+}
+
+TEST_F(RegistryTest, NoCandidateListsAReasonPerCandidate) {
+  ASSERT_TRUE(reg.add(spec("g.scale", "cpu", bind<&scale_a>)).ok());
+  ASSERT_TRUE(reg.add(spec("g.scale", "cuda", bind<&scale_b>, 100)).ok());
+  Vec x({8}, {kDLFloat, 64, 1}), out({8}, {kDLFloat, 64, 1});
+  DLTensor* args[] = {&x.t, &out.t};
+  auto h = reg.resolve("g.scale", args);
+  ASSERT_FALSE(h.ok());
+  const std::string& m = h.status().message();
+  EXPECT_NE(m.find("no implementation of 'g.scale' accepts"), std::string::npos) << m;
+  EXPECT_NE(m.find("- cuda: runs on cuda tensors, the arguments are on cpu:0"), std::string::npos) << m;
+  EXPECT_NE(m.find("- cpu: "), std::string::npos) << m;
+  EXPECT_NE(m.find("has dtype f64, expected f32|bf16"), std::string::npos) << m;
+}
+
+TEST_F(RegistryTest, SmWindowFiltersCudaCandidatesOnTargets) {
+  KernelSpec old = spec("g.scale", "cuda", bind<&scale_b>, 100);
+  old.capabilities = {Capability{kDLCUDA, 70, 75}};
+  ASSERT_TRUE(reg.add(old).ok());
+  auto h = reg.resolve("g.scale", Target{DLDevice{kDLCUDA, 0}, DType::kF32});
+  ASSERT_FALSE(h.ok());  // no GPU here, or one newer than sm75: rejected either way
+  const std::string& m = h.status().message();
+  EXPECT_TRUE(m.find("backend unavailable") != std::string::npos ||
+              m.find("the implementation needs cuda sm70-sm75") != std::string::npos)
+      << m;
+}
+
+TEST_F(RegistryTest, ForceBackendEnvironment) {
+  setenv("KREG_FORCE_BACKEND", "g.*=cuda", 1);
+  Registry forced;
+  ASSERT_TRUE(forced.add(spec("g.scale", "cpu", bind<&scale_a>)).ok());
+  ASSERT_TRUE(forced.add(spec("g.scale", "cuda", bind<&scale_b>, 100)).ok());
+  Vec x({8}), out({8});
+  DLTensor* args[] = {&x.t, &out.t};
+  auto h = forced.resolve("g.scale", args);
+  ASSERT_FALSE(h.ok());  // forced to cuda, arguments on the CPU
+  EXPECT_NE(h.status().message().find("forced by KREG_FORCE_BACKEND"), std::string::npos)
+      << h.status().message();
+  setenv("KREG_FORCE_BACKEND", "cuda,g.scale=cpu", 1);  // the most specific pattern wins
+  Registry specific;
+  ASSERT_TRUE(specific.add(spec("g.scale", "cpu", bind<&scale_a>)).ok());
+  auto h2 = specific.resolve("g.scale", args);
+  ASSERT_TRUE(h2.ok()) << h2.status().message();
+  EXPECT_EQ(h2->backend(), "cpu");
+  unsetenv("KREG_FORCE_BACKEND");
+}
+
+// ---- argument checks ----
+
+class CheckTest : public RegistryTest {
+ protected:
+  void SetUp() override {
+    RegistryTest::SetUp();
+    ASSERT_TRUE(reg.add(spec("g.mlp", "cpu", bind<&scale3>, 0,
+                             "mlp(Tensor[T,2*D] x, Tensor[D] w, Tensor(a!)[T,D] out, float a=1.0, "
+                             "int k=3) -> ()"))
+                    .ok());
+  }
+  static KernelStatus scale3(Context&, const DLTensor&, const DLTensor&, DLTensor&, double,
+                             int64_t) {
+    return kOk;
+  }
+  Status call(std::vector<DLTensor*> args, std::vector<kreg_attr> attrs = {}) {
+    auto h = reg.resolve("g.mlp", Target{DLDevice{kDLCPU, 0}, DType::kF32});
+    EXPECT_TRUE(h.ok());
+    return h->call(args, attrs);
+  }
+};
+
+TEST_F(CheckTest, AcceptsConsistentShapes) {
+  Vec x({4, 6}), w({3}), out({4, 3});
+  EXPECT_TRUE(call({&x.t, &w.t, &out.t}).ok());
+}
+
+TEST_F(CheckTest, TensorCount) {
+  Vec x({4, 6}), w({3});
+  Status st = call({&x.t, &w.t});
+  EXPECT_EQ(st.code(), KREG_INVALID_ARGUMENT);
+  EXPECT_NE(st.message().find("expected 3 tensors (x, w, out), got 2"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("g.mlp (cpu): "), std::string::npos);
+}
+
+TEST_F(CheckTest, NamedDimensionMismatchNamesBothSides) {
+  Vec x({4, 6}), w({4}), out({4, 3});
+  Status st = call({&x.t, &w.t, &out.t});
+  EXPECT_NE(st.message().find("argument 'w' (tensor 2 of 3) has shape [4], expected [D]: dim 0 (D) "
+                              "is 4, but D = 3 from 'x' dim 1"),
+            std::string::npos)
+      << st.message();
+}
+
+TEST_F(CheckTest, DimensionNotDivisible) {
+  Vec x({4, 7}), w({3}), out({4, 3});
+  Status st = call({&x.t, &w.t, &out.t});
+  EXPECT_NE(st.message().find("argument 'x' (tensor 1 of 3) dim 1 (2*D) is 7, not a multiple of 2"),
+            std::string::npos)
+      << st.message();
+}
+
+TEST_F(CheckTest, Rank) {
+  Vec x({2, 4, 6}), w({3}), out({4, 3});
+  Status st = call({&x.t, &w.t, &out.t});
+  EXPECT_NE(st.message().find("has rank 3 [2,4,6], expected rank 2 [T,2*D]"), std::string::npos)
+      << st.message();
+}
+
+TEST_F(CheckTest, DtypeAndSharedDtype) {
+  Vec xi({4, 6}, {kDLInt, 32, 1}), w({3}), out({4, 3});
+  Status st = call({&xi.t, &w.t, &out.t});
+  EXPECT_NE(st.message().find("argument 'x' (tensor 1 of 3) has dtype i32, expected f32|bf16"),
+            std::string::npos)
+      << st.message();
+  Vec x({4, 6}), wb({3}, {kDLBfloat, 16, 1});
+  st = call({&x.t, &wb.t, &out.t});
+  EXPECT_NE(st.message().find("has dtype bf16, but 'x' has f32 (these tensors share one dtype)"),
+            std::string::npos)
+      << st.message();
+}
+
+TEST_F(CheckTest, DeviceNullAndContiguity) {
+  Vec x({4, 6}), w({3}), out({4, 3});
+  Vec g({4, 6}, {kDLFloat, 32, 1}, {kDLCUDA, 0});
+  Status st = call({&g.t, &w.t, &out.t});
+  EXPECT_NE(st.message().find("is on cuda:0, but backend cpu runs on cpu tensors"), std::string::npos)
+      << st.message();
+  st = call({&x.t, nullptr, &out.t});
+  EXPECT_NE(st.message().find("argument 'w' (tensor 2 of 3) is null"), std::string::npos);
+  int64_t strides[] = {1, 4};  // column-major
+  x.t.strides = strides;
+  st = call({&x.t, &w.t, &out.t});
+  EXPECT_NE(st.message().find("is not contiguous (shape [4,6], strides [1,4])"), std::string::npos)
+      << st.message();
+  int64_t row_major[] = {6, 1};
+  x.t.strides = row_major;
+  EXPECT_TRUE(call({&x.t, &w.t, &out.t}).ok());
+}
+
+TEST_F(CheckTest, AttributeTypesAndCount) {
+  Vec x({4, 6}), w({3}), out({4, 3});
+  kreg_attr as_int{KREG_ATTR_INT, 0, {.i = 1}};
+  Status st = call({&x.t, &w.t, &out.t}, {as_int});
+  EXPECT_NE(st.message().find("attribute 'a' (attribute 1) must be float, got int"), std::string::npos)
+      << st.message();
+  kreg_attr f{KREG_ATTR_FLOAT, 0, {.f = 1.0}};
+  st = call({&x.t, &w.t, &out.t}, {f, as_int, as_int});
+  EXPECT_NE(st.message().find("expected 0 to 2 attributes (a, k), got 3"), std::string::npos)
+      << st.message();
+}
+
+TEST_F(CheckTest, NamedAttributes) {
+  auto h = reg.resolve("g.mlp", Target{DLDevice{kDLCPU, 0}, DType::kF32});
+  ASSERT_TRUE(h.ok());
+  auto list = h->attrs({{"k", int64_t{5}}, {"a", int64_t{2}}});  // int widens to float
+  ASSERT_TRUE(list.ok()) << list.status().message();
+  ASSERT_EQ(list->view().size(), 2u);
+  EXPECT_DOUBLE_EQ(list->view()[0].value.f, 2.0);
+  EXPECT_EQ(list->view()[1].value.i, 5);
+  auto bad = h->attrs({{"alpha", 1.0}});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("unknown attribute 'alpha' (attributes: a, k)"),
+            std::string::npos);
+  auto wrong = h->attrs({{"k", std::string("x")}});
+  EXPECT_NE(wrong.status().message().find("attribute 'k' must be int"), std::string::npos);
+}
+
+TEST_F(RegistryTest, KernelErrorsCarryOpAndMessage) {
+  ASSERT_TRUE(reg.add(spec("g.fail", "cpu", bind<&failing>)).ok());
+  Vec x({8}), out({8});
+  DLTensor* args[] = {&x.t, &out.t};
+  Status st = reg.call("g.fail", args);
+  EXPECT_EQ(st.code(), KREG_RESOURCE_EXHAUSTED);
+  EXPECT_EQ(st.message(), "g.fail (cpu): out of workspace");
+}
+
+TEST_F(RegistryTest, AliasesResolveAndWarnOnce) {
+  ASSERT_TRUE(reg.add(spec("g.scale", "cpu", bind<&scale_a>)).ok());
+  ASSERT_TRUE(reg.add_alias("g.old_scale", "g.scale", "renamed").ok());
+  Vec x({8}), out({8});
+  DLTensor* args[] = {&x.t, &out.t};
+  testing::internal::CaptureStderr();
+  EXPECT_TRUE(reg.call("g.old_scale", args).ok());
+  EXPECT_TRUE(reg.call("g.old_scale", args).ok());
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("'g.old_scale' is a deprecated alias of 'g.scale': renamed"), std::string::npos);
+  EXPECT_EQ(err.find("deprecated", err.find("deprecated") + 1), std::string::npos) << "warned twice";
+  EXPECT_EQ(reg.add_alias("g.old_scale", "g.scale", "").code(), KREG_ALREADY_EXISTS);
+  EXPECT_EQ(reg.add_alias("g.x", "g.x", "").code(), KREG_INVALID_ARGUMENT);
+}
+
+TEST_F(RegistryTest, CallPathAllocatesNothing) {
+  ASSERT_TRUE(reg.add(spec("g.scale", "cpu", bind<&scale_a>)).ok());
+  Vec x({8}), out({8});
+  DLTensor* args[] = {&x.t, &out.t};
+  auto h = reg.resolve("g.scale", args);
+  ASSERT_TRUE(h.ok());
+  kreg_attr alpha{KREG_ATTR_FLOAT, 0, {.f = 3.0}};
+  (void)h->call(args, {&alpha, 1});
+  (void)reg.call("g.scale", args);
+  const long before = g_allocations.load();
+  for (int i = 0; i < 1000; ++i) {
+    Status a = h->call(args, {&alpha, 1});
+    Status b = reg.call("g.scale", args);
+    Status c = h->call(args);  // defaults filled in
+    if (!a.ok() || !b.ok() || !c.ok()) FAIL();
+  }
+  EXPECT_EQ(g_allocations.load() - before, 0);
+}
+
+TEST_F(RegistryTest, SpecFromDescriptorRejectsMismatches) {
+  kreg_kernel_desc d{};
+  d.struct_size = sizeof d;
+  d.op = "g.scale";
+  d.backend = "cpu";
+  d.caps = kCpu;
+  d.num_caps = 1;
+  d.signature = "scale(Tensor x, Tensor y, Tensor(a!) z) -> ()";
+  d.dtypes = "f32";
+  d.arg_kinds = bind<&scale_a>.arg_kinds;  // TTf
+  d.fn = bind<&scale_a>.fn;
+  auto s = make_kernel_spec(d, Provenance{"g", "1", "", ""});
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("declares argument kinds 'TTT' but the bound function takes 'TTf'"),
+            std::string::npos)
+      << s.status().message();
+  d.signature = "scale(Tensor x, Tensor(a!) out, float alpha) -> ()";
+  d.op = "other.scale";
+  s = make_kernel_spec(d, Provenance{"g", "1", "", ""});
+  EXPECT_NE(s.status().message().find("op belongs to group 'other', but the plugin is group 'g'"),
+            std::string::npos);
+  d.op = "g.Scale";
+  s = make_kernel_spec(d, Provenance{"g", "1", "", ""});
+  EXPECT_NE(s.status().message().find("snake_case"), std::string::npos);
+  d.op = "g.scale";
+  d.backend = "tpu";
+  s = make_kernel_spec(d, Provenance{"g", "1", "", ""});
+  EXPECT_NE(s.status().message().find("unknown backend 'tpu'"), std::string::npos);
+  d.backend = "cuda";
+  d.caps = kCudaOld;
+  d.dtypes = "f32|q4";
+  s = make_kernel_spec(d, Provenance{"g", "1", "", ""});
+  EXPECT_NE(s.status().message().find("unknown dtype 'q4'"), std::string::npos);
+  constexpr kreg_capability inverted[] = {{kDLCUDA, 90, 80}};
+  d.caps = inverted;
+  d.dtypes = "f32";
+  s = make_kernel_spec(d, Provenance{"g", "1", "", ""});
+  EXPECT_NE(s.status().message().find("invalid SM window"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace kreg
