@@ -105,6 +105,39 @@ std::unique_ptr<Impl> make_impl(const KernelSpec& spec) {
     }
     ++ai;
   }
+  // Compile the fast path: shared-dtype words and the shape steps in argument order.
+  for (int d = 0; d < static_cast<int>(DType::kCount); ++d) {
+    if (plan.shared_dtypes & mask_of(static_cast<DType>(d))) {
+      plan.shared_words[plan.num_shared_words++] = detail::pack_dtype(to_dl(static_cast<DType>(d)));
+    }
+  }
+  bool bound[kMaxSymbols] = {};
+  for (int i = 0; i < plan.num_tensors; ++i) {
+    const detail::TensorRule& r = plan.tensors[i];
+    if (r.dtypes == 0 && plan.first_shared < 0) plan.first_shared = static_cast<int8_t>(i);
+    for (int k = 0; k < r.ndim; ++k) {
+      const DimExpr& e = r.dims[k];
+      detail::DimOp& op = plan.dim_ops[plan.num_dim_ops++];
+      op.tensor = static_cast<uint8_t>(i);
+      op.dim = static_cast<uint8_t>(k);
+      op.coef = e.coef;
+      if (e.coef > 0 && (e.coef & (e.coef - 1)) == 0) {
+        op.shift = static_cast<int8_t>(__builtin_ctz(static_cast<unsigned>(e.coef)));
+      }
+      if (e.symbol < 0) {
+        op.kind = detail::DimOp::kLiteral;
+        op.literal = e.literal;
+        continue;
+      }
+      op.symbol = static_cast<uint8_t>(e.symbol);
+      if (!bound[e.symbol]) {
+        bound[e.symbol] = true;
+        op.kind = e.coef == 1 ? detail::DimOp::kBind : detail::DimOp::kBindDiv;
+      } else {
+        op.kind = e.coef == 1 ? detail::DimOp::kEq : detail::DimOp::kEqMul;
+      }
+    }
+  }
   // Point string defaults at storage only now: the vector no longer moves.
   for (int i = 0; i < plan.num_attrs; ++i) {
     if (plan.attr_types[i] == KREG_ATTR_STRING) {
@@ -133,6 +166,86 @@ std::string caps_string(const KernelSpec& spec) {
 }  // namespace
 
 namespace detail {
+
+// The same rules as accepts(), one at a time, to say which one failed.
+CheckResult CheckPlan::diagnose(std::span<DLTensor* const> t,
+                                std::span<const kreg_attr> a) const {
+  if (static_cast<int>(t.size()) != num_tensors) {
+    return {CheckFailure::kTensorCount};
+  }
+  if (static_cast<int>(a.size()) > num_attrs || static_cast<int>(a.size()) < num_required_attrs)
+      {
+    return {CheckFailure::kAttrCount};
+  }
+  int64_t sym[kMaxSymbols];
+  for (int s = 0; s < num_symbols; ++s) sym[s] = -1;
+  uint32_t shared = 0;
+  int32_t device_id = 0;
+  for (int i = 0; i < num_tensors; ++i) {
+    const DLTensor* x = t[static_cast<size_t>(i)];
+    const auto arg = static_cast<int8_t>(i);
+    if (x == nullptr) return {CheckFailure::kNullTensor, arg};
+    if (x->device.device_type != device_type) return {CheckFailure::kDevice, arg};
+    if (i == 0) {
+      device_id = x->device.device_id;
+    } else if (x->device.device_id != device_id) {
+      return {CheckFailure::kDeviceMismatch, arg};
+    }
+    const TensorRule& r = tensors[i];
+    if (r.dtypes == 0) {
+      const uint32_t code = pack_dtype(x->dtype);
+      if (shared == 0) {
+        auto d = from_dl(x->dtype);
+        if (!d || !(shared_dtypes & mask_of(*d))) return {CheckFailure::kDType, arg};
+        shared = code;
+      } else if (code != shared) {
+        return {CheckFailure::kSharedDType, arg};
+      }
+    } else {
+      auto d = from_dl(x->dtype);
+      if (!d || !(r.dtypes & mask_of(*d))) return {CheckFailure::kDType, arg};
+    }
+    if (r.ndim >= 0) {
+      if (x->ndim != r.ndim) return {CheckFailure::kRank, arg};
+      for (int k = 0; k < r.ndim; ++k) {
+        const DimExpr& e = r.dims[k];
+        int64_t v = x->shape[k];
+        if (e.symbol < 0) {
+          if (v != e.literal) return {CheckFailure::kDim, arg, static_cast<int8_t>(k)};
+          continue;
+        }
+        if (e.coef != 1) {
+          if (v % e.coef != 0) {
+            return {CheckFailure::kDimDivisible, arg, static_cast<int8_t>(k)};
+          }
+          v /= e.coef;
+        }
+        int64_t& bound = sym[e.symbol];
+        if (bound < 0) {
+          bound = v;
+        } else if (bound != v) {
+          return {CheckFailure::kDim, arg, static_cast<int8_t>(k)};
+        }
+      }
+    }
+    if (x->strides != nullptr) {
+      int64_t expect = 1;
+      for (int k = x->ndim - 1; k >= 0; --k) {
+        if (x->shape[k] != 1 && x->strides[k] != expect) {
+          return {CheckFailure::kContiguous, arg};
+        }
+        expect *= x->shape[k];
+      }
+    }
+  }
+  for (size_t j = 0; j < a.size(); ++j) {
+    if (a[j].type != attr_types[j]) {
+      return {CheckFailure::kAttrType, static_cast<int8_t>(j)};
+    }
+  }
+  return {};
+}
+
 
 Status kernel_error(const Impl& impl, int32_t rc, const char* message) {
   auto code = static_cast<kreg_status_code>(rc);
@@ -332,6 +445,8 @@ Registry::Registry() {
 
 Registry::~Registry() {
   // Drop op tables before libraries: nothing that points into a plugin outlives it.
+  index_.store(nullptr);
+  indexes_.clear();
   for (auto& [name, g] : groups_) {
     g->table.store(nullptr);
     g->tables.clear();
@@ -486,6 +601,14 @@ Status Registry::publish_locked(Group& g, const std::vector<KernelSpec>& specs) 
   }
   g.table.store(table.get(), std::memory_order_release);
   g.tables.push_back(std::move(table));
+  auto index = std::make_unique<OpIndex>();
+  for (const auto& [name, group] : groups_) {
+    if (const Group::OpMap* t = group->table.load(std::memory_order_acquire)) {
+      for (const auto& [id, op] : *t) index->emplace(id, &op);
+    }
+  }
+  index_.store(index.get(), std::memory_order_release);
+  indexes_.push_back(std::move(index));
   return OkStatus();
 }
 
@@ -527,6 +650,9 @@ Status Registry::ensure_loaded(Group& g) const {
 }
 
 const OpEntry* Registry::find_op(std::string_view op) const {
+  if (const OpIndex* index = index_.load(std::memory_order_acquire)) {
+    if (auto it = index->find(op); it != index->end()) return it->second;
+  }
   const size_t dot = op.find('.');
   if (dot == std::string_view::npos) return nullptr;
   Group* g = find_group(op.substr(0, dot));
@@ -599,7 +725,7 @@ const Impl* Registry::select(std::string_view op, const OpEntry& entry,
                dtype_set_name(impl->plan.shared_dtypes) + ")";
     }
     if (reason.empty() && target == nullptr) {
-      detail::CheckResult r = impl->plan.check(args, {});
+      detail::CheckResult r = impl->plan.diagnose(args, {});
       if (r.why == CheckFailure::kAttrCount) r = {};  // attributes are checked per call
       if (r.why != CheckFailure::kNone) {
         if (why == nullptr) continue;
@@ -667,7 +793,7 @@ Status Registry::call(std::string_view op, std::span<DLTensor* const> tensors,
         auto sm = impl->backend->sm_of(tensors[0]->device.device_id);
         if (!sm || !sm_in_caps(impl->spec, *sm)) continue;
       }
-      if (impl->plan.check(tensors, attrs).why != CheckFailure::kNone) continue;
+      if (!impl->plan.accepts(tensors, attrs)) continue;
       return detail::invoke(*impl, tensors, attrs, stream);
     }
   }

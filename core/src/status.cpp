@@ -12,9 +12,14 @@ const char* status_code_name(int32_t code) {
   return kNames[code];
 }
 
+const std::string& Status::message() const {
+  static const std::string kEmpty;
+  return rep_ ? rep_->message : kEmpty;
+}
+
 std::string Status::to_string() const {
   if (ok()) return "OK";
-  return std::string(status_code_name(code_)) + ": " + message_;
+  return std::string(status_code_name(code())) + ": " + message();
 }
 
 }  // namespace kreg

@@ -19,6 +19,7 @@
 #pragma once
 
 #include <atomic>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <map>
@@ -74,6 +75,20 @@ struct TensorRule {
   DimExpr dims[kMaxRank];
 };
 
+// One step of the shape check, compiled from the signature: the first use of a symbol
+// binds it, later uses compare.
+struct DimOp {
+  enum Kind : uint8_t { kBind, kBindDiv, kEq, kEqMul, kLiteral };
+  uint8_t tensor = 0;
+  uint8_t dim = 0;
+  Kind kind = kBind;
+  uint8_t symbol = 0;
+  // coef = 1 << shift when coef is a power of two (the common 2*D): no division then.
+  int8_t shift = -1;
+  int32_t coef = 1;
+  int64_t literal = 0;
+};
+
 // Everything a call is checked against, flattened for speed.
 struct CheckPlan {
   int32_t device_type = kDLCPU;
@@ -85,8 +100,19 @@ struct CheckPlan {
   TensorRule tensors[kMaxTensors];
   int32_t attr_types[kMaxAttrs] = {};
   kreg_attr defaults[kMaxAttrs] = {};
+  // Compiled form for accepts(): the first tensor that takes the shared dtype, the
+  // packed DLPack dtypes the shared variable admits, and the shape steps.
+  int8_t first_shared = -1;
+  uint8_t num_shared_words = 0;
+  uint8_t num_dim_ops = 0;
+  uint32_t shared_words[static_cast<int>(DType::kCount)] = {};
+  DimOp dim_ops[kMaxTensors * kMaxRank];
 
-  CheckResult check(std::span<DLTensor* const> t, std::span<const kreg_attr> a) const;
+  // The call path: true when the arguments satisfy the signature. Plain loads and
+  // compares, no allocation.
+  bool accepts(std::span<DLTensor* const> t, std::span<const kreg_attr> a) const;
+  // Off the call path: which argument is wrong, and how (for the error message).
+  CheckResult diagnose(std::span<DLTensor* const> t, std::span<const kreg_attr> a) const;
 };
 
 struct OpEntry;
@@ -112,87 +138,87 @@ inline uint32_t pack_dtype(DLDataType t) {
   return uint32_t{t.code} | (uint32_t{t.bits} << 8) | (uint32_t{t.lanes} << 16);
 }
 
-// The call-path check: plain loads and compares against the precomputed plan.
-inline CheckResult CheckPlan::check(std::span<DLTensor* const> t,
-                                    std::span<const kreg_attr> a) const {
-  if (static_cast<int>(t.size()) != num_tensors) [[unlikely]] {
-    return {CheckFailure::kTensorCount};
+inline uint64_t device_word(const DLDevice& d) {
+  uint64_t w;
+  std::memcpy(&w, &d, sizeof w);
+  return w;
+}
+
+inline bool CheckPlan::accepts(std::span<DLTensor* const> t, std::span<const kreg_attr> a) const {
+  const size_t n = t.size();
+  if (n != static_cast<size_t>(num_tensors) || a.size() > static_cast<size_t>(num_attrs) ||
+      a.size() < static_cast<size_t>(num_required_attrs)) [[unlikely]] {
+    return false;
   }
-  if (static_cast<int>(a.size()) > num_attrs || static_cast<int>(a.size()) < num_required_attrs)
-      [[unlikely]] {
-    return {CheckFailure::kAttrCount};
-  }
-  int64_t sym[kMaxSymbols];
-  for (int s = 0; s < num_symbols; ++s) sym[s] = -1;
-  uint32_t shared = 0;
-  int32_t device_id = 0;
-  for (int i = 0; i < num_tensors; ++i) {
-    const DLTensor* x = t[static_cast<size_t>(i)];
-    const auto arg = static_cast<int8_t>(i);
-    if (x == nullptr) [[unlikely]] return {CheckFailure::kNullTensor, arg};
-    if (x->device.device_type != device_type) [[unlikely]] return {CheckFailure::kDevice, arg};
-    if (i == 0) {
-      device_id = x->device.device_id;
-    } else if (x->device.device_id != device_id) [[unlikely]] {
-      return {CheckFailure::kDeviceMismatch, arg};
+  if (n > 0) {
+    const DLTensor* x0 = t[0];
+    if (x0 == nullptr || x0->device.device_type != device_type) [[unlikely]] return false;
+    const uint64_t dev0 = device_word(x0->device);
+    uint32_t shared = 0;
+    if (first_shared >= 0) {
+      const DLTensor* s = t[static_cast<size_t>(first_shared)];
+      if (s == nullptr) [[unlikely]] return false;
+      shared = pack_dtype(s->dtype);
+      int k = 0;
+      while (k < num_shared_words && shared_words[k] != shared) ++k;
+      if (k == num_shared_words) [[unlikely]] return false;
     }
-    const TensorRule& r = tensors[i];
-    if (r.dtypes == 0) {
-      const uint32_t code = pack_dtype(x->dtype);
-      if (shared == 0) {
+    for (size_t i = 0; i < n; ++i) {
+      const DLTensor* x = t[i];
+      if (x == nullptr || device_word(x->device) != dev0) [[unlikely]] return false;
+      const TensorRule& r = tensors[i];
+      if (r.ndim >= 0 && x->ndim != r.ndim) [[unlikely]] return false;
+      if (r.dtypes == 0) {
+        if (pack_dtype(x->dtype) != shared) [[unlikely]] return false;
+      } else {
         auto d = from_dl(x->dtype);
-        if (!d || !(shared_dtypes & mask_of(*d))) [[unlikely]] return {CheckFailure::kDType, arg};
-        shared = code;
-      } else if (code != shared) [[unlikely]] {
-        return {CheckFailure::kSharedDType, arg};
+        if (!d || !(r.dtypes & mask_of(*d))) [[unlikely]] return false;
       }
-    } else {
-      auto d = from_dl(x->dtype);
-      if (!d || !(r.dtypes & mask_of(*d))) [[unlikely]] return {CheckFailure::kDType, arg};
-    }
-    if (r.ndim >= 0) {
-      if (x->ndim != r.ndim) [[unlikely]] return {CheckFailure::kRank, arg};
-      for (int k = 0; k < r.ndim; ++k) {
-        const DimExpr& e = r.dims[k];
-        int64_t v = x->shape[k];
-        if (e.symbol < 0) {
-          if (v != e.literal) [[unlikely]] return {CheckFailure::kDim, arg, static_cast<int8_t>(k)};
-          continue;
+      if (x->strides != nullptr) {
+        int64_t expect = 1;
+        for (int k = x->ndim - 1; k >= 0; --k) {
+          if (x->shape[k] != 1 && x->strides[k] != expect) [[unlikely]] return false;
+          expect *= x->shape[k];
         }
-        if (e.coef != 1) {
-          if (v % e.coef != 0) [[unlikely]] {
-            return {CheckFailure::kDimDivisible, arg, static_cast<int8_t>(k)};
+      }
+    }
+    int64_t sym[kMaxSymbols];
+    for (int i = 0; i < num_dim_ops; ++i) {
+      const DimOp& op = dim_ops[i];
+      const int64_t v = t[op.tensor]->shape[op.dim];
+      switch (op.kind) {
+        case DimOp::kBind:
+          sym[op.symbol] = v;
+          break;
+        case DimOp::kBindDiv:
+          if (op.shift >= 0) {
+            if ((v & (op.coef - 1)) != 0) [[unlikely]] return false;
+            sym[op.symbol] = v >> op.shift;
+          } else {
+            if (v % op.coef != 0) [[unlikely]] return false;
+            sym[op.symbol] = v / op.coef;
           }
-          v /= e.coef;
-        }
-        int64_t& bound = sym[e.symbol];
-        if (bound < 0) {
-          bound = v;
-        } else if (bound != v) [[unlikely]] {
-          return {CheckFailure::kDim, arg, static_cast<int8_t>(k)};
-        }
-      }
-    }
-    if (x->strides != nullptr) {
-      int64_t expect = 1;
-      for (int k = x->ndim - 1; k >= 0; --k) {
-        if (x->shape[k] != 1 && x->strides[k] != expect) [[unlikely]] {
-          return {CheckFailure::kContiguous, arg};
-        }
-        expect *= x->shape[k];
+          break;
+        case DimOp::kEq:
+          if (v != sym[op.symbol]) [[unlikely]] return false;
+          break;
+        case DimOp::kEqMul:
+          if (v != op.coef * sym[op.symbol]) [[unlikely]] return false;
+          break;
+        case DimOp::kLiteral:
+          if (v != op.literal) [[unlikely]] return false;
+          break;
       }
     }
   }
   for (size_t j = 0; j < a.size(); ++j) {
-    if (a[j].type != attr_types[j]) [[unlikely]] {
-      return {CheckFailure::kAttrType, static_cast<int8_t>(j)};
-    }
+    if (a[j].type != attr_types[j]) [[unlikely]] return false;
   }
-  return {};
+  return true;
 }
 
 // Fills in default attributes and calls the kernel through the C frame. The arguments
-// must already have passed impl.plan.check().
+// must already have passed impl.plan.accepts().
 inline Status invoke(const Impl& impl, std::span<DLTensor* const> tensors,
                      std::span<const kreg_attr> attrs, void* stream) {
   const CheckPlan& plan = impl.plan;
@@ -252,9 +278,8 @@ class KernelHandle {
               void* stream = nullptr) const {
     const detail::Impl& impl = *impl_;
     const detail::CheckPlan& plan = impl.plan;
-    detail::CheckResult r = plan.check(tensors, attrs);
-    if (r.why != detail::CheckFailure::kNone) [[unlikely]] {
-      return explain(r, tensors, attrs);
+    if (!plan.accepts(tensors, attrs)) [[unlikely]] {
+      return explain(plan.diagnose(tensors, attrs), tensors, attrs);
     }
     return detail::invoke(impl, tensors, attrs, stream);
   }
@@ -370,6 +395,12 @@ class Registry {
   std::unordered_map<std::string, std::unique_ptr<Group>, StringHash, std::equal_to<>> groups_;
   std::unordered_map<std::string, std::unique_ptr<Alias>, StringHash, std::equal_to<>> aliases_;
   mutable std::vector<std::unique_ptr<detail::Impl>> impls_;
+  // Every loaded op by full id, rebuilt (copy-on-write) whenever a group table is
+  // published: Registry::call finds an op with one hash lookup.
+  using OpIndex =
+      std::unordered_map<std::string, const detail::OpEntry*, StringHash, std::equal_to<>>;
+  mutable std::atomic<const OpIndex*> index_{nullptr};
+  mutable std::vector<std::unique_ptr<OpIndex>> indexes_;
   // KREG_FORCE_BACKEND, parsed: (op pattern, backend); pattern "*", "group.*" or an op id.
   std::vector<std::pair<std::string, std::string>> force_;
 };

@@ -1,9 +1,10 @@
 // Errors as values: a canonical code (abi.h's kreg_status_code) and a message that names
-// the op, the argument and what was expected. An OK Status holds an empty string and
-// costs no allocation.
+// the op, the argument and what was expected. An OK Status is a null pointer: it costs
+// no allocation and almost nothing to return.
 #pragma once
 
 #include <cassert>
+#include <memory>
 #include <string>
 #include <utility>
 #include <variant>
@@ -15,18 +16,30 @@ namespace kreg {
 class [[nodiscard]] Status {
  public:
   Status() = default;
-  Status(kreg_status_code code, std::string message)
-      : code_(code), message_(std::move(message)) {}
+  Status(kreg_status_code code, std::string message) {
+    if (code != KREG_OK) rep_ = std::make_unique<Rep>(Rep{code, std::move(message)});
+  }
+  Status(const Status& o) : rep_(o.rep_ ? std::make_unique<Rep>(*o.rep_) : nullptr) {}
+  Status& operator=(const Status& o) {
+    if (this != &o) rep_ = o.rep_ ? std::make_unique<Rep>(*o.rep_) : nullptr;
+    return *this;
+  }
+  Status(Status&&) noexcept = default;
+  Status& operator=(Status&&) noexcept = default;
 
-  bool ok() const { return code_ == KREG_OK; }
-  kreg_status_code code() const { return code_; }
-  const std::string& message() const { return message_; }
+  bool ok() const { return rep_ == nullptr; }
+  kreg_status_code code() const { return rep_ ? rep_->code : KREG_OK; }
+  const std::string& message() const;
   // "INVALID_ARGUMENT: <message>"
   std::string to_string() const;
 
  private:
-  kreg_status_code code_ = KREG_OK;
-  std::string message_;
+  struct Rep {
+    kreg_status_code code;
+    std::string message;
+  };
+  // Null when OK: the success path is one pointer, set and tested.
+  std::unique_ptr<Rep> rep_;
 };
 
 inline Status OkStatus() { return Status(); }
