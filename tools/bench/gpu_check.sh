@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The GPU evidence in one command, for a machine with an NVIDIA GPU (e.g. the H200):
+# build (Release), the whole test suite (GPU tests included), the host application on
+# the GPU, `kreg bench` at the issue's shapes against the device copy bandwidth,
+# PyTorch eager / torch.compile baselines in the same run, and the dispatch benchmark.
+# Logs go to $OUT (or ./gpu-report). Extra CMake arguments: $KREG_CMAKE_ARGS.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+out=${OUT:-$PWD/gpu-report}
+mkdir -p "$out"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$out/gpu.txt"
+
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release ${KREG_CMAKE_ARGS:-} >"$out/configure.log" 2>&1 ||
+  { tail -30 "$out/configure.log"; exit 1; }
+cmake --build build -j"$(nproc)" >"$out/build.log" 2>&1 || { grep -E "error|Error" "$out/build.log" | head -40; exit 1; }
+
+ctest --test-dir build -j8 --output-on-failure >"$out/ctest.log" 2>&1
+echo "ctest: $(tail -n 3 "$out/ctest.log" | head -n 1)"
+grep -E "Failed|SKIPPED|Skipped" "$out/ctest.log" | head -20
+
+./build/tools/host/kreg-host | tee "$out/host.log" | tail -n 6
+
+kreg=./build/tools/kreg
+bench() { "$kreg" bench "$@" --reps 200 2>&1 | tee -a "$out/bench.log"; }
+: >"$out/bench.log"
+for dt in bf16; do
+  bench layernorm.rmsnorm --shape T=32768,H=4096 --dtype $dt
+  bench layernorm.fused_add_rmsnorm --shape T=32768,H=4096 --dtype $dt
+  bench layernorm.gemma_rmsnorm --shape T=32768,H=4096 --dtype $dt
+  bench activation.silu_and_mul --shape T=32768,D=14336 --dtype $dt
+  bench activation.gelu_and_mul --shape T=32768,D=14336 --dtype $dt
+  bench activation.gelu_tanh_and_mul --shape T=32768,D=14336 --dtype $dt
+  bench layernorm.rmsnorm --shape T=16,H=4096 --dtype $dt
+  bench layernorm.fused_add_rmsnorm --shape T=16,H=4096 --dtype $dt
+  bench activation.silu_and_mul --shape T=16,D=14336 --dtype $dt
+  bench activation.silu_and_mul --shape T=16,D=2048 --dtype $dt
+done
+bench layernorm.rmsnorm --shape T=32768,H=4096 --dtype f16
+bench layernorm.rmsnorm --shape T=32768,H=4096 --dtype f32
+bench layernorm.rmsnorm --shape T=32768,H=4097 --dtype bf16
+
+if python3 -c "import torch" 2>/dev/null; then
+  python3 tools/bench/torch_baseline.py --csv "$out/torch.csv" 2>&1 | tee "$out/torch.log" | tail -n 20
+fi
+./build/tests/bench/kreg-bench-dispatch --benchmark_repetitions=5 --benchmark_report_aggregates_only=true \
+  2>&1 | tee "$out/dispatch.log" | grep -E "median|Run on|CPU"
