@@ -114,27 +114,31 @@ std::unique_ptr<Impl> make_impl(const KernelSpec& spec) {
   bool bound[kMaxSymbols] = {};
   for (int i = 0; i < plan.num_tensors; ++i) {
     const detail::TensorRule& r = plan.tensors[i];
+    plan.fast[i].ndim = r.ndim;
+    plan.fast[i].dtypes = r.dtypes;
     if (r.dtypes == 0 && plan.first_shared < 0) plan.first_shared = static_cast<int8_t>(i);
     for (int k = 0; k < r.ndim; ++k) {
       const DimExpr& e = r.dims[k];
-      detail::DimOp& op = plan.dim_ops[plan.num_dim_ops++];
-      op.tensor = static_cast<uint8_t>(i);
-      op.dim = static_cast<uint8_t>(k);
-      op.coef = e.coef;
-      if (e.coef > 0 && (e.coef & (e.coef - 1)) == 0) {
-        op.shift = static_cast<int8_t>(__builtin_ctz(static_cast<unsigned>(e.coef)));
-      }
-      if (e.symbol < 0) {
-        op.kind = detail::DimOp::kLiteral;
-        op.literal = e.literal;
+      if (e.symbol >= 0 && !bound[e.symbol]) {
+        bound[e.symbol] = true;
+        detail::DimBind& b = plan.binds[plan.num_binds++];
+        b.tensor = static_cast<uint8_t>(i);
+        b.dim = static_cast<uint8_t>(k);
+        b.symbol = static_cast<uint8_t>(e.symbol);
+        b.coef = e.coef;
+        if ((e.coef & (e.coef - 1)) == 0) {
+          b.shift = static_cast<int8_t>(__builtin_ctz(static_cast<unsigned>(e.coef)));
+        }
         continue;
       }
-      op.symbol = static_cast<uint8_t>(e.symbol);
-      if (!bound[e.symbol]) {
-        bound[e.symbol] = true;
-        op.kind = e.coef == 1 ? detail::DimOp::kBind : detail::DimOp::kBindDiv;
+      detail::DimCheck& c = plan.checks[plan.num_checks++];
+      c.tensor = static_cast<uint8_t>(i);
+      c.dim = static_cast<uint8_t>(k);
+      if (e.symbol < 0) {
+        c.literal = e.literal;
       } else {
-        op.kind = e.coef == 1 ? detail::DimOp::kEq : detail::DimOp::kEqMul;
+        c.symbol = static_cast<uint8_t>(e.symbol);
+        c.coef = e.coef;
       }
     }
   }

@@ -19,6 +19,7 @@
 #pragma once
 
 #include <atomic>
+#include <cstddef>
 #include <cstring>
 #include <filesystem>
 #include <functional>
@@ -75,18 +76,28 @@ struct TensorRule {
   DimExpr dims[kMaxRank];
 };
 
-// One step of the shape check, compiled from the signature: the first use of a symbol
-// binds it, later uses compare.
-struct DimOp {
-  enum Kind : uint8_t { kBind, kBindDiv, kEq, kEqMul, kLiteral };
+// The compiled shape check: the first use of a dimension symbol binds it (dividing by a
+// coefficient, as in 2*D), every later use and every literal dimension compares.
+struct DimBind {
   uint8_t tensor = 0;
   uint8_t dim = 0;
-  Kind kind = kBind;
   uint8_t symbol = 0;
-  // coef = 1 << shift when coef is a power of two (the common 2*D): no division then.
-  int8_t shift = -1;
+  int8_t shift = -1;  // coef == 1 << shift when coef is a power of two: no division
+  int32_t coef = 1;
+};
+struct DimCheck {
+  static constexpr uint8_t kLiteral = 0xff;
+  uint8_t tensor = 0;
+  uint8_t dim = 0;
+  uint8_t symbol = kLiteral;
   int32_t coef = 1;
   int64_t literal = 0;
+};
+// Per tensor: the expected (ndim, dtype) pair as DLTensor lays them out, for one 64-bit
+// compare. dtype 0 means "the shared dtype" (filled in per call).
+struct FastTensor {
+  int32_t ndim = -1;     // -1: any rank
+  DTypeMask dtypes = 0;  // explicit set; 0: the shared dtype
 };
 
 // Everything a call is checked against, flattened for speed.
@@ -104,9 +115,12 @@ struct CheckPlan {
   // packed DLPack dtypes the shared variable admits, and the shape steps.
   int8_t first_shared = -1;
   uint8_t num_shared_words = 0;
-  uint8_t num_dim_ops = 0;
+  uint8_t num_binds = 0;
+  uint8_t num_checks = 0;
   uint32_t shared_words[static_cast<int>(DType::kCount)] = {};
-  DimOp dim_ops[kMaxTensors * kMaxRank];
+  FastTensor fast[kMaxTensors];
+  DimBind binds[kMaxSymbols];
+  DimCheck checks[kMaxTensors * kMaxRank];
 
   // The call path: true when the arguments satisfy the signature. Plain loads and
   // compares, no allocation.
@@ -144,6 +158,17 @@ inline uint64_t device_word(const DLDevice& d) {
   return w;
 }
 
+// ndim and dtype are adjacent in DLTensor: one 8-byte load checks both.
+static_assert(offsetof(DLTensor, dtype) == offsetof(DLTensor, ndim) + 4);
+inline uint64_t rank_dtype_word(const DLTensor& t) {
+  uint64_t w;
+  std::memcpy(&w, reinterpret_cast<const char*>(&t) + offsetof(DLTensor, ndim), sizeof w);
+  return w;
+}
+inline uint64_t rank_dtype_word(int32_t ndim, uint32_t dtype) {
+  return static_cast<uint32_t>(ndim) | (uint64_t{dtype} << 32);
+}
+
 inline bool CheckPlan::accepts(std::span<DLTensor* const> t, std::span<const kreg_attr> a) const {
   const size_t n = t.size();
   if (n != static_cast<size_t>(num_tensors) || a.size() > static_cast<size_t>(num_attrs) ||
@@ -166,49 +191,45 @@ inline bool CheckPlan::accepts(std::span<DLTensor* const> t, std::span<const kre
     for (size_t i = 0; i < n; ++i) {
       const DLTensor* x = t[i];
       if (x == nullptr || device_word(x->device) != dev0) [[unlikely]] return false;
-      const TensorRule& r = tensors[i];
-      if (r.ndim >= 0 && x->ndim != r.ndim) [[unlikely]] return false;
-      if (r.dtypes == 0) {
-        if (pack_dtype(x->dtype) != shared) [[unlikely]] return false;
+      const FastTensor& f = fast[i];
+      if (f.dtypes == 0) {
+        const uint64_t word = rank_dtype_word(*x);
+        if (f.ndim >= 0 ? word != rank_dtype_word(f.ndim, shared) : (word >> 32) != shared)
+            [[unlikely]] {
+          return false;
+        }
       } else {
         auto d = from_dl(x->dtype);
-        if (!d || !(r.dtypes & mask_of(*d))) [[unlikely]] return false;
+        if (!d || !(f.dtypes & mask_of(*d)) || (f.ndim >= 0 && x->ndim != f.ndim)) [[unlikely]] {
+          return false;
+        }
       }
-      if (x->strides != nullptr) {
+      if (x->strides != nullptr) [[unlikely]] {
         int64_t expect = 1;
         for (int k = x->ndim - 1; k >= 0; --k) {
-          if (x->shape[k] != 1 && x->strides[k] != expect) [[unlikely]] return false;
+          if (x->shape[k] != 1 && x->strides[k] != expect) return false;
           expect *= x->shape[k];
         }
       }
     }
     int64_t sym[kMaxSymbols];
-    for (int i = 0; i < num_dim_ops; ++i) {
-      const DimOp& op = dim_ops[i];
-      const int64_t v = t[op.tensor]->shape[op.dim];
-      switch (op.kind) {
-        case DimOp::kBind:
-          sym[op.symbol] = v;
-          break;
-        case DimOp::kBindDiv:
-          if (op.shift >= 0) {
-            if ((v & (op.coef - 1)) != 0) [[unlikely]] return false;
-            sym[op.symbol] = v >> op.shift;
-          } else {
-            if (v % op.coef != 0) [[unlikely]] return false;
-            sym[op.symbol] = v / op.coef;
-          }
-          break;
-        case DimOp::kEq:
-          if (v != sym[op.symbol]) [[unlikely]] return false;
-          break;
-        case DimOp::kEqMul:
-          if (v != op.coef * sym[op.symbol]) [[unlikely]] return false;
-          break;
-        case DimOp::kLiteral:
-          if (v != op.literal) [[unlikely]] return false;
-          break;
+    for (int i = 0; i < num_binds; ++i) {
+      const DimBind& b = binds[i];
+      const int64_t v = t[b.tensor]->shape[b.dim];
+      if (b.shift == 0) {
+        sym[b.symbol] = v;
+      } else if (b.shift > 0) {
+        if ((v & (b.coef - 1)) != 0) [[unlikely]] return false;
+        sym[b.symbol] = v >> b.shift;
+      } else {
+        if (v % b.coef != 0) [[unlikely]] return false;
+        sym[b.symbol] = v / b.coef;
       }
+    }
+    for (int i = 0; i < num_checks; ++i) {
+      const DimCheck& c = checks[i];
+      const int64_t want = c.symbol == DimCheck::kLiteral ? c.literal : c.coef * sym[c.symbol];
+      if (t[c.tensor]->shape[c.dim] != want) [[unlikely]] return false;
     }
   }
   for (size_t j = 0; j < a.size(); ++j) {
