@@ -40,7 +40,9 @@ bench layernorm.rmsnorm --shape T=32768,H=4096 --dtype f32
 bench layernorm.rmsnorm --shape T=32768,H=4097 --dtype bf16
 
 if python3 -c "import torch" 2>/dev/null; then
-  python3 tools/bench/torch_baseline.py --csv "$out/torch.csv" 2>&1 | tee "$out/torch.log" | tail -n 20
+  # KREG_TORCH_ARGS narrows it, e.g. "--only rmsnorm,silu_and_mul --compile-mode default".
+  python3 tools/bench/torch_baseline.py --csv "$out/torch.csv" ${KREG_TORCH_ARGS:-} 2>&1 |
+    tee "$out/torch.log" | tail -n 20
 fi
-./build/tests/bench/kreg-bench-dispatch --benchmark_repetitions=5 --benchmark_report_aggregates_only=true \
+./build/tests/bench/kreg-bench-dispatch --benchmark_repetitions=3 --benchmark_report_aggregates_only=true \
   2>&1 | tee "$out/dispatch.log" | grep -E "median|Run on|CPU"
