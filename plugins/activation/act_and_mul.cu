@@ -1,1 +1,177 @@
-// placeholder
+// CUDA gated activations for the activation group: out = act(x[:, :D]) * x[:, D:], one
+// kernel template instantiated per activation functor.
+//
+// Launch shape: one thread per output vector of kVec elements (the widest vector, 16 bytes
+// when possible, that D and the pointers allow), kBlockThreads threads a block, as many
+// blocks as there are vectors. Measured on an H200, this beat grid-stride loops with
+// several vectors per thread: short-lived blocks keep more loads in flight. Loads and
+// stores carry an evict-first hint, since every byte is touched once.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "activation.hpp"
+#include "kreg/device/vec.cuh"
+#include "kreg/dtype.hpp"
+
+namespace kreg::activation {
+namespace {
+
+using device::vec_t;
+
+constexpr int kBlockThreads = 256;
+// Vector indices are 32-bit (cheaper to split into row and column); longer problems are
+// cut into several launches of at most this many vectors.
+constexpr int64_t kMaxVecsPerLaunch = INT32_MAX;
+
+struct Silu {
+  __device__ __forceinline__ float operator()(float a) const { return a / (1.0f + expf(-a)); }
+};
+
+// The formula as written, like PyTorch: for a < -3, 1 + erf cancels, leaving an absolute
+// error of about 1e-7 |a b| (the CPU reference evaluates erfc instead, which is ~35%
+// slower here).
+struct Gelu {
+  __device__ __forceinline__ float operator()(float a) const {
+    constexpr float kInvSqrt2 = 0.70710678118654752f;
+    return 0.5f * a * (1.0f + erff(a * kInvSqrt2));
+  }
+};
+
+// 0.5 a (1 + tanh(u)) == a / (1 + exp(-2u)): the same function, cheaper than tanhf and
+// free of the cancellation of 1 + tanh for a << 0.
+struct GeluTanh {
+  __device__ __forceinline__ float operator()(float a) const {
+    constexpr float kSqrt2OverPi = 0.79788456080286536f;
+    constexpr float kCubic = 0.044715f;
+    return a / (1.0f + expf(-2.0f * kSqrt2OverPi * (a + kCubic * a * a * a)));
+  }
+};
+
+// Division by a run-time constant as a multiply-high and a shift, for splitting every
+// flat vector index into (row, column): GPUs have no integer divide instruction, and the
+// emulated one costs more than the rest of the thread's integer work. Exact for dividends
+// and divisors below 2^31.
+struct FastDivisor {
+  uint32_t divisor = 1;
+  uint32_t multiplier = 1;
+  uint32_t shift = 0;
+
+  explicit FastDivisor(uint32_t d) : divisor(d) {
+    while (shift < 32 && (uint64_t{1} << shift) < d) ++shift;
+    multiplier =
+        static_cast<uint32_t>(((uint64_t{1} << 32) * ((uint64_t{1} << shift) - d)) / d + 1);
+  }
+
+  __device__ __forceinline__ uint32_t div(uint32_t n) const {
+    return (__umulhi(n, multiplier) + n) >> shift;
+  }
+};
+
+template <typename T, int kVec, typename Act>
+__global__ void __launch_bounds__(kBlockThreads)
+    act_and_mul_kernel(const T* __restrict__ x, T* __restrict__ out, int64_t d,
+                       FastDivisor vecs_per_row, uint32_t total_vecs) {
+  const uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= total_vecs) return;
+  const uint32_t row = vecs_per_row.div(i);
+  const int64_t col = static_cast<int64_t>(i - row * vecs_per_row.divisor) * kVec;
+  const T* gate_ptr = x + 2 * d * row + col;
+  vec_t<T, kVec> gate_raw;
+  vec_t<T, kVec> up_raw;
+  gate_raw.load_stream(gate_ptr);
+  up_raw.load_stream(gate_ptr + d);
+  vec_t<float, kVec> gate;
+  vec_t<float, kVec> y;
+  gate.cast_from(gate_raw);
+  y.cast_from(up_raw);
+  const Act act;
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) y[j] = act(gate[j]) * y[j];
+  vec_t<T, kVec> y_raw;
+  y_raw.cast_from(y);
+  y_raw.store_stream(out + d * row + col);
+}
+
+template <typename T, int kVec, typename Act>
+cudaError_t launch(const T* x, T* out, int64_t rows, int64_t d, cudaStream_t stream) {
+  const int64_t vecs_per_row = d / kVec;
+  const int64_t rows_per_launch = std::max<int64_t>(1, kMaxVecsPerLaunch / vecs_per_row);
+  const FastDivisor divisor(static_cast<uint32_t>(vecs_per_row));
+  for (int64_t row = 0; row < rows; row += rows_per_launch) {
+    const int64_t n = std::min(rows_per_launch, rows - row);
+    const auto total = static_cast<uint32_t>(n * vecs_per_row);
+    const auto blocks = static_cast<unsigned>((total + kBlockThreads - 1) / kBlockThreads);
+    act_and_mul_kernel<T, kVec, Act>
+        <<<blocks, kBlockThreads, 0, stream>>>(x + row * 2 * d, out + row * d, d, divisor, total);
+    if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
+}
+
+template <typename T, typename Act>
+cudaError_t launch_typed(const DLTensor& x, DLTensor& out, cudaStream_t stream) {
+  const T* xp = data_ptr<const T>(x);
+  T* outp = data_ptr<T>(out);
+  const int64_t rows = x.shape[0];
+  const int64_t d = out.shape[1];
+  switch (device::max_vec_elems<T>(d, xp, outp)) {
+    case 8:
+      if constexpr (sizeof(T) == 2) return launch<T, 8, Act>(xp, outp, rows, d, stream);
+      break;
+    case 4:
+      return launch<T, 4, Act>(xp, outp, rows, d, stream);
+    case 2:
+      return launch<T, 2, Act>(xp, outp, rows, d, stream);
+    default:
+      break;
+  }
+  return launch<T, 1, Act>(xp, outp, rows, d, stream);
+}
+
+template <typename Act>
+KernelStatus act_and_mul(Context& ctx, const char* op, const DLTensor& x, DLTensor& out) {
+  const int64_t rows = x.shape[0];
+  const int64_t d = out.shape[1];
+  if (rows == 0 || d == 0) return kOk;
+  if (d > INT32_MAX) {
+    return ctx.fail(KREG_INVALID_ARGUMENT, "%s: D = %lld is too large", op,
+                    static_cast<long long>(d));
+  }
+  cudaError_t err = cudaSuccess;
+  const auto stream = static_cast<cudaStream_t>(ctx.stream());
+  switch (from_dl(x.dtype).value_or(DType::kCount)) {
+    case DType::kBF16:
+      err = launch_typed<__nv_bfloat16, Act>(x, out, stream);
+      break;
+    case DType::kF16:
+      err = launch_typed<__half, Act>(x, out, stream);
+      break;
+    case DType::kF32:
+      err = launch_typed<float, Act>(x, out, stream);
+      break;
+    default:
+      return ctx.fail(KREG_INVALID_ARGUMENT, "%s: dtype must be bf16, f16 or f32", op);
+  }
+  if (err != cudaSuccess) {
+    return ctx.fail(KREG_INTERNAL, "%s: kernel launch failed: %s", op, cudaGetErrorString(err));
+  }
+  return kOk;
+}
+
+}  // namespace
+
+KernelStatus silu_and_mul_cuda(Context& ctx, const DLTensor& x, DLTensor& out) {
+  return act_and_mul<Silu>(ctx, "activation.silu_and_mul", x, out);
+}
+
+KernelStatus gelu_and_mul_cuda(Context& ctx, const DLTensor& x, DLTensor& out) {
+  return act_and_mul<Gelu>(ctx, "activation.gelu_and_mul", x, out);
+}
+
+KernelStatus gelu_tanh_and_mul_cuda(Context& ctx, const DLTensor& x, DLTensor& out) {
+  return act_and_mul<GeluTanh>(ctx, "activation.gelu_tanh_and_mul", x, out);
+}
+
+}  // namespace kreg::activation

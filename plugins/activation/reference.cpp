@@ -1,1 +1,81 @@
-// placeholder
+// CPU references of the activation group: the plain loops that define what the CUDA
+// kernels must compute (fp32 math, one rounding at the store).
+#include <cmath>
+#include <cstdint>
+
+#include "activation.hpp"
+#include "kreg/dtype.hpp"
+#include "kreg/numeric.hpp"
+
+namespace kreg::activation {
+namespace {
+
+struct Silu {
+  float operator()(float a) const { return a / (1.0f + std::exp(-a)); }
+};
+
+// 0.5 a (1 + erf(a / sqrt(2))), evaluated as 0.5 a erfc(-a / sqrt(2)): the same value,
+// without the cancellation of 1 + erf for a << 0.
+struct Gelu {
+  float operator()(float a) const {
+    constexpr float kInvSqrt2 = 0.70710678118654752f;
+    return 0.5f * a * std::erfc(-a * kInvSqrt2);
+  }
+};
+
+// 0.5 a (1 + tanh(u)) with u = sqrt(2/pi) (a + 0.044715 a^3), evaluated as
+// a / (1 + exp(-2u)): an identity, without the cancellation of 1 + tanh for a << 0.
+struct GeluTanh {
+  float operator()(float a) const {
+    constexpr float kSqrt2OverPi = 0.79788456080286536f;
+    constexpr float kCubic = 0.044715f;
+    return a / (1.0f + std::exp(-2.0f * kSqrt2OverPi * (a + kCubic * a * a * a)));
+  }
+};
+
+template <typename T, typename Act>
+void act_and_mul_rows(const T* x, T* out, int64_t rows, int64_t d, Act act) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* gate = x + r * 2 * d;
+    const T* up = gate + d;
+    T* outr = out + r * d;
+    for (int64_t i = 0; i < d; ++i) {
+      outr[i] = store_from_float<T>(act(load_as_float(gate[i])) * load_as_float(up[i]));
+    }
+  }
+}
+
+template <typename Act>
+KernelStatus act_and_mul(Context& ctx, const char* op, const DLTensor& x, DLTensor& out) {
+  const int64_t rows = x.shape[0];
+  const int64_t d = out.shape[1];
+  switch (from_dl(x.dtype).value_or(DType::kCount)) {
+    case DType::kF32:
+      act_and_mul_rows(data_ptr<const float>(x), data_ptr<float>(out), rows, d, Act{});
+      return kOk;
+    case DType::kBF16:
+      act_and_mul_rows(data_ptr<const bf16>(x), data_ptr<bf16>(out), rows, d, Act{});
+      return kOk;
+    case DType::kF16:
+      act_and_mul_rows(data_ptr<const f16>(x), data_ptr<f16>(out), rows, d, Act{});
+      return kOk;
+    default:
+      return ctx.fail(KREG_INVALID_ARGUMENT, "%s: dtype must be bf16, f16 or f32", op);
+  }
+}
+
+}  // namespace
+
+KernelStatus silu_and_mul_cpu(Context& ctx, const DLTensor& x, DLTensor& out) {
+  return act_and_mul<Silu>(ctx, "activation.silu_and_mul", x, out);
+}
+
+KernelStatus gelu_and_mul_cpu(Context& ctx, const DLTensor& x, DLTensor& out) {
+  return act_and_mul<Gelu>(ctx, "activation.gelu_and_mul", x, out);
+}
+
+KernelStatus gelu_tanh_and_mul_cpu(Context& ctx, const DLTensor& x, DLTensor& out) {
+  return act_and_mul<GeluTanh>(ctx, "activation.gelu_tanh_and_mul", x, out);
+}
+
+}  // namespace kreg::activation

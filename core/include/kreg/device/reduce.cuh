@@ -34,27 +34,45 @@ __device__ __forceinline__ float warp_reduce(float v, Op op, int width = kWarpSi
 
 // Reduces over the blockDim.x threads of each block row (the threads that share
 // threadIdx.y), so one block can serve several short rows; with blockDim.y == 1 it is a
-// whole-block reduction. blockDim.x must be a power of two up to 32 or a multiple of 32. `scratch`
-// is 32 floats of shared memory.
+// whole-block reduction. N independent values are reduced together behind a single
+// barrier (v[i] becomes the row's reduction of v[i]). blockDim.x must be a power of two
+// up to 32 or a multiple of 32. `scratch` is N * 32 floats of shared memory.
 //
 // When blockDim.x > 32 this contains a __syncthreads(): every thread of the block must
 // call it (mask out-of-range work, don't return early), and the caller must synchronize
 // again before it reuses `scratch`.
-template <typename Op>
-__device__ __forceinline__ float block_row_reduce(float v, Op op, float* scratch) {
+template <int N, typename Op>
+__device__ __forceinline__ void block_row_reduce(float (&v)[N], Op op, float* scratch) {
   const int width = static_cast<int>(blockDim.x);
-  if (width <= kWarpSize) return warp_reduce(v, op, width);
-
-  v = warp_reduce(v, op);
+  if (width <= kWarpSize) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) v[i] = warp_reduce(v[i], op, width);
+    return;
+  }
   const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
   const int warps_per_row = width / kWarpSize;
   const int first_warp = static_cast<int>(threadIdx.y) * warps_per_row;
-  if (lane == 0) scratch[first_warp + static_cast<int>(threadIdx.x) / kWarpSize] = v;
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    v[i] = warp_reduce(v[i], op);
+    if (lane == 0)
+      scratch[i * kWarpSize + first_warp + static_cast<int>(threadIdx.x) / kWarpSize] = v[i];
+  }
   __syncthreads();
   // Each warp of the row reduces all of the row's partials itself, which saves the
   // second barrier a write-then-broadcast would need.
-  v = lane < warps_per_row ? scratch[first_warp + lane] : Op::kIdentity;
-  return warp_reduce(v, op);
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    v[i] = lane < warps_per_row ? scratch[i * kWarpSize + first_warp + lane] : Op::kIdentity;
+    v[i] = warp_reduce(v[i], op);
+  }
+}
+
+template <typename Op>
+__device__ __forceinline__ float block_row_reduce(float v, Op op, float* scratch) {
+  float one[1] = {v};
+  block_row_reduce(one, op, scratch);
+  return one[0];
 }
 
 __device__ __forceinline__ float warp_sum(float v, int width = kWarpSize) {
@@ -68,6 +86,10 @@ __device__ __forceinline__ float block_row_sum(float v, float* scratch) {
 }
 __device__ __forceinline__ float block_row_max(float v, float* scratch) {
   return block_row_reduce(v, MaxOp{}, scratch);
+}
+template <int N>
+__device__ __forceinline__ void block_row_sum(float (&v)[N], float* scratch) {
+  block_row_reduce(v, SumOp{}, scratch);
 }
 
 }  // namespace kreg::device

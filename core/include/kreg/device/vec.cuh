@@ -28,6 +28,22 @@ __device__ __forceinline__ float to_float(float v) { return v; }
 __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
 __device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
 
+// to_float for a value converted once already and needed again later (after a block
+// reduction, say). The conversion is an opaque instruction the compiler cannot merge with
+// the first one, so it keeps the packed 16-bit value live (half the registers) rather than
+// the floats of the first conversion; the instruction is cheaper than the occupancy.
+__device__ __forceinline__ float to_float_again(float v) { return v; }
+__device__ __forceinline__ float to_float_again(__half v) {
+  float f;
+  asm volatile("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(__half_as_ushort(v)));
+  return f;
+}
+__device__ __forceinline__ float to_float_again(__nv_bfloat16 v) {
+  float f;
+  asm volatile("mov.b32 %0, {%1, %2};" : "=f"(f) : "h"(uint16_t{0}), "h"(__bfloat16_as_ushort(v)));
+  return f;
+}
+
 template <typename T>
 __device__ __forceinline__ T from_float(float v) {
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
@@ -111,6 +127,21 @@ struct vec_t {
 #pragma unroll
     for (int w = 0; w < kWords; ++w) {
       reinterpret_cast<Word*>(ptr)[w] = reinterpret_cast<const Word*>(data)[w];
+    }
+  }
+
+  // load/store with an evict-first hint (ld/st.global.cs), for data a kernel touches once.
+  __device__ __forceinline__ void load_stream(const T* ptr) {
+#pragma unroll
+    for (int w = 0; w < kWords; ++w) {
+      reinterpret_cast<Word*>(data)[w] = __ldcs(reinterpret_cast<const Word*>(ptr) + w);
+    }
+  }
+
+  __device__ __forceinline__ void store_stream(T* ptr) const {
+#pragma unroll
+    for (int w = 0; w < kWords; ++w) {
+      __stcs(reinterpret_cast<Word*>(ptr) + w, reinterpret_cast<const Word*>(data)[w]);
     }
   }
 
