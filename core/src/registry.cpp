@@ -111,7 +111,9 @@ std::unique_ptr<Impl> make_impl(const KernelSpec& spec) {
       plan.shared_words[plan.num_shared_words++] = detail::pack_dtype(to_dl(static_cast<DType>(d)));
     }
   }
-  bool bound[kMaxSymbols] = {};
+  struct FirstUse {
+    int tensor = -1, dim = 0, coef = 1;
+  } first[kMaxSymbols];
   for (int i = 0; i < plan.num_tensors; ++i) {
     const detail::TensorRule& r = plan.tensors[i];
     plan.fast[i].ndim = r.ndim;
@@ -119,27 +121,30 @@ std::unique_ptr<Impl> make_impl(const KernelSpec& spec) {
     if (r.dtypes == 0 && plan.first_shared < 0) plan.first_shared = static_cast<int8_t>(i);
     for (int k = 0; k < r.ndim; ++k) {
       const DimExpr& e = r.dims[k];
-      if (e.symbol >= 0 && !bound[e.symbol]) {
-        bound[e.symbol] = true;
-        detail::DimBind& b = plan.binds[plan.num_binds++];
-        b.tensor = static_cast<uint8_t>(i);
-        b.dim = static_cast<uint8_t>(k);
-        b.symbol = static_cast<uint8_t>(e.symbol);
-        b.coef = e.coef;
-        if ((e.coef & (e.coef - 1)) == 0) {
-          b.shift = static_cast<int8_t>(__builtin_ctz(static_cast<unsigned>(e.coef)));
+      if (e.symbol >= 0 && first[e.symbol].tensor < 0) {
+        first[e.symbol] = {i, k, e.coef};
+        if (e.coef != 1) {
+          detail::DimDivisor& d = plan.divisors[plan.num_divisors++];
+          d.tensor = static_cast<uint8_t>(i);
+          d.dim = static_cast<uint8_t>(k);
+          d.coef = e.coef;
+          d.mask = (e.coef & (e.coef - 1)) == 0 ? e.coef - 1 : 0;
         }
         continue;
       }
-      detail::DimCheck& c = plan.checks[plan.num_checks++];
-      c.tensor = static_cast<uint8_t>(i);
-      c.dim = static_cast<uint8_t>(k);
+      detail::DimPair& p = plan.pairs[plan.num_pairs++];
+      p.ta = static_cast<uint8_t>(i);
+      p.da = static_cast<uint8_t>(k);
       if (e.symbol < 0) {
-        c.literal = e.literal;
-      } else {
-        c.symbol = static_cast<uint8_t>(e.symbol);
-        c.coef = e.coef;
+        p.tb = detail::DimPair::kLiteral;
+        p.literal = e.literal;
+        continue;
       }
+      const FirstUse& f = first[e.symbol];
+      p.tb = static_cast<uint8_t>(f.tensor);
+      p.db = static_cast<uint8_t>(f.dim);
+      p.ca = e.coef;
+      p.cb = f.coef;
     }
   }
   // Point string defaults at storage only now: the vector no longer moves.

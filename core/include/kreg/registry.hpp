@@ -76,22 +76,21 @@ struct TensorRule {
   DimExpr dims[kMaxRank];
 };
 
-// The compiled shape check: the first use of a dimension symbol binds it (dividing by a
-// coefficient, as in 2*D), every later use and every literal dimension compares.
-struct DimBind {
-  uint8_t tensor = 0;
-  uint8_t dim = 0;
-  uint8_t symbol = 0;
-  int8_t shift = -1;  // coef == 1 << shift when coef is a power of two: no division
-  int32_t coef = 1;
-};
-struct DimCheck {
+// The compiled shape check, with no symbol table: every use of a dimension symbol after
+// its first is compared with the first directly, cross-multiplied by the coefficients
+// (shape[a][i] * coef_b == shape[b][j] * coef_a); literal dimensions compare with their
+// value; a first use with a coefficient (2*D) must be divisible by it.
+struct DimPair {
   static constexpr uint8_t kLiteral = 0xff;
-  uint8_t tensor = 0;
-  uint8_t dim = 0;
-  uint8_t symbol = kLiteral;
-  int32_t coef = 1;
+  uint8_t ta = 0, da = 0;  // this use
+  uint8_t tb = 0, db = 0;  // the symbol's first use, or tb == kLiteral
+  int32_t ca = 1, cb = 1;
   int64_t literal = 0;
+};
+struct DimDivisor {
+  uint8_t tensor = 0, dim = 0;
+  int64_t mask = 0;  // coef - 1 when coef is a power of two, else 0
+  int64_t coef = 1;
 };
 // Per tensor: the expected (ndim, dtype) pair as DLTensor lays them out, for one 64-bit
 // compare. dtype 0 means "the shared dtype" (filled in per call).
@@ -115,12 +114,12 @@ struct CheckPlan {
   // packed DLPack dtypes the shared variable admits, and the shape steps.
   int8_t first_shared = -1;
   uint8_t num_shared_words = 0;
-  uint8_t num_binds = 0;
-  uint8_t num_checks = 0;
+  uint8_t num_pairs = 0;
+  uint8_t num_divisors = 0;
   uint32_t shared_words[static_cast<int>(DType::kCount)] = {};
   FastTensor fast[kMaxTensors];
-  DimBind binds[kMaxSymbols];
-  DimCheck checks[kMaxTensors * kMaxRank];
+  DimPair pairs[kMaxTensors * kMaxRank];
+  DimDivisor divisors[kMaxSymbols];
 
   // The call path: true when the arguments satisfy the signature. Plain loads and
   // compares, no allocation.
@@ -212,24 +211,16 @@ inline bool CheckPlan::accepts(std::span<DLTensor* const> t, std::span<const kre
         }
       }
     }
-    int64_t sym[kMaxSymbols];
-    for (int i = 0; i < num_binds; ++i) {
-      const DimBind& b = binds[i];
-      const int64_t v = t[b.tensor]->shape[b.dim];
-      if (b.shift == 0) {
-        sym[b.symbol] = v;
-      } else if (b.shift > 0) {
-        if ((v & (b.coef - 1)) != 0) [[unlikely]] return false;
-        sym[b.symbol] = v >> b.shift;
-      } else {
-        if (v % b.coef != 0) [[unlikely]] return false;
-        sym[b.symbol] = v / b.coef;
-      }
+    for (int i = 0; i < num_pairs; ++i) {
+      const DimPair& p = pairs[i];
+      const int64_t lhs = t[p.ta]->shape[p.da] * p.cb;
+      const int64_t rhs = p.tb == DimPair::kLiteral ? p.literal : t[p.tb]->shape[p.db] * p.ca;
+      if (lhs != rhs) [[unlikely]] return false;
     }
-    for (int i = 0; i < num_checks; ++i) {
-      const DimCheck& c = checks[i];
-      const int64_t want = c.symbol == DimCheck::kLiteral ? c.literal : c.coef * sym[c.symbol];
-      if (t[c.tensor]->shape[c.dim] != want) [[unlikely]] return false;
+    for (int i = 0; i < num_divisors; ++i) {
+      const DimDivisor& d = divisors[i];
+      const int64_t v = t[d.tensor]->shape[d.dim];
+      if ((d.mask ? (v & d.mask) : (v % d.coef)) != 0) [[unlikely]] return false;
     }
   }
   for (size_t j = 0; j < a.size(); ++j) {
