@@ -384,6 +384,8 @@ int main(int argc, char** argv) {
   std::string manifest = default_manifest();
   app.add_option("--manifest", manifest, "registry manifest (default $KREG_MANIFEST or ./registry.yaml)");
   app.require_subcommand(1);
+  // Subcommands inherit this: `kreg list --manifest X` works as well as `kreg --manifest X list`.
+  app.fallthrough();
 
   bool json = false;
   std::string group;
