@@ -56,9 +56,9 @@ class CudaBackend final : public KernelBackend {
   void probe() const noexcept {
     std::call_once(once_, [this] {
       try {
-        boost::dll::shared_library lib("libcuda.so.1",
-                                       boost::dll::load_mode::search_system_folders |
-                                           boost::dll::load_mode::rtld_local);
+        boost::dll::shared_library lib(
+            "libcuda.so.1",
+            boost::dll::load_mode::search_system_folders | boost::dll::load_mode::rtld_local);
         auto init = lib.get<int(unsigned)>("cuInit");
         auto count = lib.get<int(int*)>("cuDeviceGetCount");
         auto get = lib.get<int(int*, int)>("cuDeviceGet");

@@ -200,11 +200,10 @@ class SchemaParser {
     skip_ws();
     size_t start = pos_;
     p->has_default = true;
-    p->default_value.type = static_cast<int32_t>(
-        p->kind == ArgKind::kInt     ? KREG_ATTR_INT
-        : p->kind == ArgKind::kFloat ? KREG_ATTR_FLOAT
-        : p->kind == ArgKind::kBool  ? KREG_ATTR_BOOL
-                                     : KREG_ATTR_STRING);
+    p->default_value.type = static_cast<int32_t>(p->kind == ArgKind::kInt     ? KREG_ATTR_INT
+                                                 : p->kind == ArgKind::kFloat ? KREG_ATTR_FLOAT
+                                                 : p->kind == ArgKind::kBool  ? KREG_ATTR_BOOL
+                                                                              : KREG_ATTR_STRING);
     if (p->kind == ArgKind::kString) {
       if (!accept('"')) return error("a quoted string default");
       size_t end = t_.find('"', pos_);
@@ -261,7 +260,8 @@ class SchemaParser {
   bool ident(std::string* out) {
     skip_ws();
     size_t start = pos_;
-    if (pos_ < t_.size() && (std::isalpha(static_cast<unsigned char>(t_[pos_])) || t_[pos_] == '_')) {
+    if (pos_ < t_.size() &&
+        (std::isalpha(static_cast<unsigned char>(t_[pos_])) || t_[pos_] == '_')) {
       ++pos_;
       while (pos_ < t_.size() &&
              (std::isalnum(static_cast<unsigned char>(t_[pos_])) || t_[pos_] == '_')) {

@@ -38,8 +38,9 @@ struct Fixture {
   Fixture() {
     for (int i = 0; i < 16; ++i) x[i] = 0.1f * static_cast<float>(i + 1);
     const char* dir = std::getenv("KREG_PLUGIN_DIR");
-    auto m = kreg::load_manifest(KREG_SOURCE_DIR "/registry.yaml",
-                                 kreg::ManifestOptions{std::filesystem::path(dir && *dir ? dir : KREG_PLUGIN_DIR), true});
+    auto m = kreg::load_manifest(
+        KREG_SOURCE_DIR "/registry.yaml",
+        kreg::ManifestOptions{std::filesystem::path(dir && *dir ? dir : KREG_PLUGIN_DIR), true});
     if (!m.ok()) std::abort();
     auto r = kreg::Registry::open(*m);
     if (!r.ok()) {
@@ -47,7 +48,8 @@ struct Fixture {
       std::abort();
     }
     reg = std::move(r).value();
-    auto h = reg->resolve("activation.silu_and_mul", args, kreg::ResolveOptions{std::string("cpu")});
+    auto h =
+        reg->resolve("activation.silu_and_mul", args, kreg::ResolveOptions{std::string("cpu")});
     if (!h.ok()) std::abort();
     handle = *h;
   }
@@ -59,8 +61,8 @@ Fixture& fixture() {
 }
 
 void report_allocs(benchmark::State& state, long before) {
-  state.counters["allocs_per_call"] =
-      benchmark::Counter(static_cast<double>(g_allocs.load() - before) / static_cast<double>(state.iterations()));
+  state.counters["allocs_per_call"] = benchmark::Counter(
+      static_cast<double>(g_allocs.load() - before) / static_cast<double>(state.iterations()));
 }
 
 void BM_DirectCall(benchmark::State& state) {

@@ -61,7 +61,7 @@ Oracle norm_oracle(bool fused, bool gemma) {
         const double wv = gemma ? 1.0 + w[static_cast<size_t>(h)] : w[static_cast<size_t>(h)];
         const double y = row[static_cast<size_t>(h)] * inv * wv;
         if (fused) {
-          out[0][i] = y;                          // x
+          out[0][i] = y;                            // x
           out[1][i] = row[static_cast<size_t>(h)];  // residual
         } else {
           out[2][i] = y;
@@ -97,11 +97,13 @@ std::vector<OpCase> op_cases() {
       {"layernorm.gemma_rmsnorm", true, norm_oracle(false, true)},
       {"layernorm.fused_add_rmsnorm", true, norm_oracle(true, false)},
       {"layernorm.gemma_fused_add_rmsnorm", true, norm_oracle(true, true)},
-      {"activation.silu_and_mul", false, act_oracle([](double a) { return a / (1 + std::exp(-a)); })},
+      {"activation.silu_and_mul", false,
+       act_oracle([](double a) { return a / (1 + std::exp(-a)); })},
       {"activation.gelu_and_mul", false,
        act_oracle([](double a) { return 0.5 * a * (1 + std::erf(a / std::sqrt(2.0))); })},
-      {"activation.gelu_tanh_and_mul", false,
-       act_oracle([k](double a) { return 0.5 * a * (1 + std::tanh(k * (a + 0.044715 * a * a * a))); })},
+      {"activation.gelu_tanh_and_mul", false, act_oracle([k](double a) {
+         return 0.5 * a * (1 + std::tanh(k * (a + 0.044715 * a * a * a)));
+       })},
   };
 }
 
@@ -175,8 +177,9 @@ TEST_F(GpuKernels, MatchTheCpuReferenceOverAShapeSweep) {
       ASSERT_TRUE(attrs_or.ok());
       AttrList no_attrs = std::move(attrs_or).value();
       for (int64_t r : rows) {
-        for (int64_t w : c.norm ? std::vector<int64_t>(std::begin(norm_widths), std::end(norm_widths))
-                                : std::vector<int64_t>(std::begin(act_widths), std::end(act_widths))) {
+        for (int64_t w : c.norm
+                             ? std::vector<int64_t>(std::begin(norm_widths), std::end(norm_widths))
+                             : std::vector<int64_t>(std::begin(act_widths), std::end(act_widths))) {
           auto cmp = harness::check_against_reference(registry(), *h, symbols_for(c.norm, r, w), dt,
                                                       no_attrs, seed++);
           ASSERT_TRUE(cmp.ok()) << cmp.status().message();
@@ -221,7 +224,8 @@ TEST_F(GpuKernels, MisalignedPointersAndZeroTokens) {
     for (DLTensor& t : views) args.push_back(&t);
     ASSERT_TRUE(h->call(args).ok());
     ASSERT_TRUE(harness::device_synchronize().ok());
-    auto ref = registry().resolve(op, Target{DLDevice{kDLCPU, 0}, DType::kBF16}, {std::string("cpu")});
+    auto ref =
+        registry().resolve(op, Target{DLDevice{kDLCPU, 0}, DType::kBF16}, {std::string("cpu")});
     ASSERT_TRUE(ref->call(host->tensors).ok());
     const size_t out = norm ? 2 : 1;
     auto got = values(padded[out]);
@@ -241,11 +245,12 @@ TEST_F(GpuKernels, MisalignedPointersAndZeroTokens) {
 TEST_F(GpuKernels, CpuTensorsToTheCudaPathAreRefused) {
   auto h = registry().resolve("layernorm.rmsnorm", Target{DLDevice{kDLCUDA, 0}, DType::kBF16});
   ASSERT_TRUE(h.ok());
-  auto cpu_args = harness::make_example(h->spec(), {{"T", 2}, {"H", 64}}, DType::kBF16,
-                                        DLDevice{kDLCPU, 0}, 1);
+  auto cpu_args =
+      harness::make_example(h->spec(), {{"T", 2}, {"H", 64}}, DType::kBF16, DLDevice{kDLCPU, 0}, 1);
   Status st = h->call(cpu_args->tensors);
   EXPECT_EQ(st.code(), KREG_INVALID_ARGUMENT);
-  EXPECT_NE(st.message().find("is on cpu:0, but backend cuda runs on cuda tensors"), std::string::npos)
+  EXPECT_NE(st.message().find("is on cpu:0, but backend cuda runs on cuda tensors"),
+            std::string::npos)
       << st.message();
 }
 
@@ -253,8 +258,8 @@ TEST(Kernels, BadArgumentsAreRejectedBeforeTheKernelRuns) {
   auto h = registry().resolve("activation.silu_and_mul", Target{DLDevice{kDLCPU, 0}, DType::kF32},
                               {std::string("cpu")});
   ASSERT_TRUE(h.ok());
-  auto args = harness::make_example(h->spec(), {{"T", 2}, {"D", 8}}, DType::kF32,
-                                     DLDevice{kDLCPU, 0}, 1);
+  auto args =
+      harness::make_example(h->spec(), {{"T", 2}, {"D", 8}}, DType::kF32, DLDevice{kDLCPU, 0}, 1);
   ASSERT_TRUE(args.ok());
   auto wrong_out = Buffer::make(DLDevice{kDLCPU, 0}, DType::kF32, {2, 9});
   DLTensor* bad_shape[] = {args->tensors[0], wrong_out->tensor()};
@@ -265,7 +270,8 @@ TEST(Kernels, BadArgumentsAreRejectedBeforeTheKernelRuns) {
   auto f64 = Buffer::make(DLDevice{kDLCPU, 0}, DType::kF64, {2, 16});
   DLTensor* bad_dtype[] = {f64->tensor(), args->tensors[1]};
   st = h->call(bad_dtype);
-  EXPECT_NE(st.message().find("has dtype f64, expected f32|f16|bf16"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("has dtype f64, expected f32|f16|bf16"), std::string::npos)
+      << st.message();
   // The output was poisoned and no call succeeded: it must still be all NaN.
   for (double v : values(args->buffers[1])) ASSERT_TRUE(std::isnan(v));
 }

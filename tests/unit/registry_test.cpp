@@ -169,7 +169,8 @@ TEST_F(RegistryTest, NoCandidateListsAReasonPerCandidate) {
   ASSERT_FALSE(h.ok());
   const std::string& m = h.status().message();
   EXPECT_NE(m.find("no implementation of 'g.scale' accepts"), std::string::npos) << m;
-  EXPECT_NE(m.find("- cuda: runs on cuda tensors, the arguments are on cpu:0"), std::string::npos) << m;
+  EXPECT_NE(m.find("- cuda: runs on cuda tensors, the arguments are on cpu:0"), std::string::npos)
+      << m;
   EXPECT_NE(m.find("- cpu: "), std::string::npos) << m;
   EXPECT_NE(m.find("has dtype f64, expected f32|bf16"), std::string::npos) << m;
 }
@@ -237,7 +238,8 @@ TEST_F(CheckTest, TensorCount) {
   Vec x({4, 6}), w({3});
   Status st = call({&x.t, &w.t});
   EXPECT_EQ(st.code(), KREG_INVALID_ARGUMENT);
-  EXPECT_NE(st.message().find("expected 3 tensors (x, w, out), got 2"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("expected 3 tensors (x, w, out), got 2"), std::string::npos)
+      << st.message();
   EXPECT_NE(st.message().find("g.mlp (cpu): "), std::string::npos);
 }
 
@@ -282,7 +284,8 @@ TEST_F(CheckTest, DeviceNullAndContiguity) {
   Vec x({4, 6}), w({3}), out({4, 3});
   Vec g({4, 6}, {kDLFloat, 32, 1}, {kDLCUDA, 0});
   Status st = call({&g.t, &w.t, &out.t});
-  EXPECT_NE(st.message().find("is on cuda:0, but backend cpu runs on cpu tensors"), std::string::npos)
+  EXPECT_NE(st.message().find("is on cuda:0, but backend cpu runs on cpu tensors"),
+            std::string::npos)
       << st.message();
   st = call({&x.t, nullptr, &out.t});
   EXPECT_NE(st.message().find("argument 'w' (tensor 2 of 3) is null"), std::string::npos);
@@ -300,7 +303,8 @@ TEST_F(CheckTest, AttributeTypesAndCount) {
   Vec x({4, 6}), w({3}), out({4, 3});
   kreg_attr as_int{KREG_ATTR_INT, 0, {.i = 1}};
   Status st = call({&x.t, &w.t, &out.t}, {as_int});
-  EXPECT_NE(st.message().find("attribute 'a' (attribute 1) must be float, got int"), std::string::npos)
+  EXPECT_NE(st.message().find("attribute 'a' (attribute 1) must be float, got int"),
+            std::string::npos)
       << st.message();
   kreg_attr f{KREG_ATTR_FLOAT, 0, {.f = 1.0}};
   st = call({&x.t, &w.t, &out.t}, {f, as_int, as_int});
@@ -342,8 +346,10 @@ TEST_F(RegistryTest, AliasesResolveAndWarnOnce) {
   EXPECT_TRUE(reg.call("g.old_scale", args).ok());
   EXPECT_TRUE(reg.call("g.old_scale", args).ok());
   const std::string err = testing::internal::GetCapturedStderr();
-  EXPECT_NE(err.find("'g.old_scale' is a deprecated alias of 'g.scale': renamed"), std::string::npos);
-  EXPECT_EQ(err.find("deprecated", err.find("deprecated") + 1), std::string::npos) << "warned twice";
+  EXPECT_NE(err.find("'g.old_scale' is a deprecated alias of 'g.scale': renamed"),
+            std::string::npos);
+  EXPECT_EQ(err.find("deprecated", err.find("deprecated") + 1), std::string::npos)
+      << "warned twice";
   EXPECT_EQ(reg.add_alias("g.old_scale", "g.scale", "").code(), KREG_ALREADY_EXISTS);
   EXPECT_EQ(reg.add_alias("g.x", "g.x", "").code(), KREG_INVALID_ARGUMENT);
 }
@@ -380,8 +386,9 @@ TEST_F(RegistryTest, SpecFromDescriptorRejectsMismatches) {
   d.fn = bind<&scale_a>.fn;
   auto s = make_kernel_spec(d, Provenance{"g", "1", "", ""});
   ASSERT_FALSE(s.ok());
-  EXPECT_NE(s.status().message().find("declares argument kinds 'TTT' but the bound function takes 'TTf'"),
-            std::string::npos)
+  EXPECT_NE(
+      s.status().message().find("declares argument kinds 'TTT' but the bound function takes 'TTf'"),
+      std::string::npos)
       << s.status().message();
   d.signature = "scale(Tensor x, Tensor(a!) out, float alpha) -> ()";
   d.op = "other.scale";

@@ -41,7 +41,8 @@ TEST(Schema, InPlaceTensorIsReadAndWritten) {
 }
 
 TEST(Schema, DimensionExpressionsAndLiterals) {
-  auto sig = parse_signature("silu_and_mul(Tensor[T, 2*D] x, Tensor(a!)[T,D] out, Tensor[3,4] c) -> ()");
+  auto sig =
+      parse_signature("silu_and_mul(Tensor[T, 2*D] x, Tensor(a!)[T,D] out, Tensor[3,4] c) -> ()");
   ASSERT_TRUE(sig.ok()) << sig.status().message();
   const DimExpr& d = sig->params[0].dims[1];
   EXPECT_EQ(d.coef, 2);
@@ -62,7 +63,8 @@ TEST(Schema, ExplicitDtypesAndUnrankedTensors) {
 
 TEST(Schema, AllAttributeTypesWithDefaults) {
   auto sig = parse_signature(
-      "f(Tensor x, int k=8, float s=-0.5, bool renorm=true, str method=\"deepseek_v3\", int n) -> ()");
+      "f(Tensor x, int k=8, float s=-0.5, bool renorm=true, str method=\"deepseek_v3\", int n) -> "
+      "()");
   ASSERT_TRUE(sig.ok()) << sig.status().message();
   EXPECT_EQ(sig->arg_kinds(), "Tifbsi");
   EXPECT_EQ(sig->params[1].default_value.value.i, 8);

@@ -200,7 +200,8 @@ Status Buffer::from_doubles(const std::vector<double>& values) {
   }
   std::vector<char> host(bytes());
   void* dst = on_gpu() ? static_cast<void*>(host.data()) : t_.data;
-  for (int64_t i = 0; i < numel(); ++i) write_element(dst, dtype_, i, values[static_cast<size_t>(i)]);
+  for (int64_t i = 0; i < numel(); ++i)
+    write_element(dst, dtype_, i, values[static_cast<size_t>(i)]);
   if (on_gpu()) {
 #if defined(KREG_HAVE_CUDA)
     return cuda_status(cudaMemcpy(t_.data, host.data(), bytes(), cudaMemcpyHostToDevice),
@@ -246,7 +247,8 @@ Status Buffer::fill_random(std::mt19937_64& rng) {
       write_element(host.data(), dtype_, i, (r & 1) ? mag : -mag);
     }
   } else {
-    for (int64_t i = 0; i < n; ++i) write_element(host.data(), dtype_, i, static_cast<double>(next() & 15));
+    for (int64_t i = 0; i < n; ++i)
+      write_element(host.data(), dtype_, i, static_cast<double>(next() & 15));
   }
   if (!on_gpu()) {
     std::memcpy(t_.data, host.data(), host.size());
@@ -273,7 +275,8 @@ Result<SymbolMap> parse_shape_spec(const std::string& text) {
   size_t pos = 0;
   while (pos < text.size()) {
     size_t comma = text.find(',', pos);
-    std::string item = text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    std::string item =
+        text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
     size_t eq = item.find('=');
     if (eq == std::string::npos || eq == 0) {
       return Status(KREG_INVALID_ARGUMENT,
@@ -284,8 +287,8 @@ Result<SymbolMap> parse_shape_spec(const std::string& text) {
     long long n = std::strtoll(value.c_str(), &end, 10);
     if (value.empty() || *end != '\0' || n < 0) {
       return Status(KREG_INVALID_ARGUMENT, "--shape: size of '" + item.substr(0, eq) +
-                                               "' must be a non-negative integer, got '" +
-                                               value + "'");
+                                               "' must be a non-negative integer, got '" + value +
+                                               "'");
     }
     out[item.substr(0, eq)] = n;
     if (comma == std::string::npos) break;
@@ -316,8 +319,9 @@ Result<ExampleArgs> make_example(const KernelSpec& spec, const SymbolMap& symbol
     }
     std::vector<int64_t> shape;
     for (const DimExpr& d : p.dims) {
-      shape.push_back(d.symbol < 0 ? d.literal
-                                   : d.coef * symbols.at(sig.symbols[static_cast<size_t>(d.symbol)]));
+      shape.push_back(d.symbol < 0
+                          ? d.literal
+                          : d.coef * symbols.at(sig.symbols[static_cast<size_t>(d.symbol)]));
     }
     DType dt = dtype;
     if (p.dtypes != 0) {  // an explicit dtype set: its first member
@@ -488,7 +492,8 @@ Result<Timing> time_on_gpu(const KernelHandle& handle, const SymbolMap& symbols,
   t.bytes = bytes_moved(spec, *first);
   const size_t per_set = std::max<size_t>(t.bytes, 1);
   // Enough sets that the total exceeds twice the L2, so each call misses in cache.
-  const int sets = static_cast<int>(std::clamp<size_t>(2 * static_cast<size_t>(l2) / per_set + 1, 2, 64));
+  const int sets =
+      static_cast<int>(std::clamp<size_t>(2 * static_cast<size_t>(l2) / per_set + 1, 2, 64));
   std::vector<ExampleArgs> all;
   all.push_back(std::move(first).value());
   for (int s = 1; s < sets; ++s) {  // copies of set 0: distinct memory, same values
@@ -502,7 +507,9 @@ Result<Timing> time_on_gpu(const KernelHandle& handle, const SymbolMap& symbols,
       !st.ok()) {
     return st;
   }
-  auto run = [&](int i) { return handle.call(all[static_cast<size_t>(i % sets)].tensors, attrs.view(), stream); };
+  auto run = [&](int i) {
+    return handle.call(all[static_cast<size_t>(i % sets)].tensors, attrs.view(), stream);
+  };
   for (int i = 0; i < 3 * sets; ++i) {
     if (Status st = run(i); !st.ok()) return st;
   }

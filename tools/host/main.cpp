@@ -4,6 +4,7 @@
 //   cuBLAS on the GPU, a loop on the CPU)  ->  silu_and_mul(gate_up)
 // on the GPU when there is one (else the CPU), then the same chain on the CPU references,
 // and compares. Exit 0 when the results agree.
+// --watch / --stress N / --duration S: hot-swap mode instead (hot_swap.cpp).
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -13,6 +14,7 @@
 #include <CLI/CLI.hpp>
 
 #include "harness.hpp"
+#include "hot_swap.hpp"
 #include "kreg/registry.hpp"
 
 #if defined(KREG_HAVE_CUDA)
@@ -42,15 +44,15 @@ Status host_matmul(Buffer& a, Buffer& b, Buffer& out, const Shapes& s) {
       return h;
     }();
     const float alpha = 1.0f, beta = 0.0f;
-    const cudaDataType_t t = a.dtype() == DType::kBF16   ? CUDA_R_16BF
+    const cudaDataType_t t = a.dtype() == DType::kBF16  ? CUDA_R_16BF
                              : a.dtype() == DType::kF16 ? CUDA_R_16F
                                                         : CUDA_R_32F;
     // Row-major C = A B is column-major C^T = B^T A^T.
-    cublasStatus_t st = cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(N),
-                                     static_cast<int>(T), static_cast<int>(K), &alpha,
-                                     b.tensor()->data, t, static_cast<int>(N), a.tensor()->data, t,
-                                     static_cast<int>(K), &beta, out.tensor()->data, t,
-                                     static_cast<int>(N), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    cublasStatus_t st =
+        cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(N), static_cast<int>(T),
+                     static_cast<int>(K), &alpha, b.tensor()->data, t, static_cast<int>(N),
+                     a.tensor()->data, t, static_cast<int>(K), &beta, out.tensor()->data, t,
+                     static_cast<int>(N), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     if (st != CUBLAS_STATUS_SUCCESS) {
       return Status(KREG_INTERNAL, "cublasGemmEx failed with status " + std::to_string(st));
     }
@@ -68,7 +70,8 @@ Status host_matmul(Buffer& a, Buffer& b, Buffer& out, const Shapes& s) {
     for (int64_t k = 0; k < K; ++k) {
       const float x = static_cast<float>((*av)[static_cast<size_t>(t * K + k)]);
       for (int64_t n = 0; n < N; ++n) {
-        c[static_cast<size_t>(t * N + n)] += x * static_cast<float>((*bv)[static_cast<size_t>(k * N + n)]);
+        c[static_cast<size_t>(t * N + n)] +=
+            x * static_cast<float>((*bv)[static_cast<size_t>(k * N + n)]);
       }
     }
   }
@@ -88,10 +91,10 @@ Result<Step> make_step(const Shapes& s, DType dtype, DLDevice dev, uint64_t seed
     *out = std::move(b).value();
     return out->fill_random(rng);
   };
-  for (Status r : {mk({s.tokens, s.hidden}, &st.x), mk({s.tokens, s.hidden}, &st.residual),
-                   mk({s.hidden}, &st.weight), mk({s.hidden, 2 * s.intermediate}, &st.w_up),
-                   mk({s.tokens, 2 * s.intermediate}, &st.gate_up),
-                   mk({s.tokens, s.intermediate}, &st.act)}) {
+  for (Status r :
+       {mk({s.tokens, s.hidden}, &st.x), mk({s.tokens, s.hidden}, &st.residual),
+        mk({s.hidden}, &st.weight), mk({s.hidden, 2 * s.intermediate}, &st.w_up),
+        mk({s.tokens, 2 * s.intermediate}, &st.gate_up), mk({s.tokens, s.intermediate}, &st.act)}) {
     if (!r.ok()) return r;
   }
   // Keep the matmul's outputs O(1): scale the projection by 1/sqrt(hidden).
@@ -139,16 +142,24 @@ int main(int argc, char** argv) {
   std::string device = "auto", dtype_name = "bf16";
   Shapes shapes{16, 2048, 5632};
   app.add_option("--manifest", manifest_path, "registry manifest");
-  app.add_option("--device", device, "auto, cuda or cpu")->check(CLI::IsMember({"auto", "cuda", "cpu"}));
+  app.add_option("--device", device, "auto, cuda or cpu")
+      ->check(CLI::IsMember({"auto", "cuda", "cpu"}));
   app.add_option("--dtype", dtype_name, "bf16, f16 or f32");
   app.add_option("--tokens", shapes.tokens, "tokens in the batch");
   app.add_option("--hidden", shapes.hidden, "hidden size");
   app.add_option("--intermediate", shapes.intermediate, "MLP intermediate size");
+  bool watch = false;
+  int stress = 0;
+  double duration = 10;
+  app.add_flag("--watch", watch, "hot swap: reload a group when its library file changes");
+  app.add_option("--stress", stress, "N threads calling the loaded ops continuously, checked");
+  app.add_option("--duration", duration, "seconds to run --watch / --stress (default 10)");
   CLI11_PARSE(app, argc, argv);
 
   const auto t0 = std::chrono::steady_clock::now();
   auto manifest = kreg::load_manifest(manifest_path, kreg::manifest_options_from_env());
-  if (!manifest.ok()) return fail("manifest " + manifest_path + ":\n" + manifest.status().message());
+  if (!manifest.ok())
+    return fail("manifest " + manifest_path + ":\n" + manifest.status().message());
   auto reg = kreg::Registry::open(*manifest);
   if (!reg.ok()) return fail(reg.status().message());
   const double load_ms =
@@ -159,7 +170,8 @@ int main(int argc, char** argv) {
               registry.groups().size(), load_ms);
   for (const auto& g : registry.groups()) {
     if (!g.loaded) {
-      std::printf("  group %-11s %s\n", g.name.c_str(), g.enabled ? "lazy (not loaded yet)" : "disabled");
+      std::printf("  group %-11s %s\n", g.name.c_str(),
+                  g.enabled ? "lazy (not loaded yet)" : "disabled");
       continue;
     }
     std::printf("  group %-11s v%s  generation %llu  ABI %s  CUDA %s\n", g.name.c_str(),
@@ -167,7 +179,8 @@ int main(int argc, char** argv) {
                 g.plugin->abi_string().c_str(), g.plugin->cuda_string().c_str());
     for (const auto& op : g.ops) {
       std::string backends;
-      for (const auto* s : registry.implementations(op)) backends += (backends.empty() ? "" : ", ") + s->backend;
+      for (const auto* s : registry.implementations(op))
+        backends += (backends.empty() ? "" : ", ") + s->backend;
       std::printf("    %-34s [%s]\n", op.c_str(), backends.c_str());
     }
   }
@@ -175,8 +188,12 @@ int main(int argc, char** argv) {
   auto dtype = kreg::parse_dtype(dtype_name);
   if (!dtype) return fail("unknown --dtype " + dtype_name);
   const bool gpu = device == "cuda" || (device == "auto" && kreg::harness::gpu_available());
-  if (device == "cuda" && !kreg::harness::gpu_available()) return fail("--device cuda: no CUDA device");
+  if (device == "cuda" && !kreg::harness::gpu_available())
+    return fail("--device cuda: no CUDA device");
   const DLDevice dev{gpu ? kDLCUDA : kDLCPU, 0};
+  if (watch || stress > 0) {
+    return kreg::host::run_hot_swap(registry, *manifest, {watch, stress, duration, dev});
+  }
   std::printf("kreg-host: MLP step T=%lld H=%lld I=%lld %s on %s\n",
               static_cast<long long>(shapes.tokens), static_cast<long long>(shapes.hidden),
               static_cast<long long>(shapes.intermediate), dtype_name.c_str(),
@@ -207,7 +224,8 @@ int main(int argc, char** argv) {
   auto act_ref = registry.resolve("activation.silu_and_mul", cpu_target, {std::string("cpu")});
   if (!norm_ref.ok()) return fail(norm_ref.status().message());
   if (!act_ref.ok()) return fail(act_ref.status().message());
-  if (Status st = run_chain(*norm_ref, *act_ref, *host_step, shapes); !st.ok()) return fail(st.message());
+  if (Status st = run_chain(*norm_ref, *act_ref, *host_step, shapes); !st.ok())
+    return fail(st.message());
 
   const auto tol = kreg::harness::tolerance_for(*dtype);
   bool ok = true;
@@ -225,8 +243,9 @@ int main(int argc, char** argv) {
     std::printf("  check %-9s max_abs_err %.3g  max_rel_err %.3g  mismatches %zu/%zu\n", name,
                 c.max_abs, c.max_rel, c.mismatches, c.count);
   }
-  std::printf("kreg-host: %s: 2 registry ops + host matmul on %s in %.2f ms (first call); "
-              "results %s the CPU references\n",
-              ok ? "OK" : "FAILED", gpu ? "cuda" : "cpu", step_ms, ok ? "match" : "DO NOT match");
+  std::printf(
+      "kreg-host: %s: 2 registry ops + host matmul on %s in %.2f ms (first call); "
+      "results %s the CPU references\n",
+      ok ? "OK" : "FAILED", gpu ? "cuda" : "cpu", step_ms, ok ? "match" : "DO NOT match");
   return ok ? 0 : 1;
 }

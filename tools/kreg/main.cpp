@@ -6,8 +6,8 @@
 #include <iostream>
 #include <sstream>
 
-#include <CLI/CLI.hpp>
 #include <unistd.h>
+#include <CLI/CLI.hpp>
 
 #include "harness.hpp"
 #include "json.hpp"
@@ -37,7 +37,8 @@ struct Opened {
 int open_registry(const std::string& path, Opened* out) {
   auto manifest = kreg::load_manifest(path, kreg::manifest_options_from_env());
   if (!manifest) {
-    std::cerr << "kreg: cannot use manifest " << path << ":\n" << manifest.status().message() << "\n";
+    std::cerr << "kreg: cannot use manifest " << path << ":\n"
+              << manifest.status().message() << "\n";
     return kExitUsage;
   }
   auto reg = kreg::Registry::open(*manifest, kreg::OpenOptions{.load_lazy_groups = true});
@@ -152,7 +153,9 @@ int cmd_info(const std::string& manifest, const std::string& op, bool json) {
     w.end_array().end_object();
     return 0;
   }
-  std::cout << id << (id != op ? "  (you asked for the deprecated alias " + op + ": " + alias_note + ")" : "")
+  std::cout << id
+            << (id != op ? "  (you asked for the deprecated alias " + op + ": " + alias_note + ")"
+                         : "")
             << "\n";
   std::cout << "  group      " << group.name << " " << (group.plugin ? group.plugin->version : "")
             << ", generation " << group.generation << "\n";
@@ -284,7 +287,8 @@ int prepare(const std::string& manifest, const RunArgs& a, Opened* o, kreg::Kern
     const kreg::Param* p = h->spec().signature.find(name);
     kreg::NamedAttr na{name, value};
     if (p && p->kind == kreg::ArgKind::kFloat) na.value = std::strtod(value.c_str(), nullptr);
-    if (p && p->kind == kreg::ArgKind::kInt) na.value = static_cast<int64_t>(std::strtoll(value.c_str(), nullptr, 10));
+    if (p && p->kind == kreg::ArgKind::kInt)
+      na.value = static_cast<int64_t>(std::strtoll(value.c_str(), nullptr, 10));
     if (p && p->kind == kreg::ArgKind::kBool) na.value = value == "true" || value == "1";
     named.push_back(std::move(na));
   }
@@ -304,7 +308,8 @@ int cmd_run(const std::string& manifest, const RunArgs& a) {
   kreg::DType dtype;
   kreg::AttrList attrs;
   if (int rc = prepare(manifest, a, &o, &h, &symbols, &dtype, &attrs)) return rc;
-  auto result = kreg::harness::check_against_reference(*o.registry, h, symbols, dtype, attrs, a.seed);
+  auto result =
+      kreg::harness::check_against_reference(*o.registry, h, symbols, dtype, attrs, a.seed);
   if (!result) {
     std::cerr << "kreg: " << result.status().message() << "\n";
     return kExitViolation;
@@ -343,7 +348,8 @@ int cmd_bench(const std::string& manifest, const RunArgs& a) {
     int64_t& lead = check_symbols[sig.symbols.front()];
     lead = std::min<int64_t>(lead, 256);
   }
-  auto check = kreg::harness::check_against_reference(*o.registry, h, check_symbols, dtype, attrs, a.seed);
+  auto check =
+      kreg::harness::check_against_reference(*o.registry, h, check_symbols, dtype, attrs, a.seed);
   if (!check) {
     std::cerr << "kreg: " << check.status().message() << "\n";
     return kExitViolation;
@@ -369,10 +375,11 @@ int cmd_bench(const std::string& manifest, const RunArgs& a) {
   }
   std::printf("%s [%s] %s %s on %s\n", h.op().c_str(), h.backend().c_str(), a.shape.c_str(),
               std::string(kreg::dtype_name(dtype)).c_str(), kreg::harness::gpu_name().c_str());
-  std::printf("  median %.2f us (min %.2f), %zu bytes, %.0f GB/s = %.1f%% of copy %.0f GB/s "
-              "[%d buffer sets%s, %d reps]\n",
-              t->median_us, t->min_us, t->bytes, t->gbps, 100.0 * t->gbps / *copy, *copy,
-              t->buffer_sets, t->graph ? ", CUDA graph" : "", a.reps);
+  std::printf(
+      "  median %.2f us (min %.2f), %zu bytes, %.0f GB/s = %.1f%% of copy %.0f GB/s "
+      "[%d buffer sets%s, %d reps]\n",
+      t->median_us, t->min_us, t->bytes, t->gbps, 100.0 * t->gbps / *copy, *copy, t->buffer_sets,
+      t->graph ? ", CUDA graph" : "", a.reps);
   std::printf("  %s: OK\n", checked.c_str());
   return 0;
 }
@@ -382,7 +389,8 @@ int cmd_bench(const std::string& manifest, const RunArgs& a) {
 int main(int argc, char** argv) {
   CLI::App app{"kreg: the GPU kernel registry's command line"};
   std::string manifest = default_manifest();
-  app.add_option("--manifest", manifest, "registry manifest (default $KREG_MANIFEST or ./registry.yaml)");
+  app.add_option("--manifest", manifest,
+                 "registry manifest (default $KREG_MANIFEST or ./registry.yaml)");
   app.require_subcommand(1);
   // Subcommands inherit this: `kreg list --manifest X` works as well as `kreg --manifest X list`.
   app.fallthrough();
@@ -408,13 +416,16 @@ int main(int argc, char** argv) {
     sub->add_option("op", ra.op, "op id")->required();
     sub->add_option("--shape", ra.shape, "named dimensions, e.g. T=64,H=4096")->required();
     sub->add_option("--dtype", ra.dtype, "dtype of the shared tensors (bf16, f16, f32)");
-    sub->add_option("--backend", ra.backend, "implementation to run (default: cuda if a GPU exists)");
+    sub->add_option("--backend", ra.backend,
+                    "implementation to run (default: cuda if a GPU exists)");
     sub->add_option("--attr", ra.attrs, "attribute NAME=VALUE (repeatable)");
     sub->add_option("--seed", ra.seed, "random seed for inputs");
   };
-  auto* run = app.add_subcommand("run", "run an op on random inputs and compare with the CPU reference");
+  auto* run =
+      app.add_subcommand("run", "run an op on random inputs and compare with the CPU reference");
   add_run_options(run);
-  auto* bench = app.add_subcommand("bench", "time an op on the GPU (CUDA events) against a D2D copy");
+  auto* bench =
+      app.add_subcommand("bench", "time an op on the GPU (CUDA events) against a D2D copy");
   add_run_options(bench);
   bench->add_option("--reps", ra.reps, "timed repetitions (median reported)");
 

@@ -72,10 +72,10 @@ typedef struct kreg_error {
 
 /* Attribute (non-tensor argument) types, as named in signatures. */
 typedef enum kreg_attr_type {
-  KREG_ATTR_INT = 1,    /* int64_t */
-  KREG_ATTR_FLOAT = 2,  /* double  */
-  KREG_ATTR_BOOL = 3,   /* int64_t, 0 or 1 */
-  KREG_ATTR_STRING = 4  /* const char*, NUL-terminated, owned by the caller */
+  KREG_ATTR_INT = 1,   /* int64_t */
+  KREG_ATTR_FLOAT = 2, /* double  */
+  KREG_ATTR_BOOL = 3,  /* int64_t, 0 or 1 */
+  KREG_ATTR_STRING = 4 /* const char*, NUL-terminated, owned by the caller */
 } kreg_attr_type;
 
 typedef struct kreg_attr {
@@ -106,9 +106,9 @@ typedef int32_t (*kreg_kernel_fn)(const kreg_call_frame* frame, kreg_error* err)
 
 /* Execution traits (a bitset). */
 enum {
-  KREG_TRAIT_MUTATES = 1u << 0,       /* writes an input in place (see Tensor(a!)) */
-  KREG_TRAIT_GRAPH_SAFE = 1u << 1,    /* safe to capture in a CUDA graph */
-  KREG_TRAIT_DETERMINISTIC = 1u << 2  /* bitwise identical results run to run */
+  KREG_TRAIT_MUTATES = 1u << 0,      /* writes an input in place (see Tensor(a!)) */
+  KREG_TRAIT_GRAPH_SAFE = 1u << 1,   /* safe to capture in a CUDA graph */
+  KREG_TRAIT_DETERMINISTIC = 1u << 2 /* bitwise identical results run to run */
 };
 
 /* A device kind with an inclusive SM window, e.g. {kDLCUDA, 80, 90}. SM numbers are
@@ -122,8 +122,8 @@ typedef struct kreg_capability {
 /* One implementation of one op. */
 typedef struct kreg_kernel_desc {
   size_t struct_size;
-  const char* op;        /* "<group>.<name>", snake_case */
-  const char* backend;   /* provenance / runtime: "cpu", "cuda", ... */
+  const char* op;      /* "<group>.<name>", snake_case */
+  const char* backend; /* provenance / runtime: "cpu", "cuda", ... */
   const kreg_capability* caps;
   uint32_t num_caps;
   uint32_t traits;       /* KREG_TRAIT_* */
@@ -139,10 +139,10 @@ typedef struct kreg_kernel_desc {
 
 typedef struct kreg_build_info {
   size_t struct_size;
-  const char* compiler;     /* e.g. "GNU 12.2.0" */
-  int32_t cuda_version;     /* CUDART_VERSION, e.g. 13000; 0 when built without CUDA */
+  const char* compiler; /* e.g. "GNU 12.2.0" */
+  int32_t cuda_version; /* CUDART_VERSION, e.g. 13000; 0 when built without CUDA */
   int32_t reserved;
-  const char* cuda_archs;   /* e.g. "80;90"; "" when built without CUDA */
+  const char* cuda_archs; /* e.g. "80;90"; "" when built without CUDA */
 } kreg_build_info;
 
 typedef struct kreg_plugin_desc {

@@ -61,7 +61,7 @@ inline f16 to_f16(float f) {
   std::memcpy(&u, &f, sizeof u);
   const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
   const uint32_t abs = u & 0x7fffffffu;
-  if (abs > 0x7f800000u) return f16{static_cast<uint16_t>(sign | 0x7e00u)};  // NaN
+  if (abs > 0x7f800000u) return f16{static_cast<uint16_t>(sign | 0x7e00u)};   // NaN
   if (abs >= 0x477ff000u) return f16{static_cast<uint16_t>(sign | 0x7c00u)};  // overflow
   if (abs < 0x38800000u) {  // result is subnormal or zero
     if (abs < 0x33000000u) return f16{sign};

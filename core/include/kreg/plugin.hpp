@@ -222,11 +222,10 @@ constexpr auto to_descs(const KernelDef (&defs)[N], std::index_sequence<I...>) {
   struct Table {
     kreg_kernel_desc items[N];
   };
-  return Table{{kreg_kernel_desc{sizeof(kreg_kernel_desc), defs[I].op, defs[I].backend,
-                                 defs[I].caps.data, defs[I].caps.size, defs[I].traits,
-                                 defs[I].signature, defs[I].dtypes, defs[I].impl.arg_kinds,
-                                 defs[I].priority, 0, defs[I].description, defs[I].source,
-                                 defs[I].impl.fn}...}};
+  return Table{{kreg_kernel_desc{
+      sizeof(kreg_kernel_desc), defs[I].op, defs[I].backend, defs[I].caps.data, defs[I].caps.size,
+      defs[I].traits, defs[I].signature, defs[I].dtypes, defs[I].impl.arg_kinds, defs[I].priority,
+      0, defs[I].description, defs[I].source, defs[I].impl.fn}...}};
 }
 }  // namespace detail
 
@@ -253,29 +252,28 @@ constexpr auto to_descs(const KernelDef (&defs)[N]) {
 
 // Defines the plugin's descriptor and its exported entry symbol. INIT and SHUTDOWN are
 // `int32_t(kreg_error*)` and `void()` functions or nullptr.
-#define KREG_PLUGIN_WITH_HOOKS(GROUP, VERSION, KERNELS, INIT, SHUTDOWN)                     \
-  namespace {                                                                                \
-  constexpr auto kreg_plugin_table_ = ::kreg::to_descs(KERNELS);                             \
-  constexpr kreg_build_info kreg_plugin_build_ = {sizeof(kreg_build_info),                  \
-                                                  KREG_COMPILER_STRING,                      \
-                                                  KREG_PLUGIN_CUDA_VERSION, 0,               \
-                                                  KREG_PLUGIN_CUDA_ARCHS};                   \
-  constexpr kreg_plugin_desc kreg_plugin_desc_ = {                                           \
-      sizeof(kreg_plugin_desc),                                                              \
-      KREG_ABI_MAJOR,                                                                        \
-      KREG_ABI_MINOR,                                                                        \
-      GROUP,                                                                                 \
-      VERSION,                                                                               \
-      &kreg_plugin_build_,                                                                   \
-      kreg_plugin_table_.items,                                                              \
-      static_cast<uint32_t>(sizeof(kreg_plugin_table_.items) / sizeof(kreg_kernel_desc)),    \
-      0,                                                                                     \
-      INIT,                                                                                  \
-      SHUTDOWN};                                                                             \
-  }                                                                                          \
-  extern "C" __attribute__((visibility("default"))) const kreg_plugin_desc* kreg_plugin_entry( \
-      void) {                                                                                \
-    return &kreg_plugin_desc_;                                                               \
+#define KREG_PLUGIN_WITH_HOOKS(GROUP, VERSION, KERNELS, INIT, SHUTDOWN)                          \
+  namespace {                                                                                    \
+  constexpr auto kreg_plugin_table_ = ::kreg::to_descs(KERNELS);                                 \
+  constexpr kreg_build_info kreg_plugin_build_ = {sizeof(kreg_build_info), KREG_COMPILER_STRING, \
+                                                  KREG_PLUGIN_CUDA_VERSION, 0,                   \
+                                                  KREG_PLUGIN_CUDA_ARCHS};                       \
+  constexpr kreg_plugin_desc kreg_plugin_desc_ = {                                               \
+      sizeof(kreg_plugin_desc),                                                                  \
+      KREG_ABI_MAJOR,                                                                            \
+      KREG_ABI_MINOR,                                                                            \
+      GROUP,                                                                                     \
+      VERSION,                                                                                   \
+      &kreg_plugin_build_,                                                                       \
+      kreg_plugin_table_.items,                                                                  \
+      static_cast<uint32_t>(sizeof(kreg_plugin_table_.items) / sizeof(kreg_kernel_desc)),        \
+      0,                                                                                         \
+      INIT,                                                                                      \
+      SHUTDOWN};                                                                                 \
+  }                                                                                              \
+  extern "C" __attribute__((visibility("default"))) const kreg_plugin_desc* kreg_plugin_entry(   \
+      void) {                                                                                    \
+    return &kreg_plugin_desc_;                                                                   \
   }
 
 #define KREG_PLUGIN(GROUP, VERSION, KERNELS) \
