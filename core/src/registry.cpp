@@ -1,5 +1,7 @@
 #include "kreg/registry.hpp"
 
+#include "registry_group.hpp"
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -12,19 +14,7 @@ using detail::CheckPlan;
 using detail::Impl;
 using detail::OpEntry;
 
-// One ops group: where it comes from and its current op table. A table is immutable once
-// published; a change publishes a new one and keeps the old alive, so a reader that loaded
-// the old pointer can finish with it.
-struct Registry::Group {
-  using OpMap = std::unordered_map<std::string, OpEntry, StringHash, std::equal_to<>>;
-  std::string name;
-  std::optional<GroupEntry> entry;  // from the manifest
-  std::atomic<const OpMap*> table{nullptr};
-  std::vector<std::unique_ptr<OpMap>> tables;
-  std::unique_ptr<PluginLibrary> library;
-  uint64_t generation = 0;
-  std::string error;
-};
+// Registry::Group is defined in registry_group.hpp (shared with reload.cpp).
 
 namespace {
 
@@ -826,7 +816,11 @@ std::vector<GroupInfo> Registry::groups() const {
       info.enabled = g->entry->enabled;
       info.load = g->entry->load;
     }
-    if (g->library) info.plugin = g->library->info();
+    if (g->library) {
+      info.plugin = g->library->info();
+      // A reloaded generation was mapped from a private copy: name the file it came from.
+      if (!g->loaded_from.empty()) info.plugin->path = g->loaded_from;
+    }
     info.generation = g->generation;
     info.error = g->error;
     if (table) {

@@ -16,6 +16,8 @@
 // Threading: loading and registering (open, load_group, add) happen before threads call,
 // or are serialized by the registry's mutex against each other; lookups and calls run
 // from any number of threads. Handles point into the registry: it must outlive them.
+// reload() may run while other threads call: it swaps each implementation's function
+// pointer atomically and never unmaps code.
 #pragma once
 
 #include <atomic>
@@ -335,6 +337,27 @@ struct OpenOptions {
   bool load_lazy_groups = false;
 };
 
+// Hot swapping (Registry::reload, core/src/reload.cpp; docs/hot-swap.md).
+struct ReloadOptions {
+  // Load the candidate in a child process first (crash isolation, kreg/plugin_probe.hpp):
+  // a library that crashes in its static initializers or init hook is refused without
+  // touching this process. Forks: see plugin_probe.hpp for when that is safe.
+  bool precheck_in_child = false;
+  // Reserved: a library that lacks an implementation the running generation has is
+  // refused either way (its handles would have no code to reach); true changes nothing yet.
+  bool allow_removed_ops = false;
+  // Load this file instead of the manifest's library path (tests, tools).
+  std::filesystem::path library;
+};
+
+struct ReloadReport {
+  std::string group;
+  uint64_t generation = 0;  // the new generation
+  std::string version;      // the new generation's plugin version
+  double latency_ms = 0;    // reload() from start to the swap being visible
+  std::vector<std::string> added_ops;  // ops the previous generation did not have
+};
+
 class Registry {
  public:
   Registry();
@@ -354,6 +377,15 @@ class Registry {
   // Registers an implementation from this process (tests, benchmarks, embedders).
   // Identical re-registration is a no-op; a conflicting one is an error naming both.
   Status add(const KernelSpec& spec);
+
+  // Hot swap: loads the group's library again (from a private copy of the file, so the
+  // build may overwrite the original), admits it only if every implementation the group
+  // has keeps its registration (signature, dtypes, capabilities, traits, priority), runs
+  // its init hook, then points every existing implementation at the new code (one atomic
+  // store each) and publishes its new ops. Handles obtained before stay valid and their
+  // next call runs the new code. The previous generation stays mapped until the registry
+  // is destroyed. On any error nothing changes and the running generation keeps serving.
+  Result<ReloadReport> reload(std::string_view group, const ReloadOptions& options = {});
 
   // Adds a compatibility alias (old op id -> new op id). Calls through it work and warn
   // once on stderr with `message`.

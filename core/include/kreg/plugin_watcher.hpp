@@ -1,0 +1,88 @@
+// PluginWatcher: watch mode for hot swapping (docs/hot-swap.md). Watches the directories
+// of the groups' library files with inotify (IN_CLOSE_WRITE | IN_MOVED_TO: a build that
+// writes the library and closes it, or renames a finished file into place) and reloads
+// the group whose file changed, reporting each swap or rejection through a callback.
+//
+// Before reloading it waits until the file's size is the same across two stats 2 ms apart
+// (bounded by `settle_timeout_ms`); a file that is still incomplete is refused by
+// PluginLibrary::open (truncated ELF), reported, and retried on the file's next event.
+// The callback runs on the watcher's thread; stop() (or the destructor) joins it.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kreg/manifest.hpp"
+#include "kreg/registry.hpp"
+#include "kreg/status.hpp"
+
+namespace kreg {
+
+struct WatchEvent {
+  std::string group;
+  std::filesystem::path file;
+  bool swapped = false;
+  ReloadReport report;  // when swapped
+  Status error;         // when rejected
+  // From reading the inotify event (the file was closed or renamed just before) to the
+  // swap being visible, or to the rejection.
+  double latency_ms = 0;
+};
+
+struct WatchOptions {
+  ReloadOptions reload;
+  int poll_timeout_ms = 20;      // how often the thread checks for stop()
+  int settle_interval_ms = 2;    // the size must be stable across this interval
+  int settle_timeout_ms = 2000;  // give up waiting for a stable size after this long
+};
+
+class PluginWatcher {
+ public:
+  using Callback = std::function<void(const WatchEvent&)>;
+  struct File {
+    std::string group;
+    std::filesystem::path library;
+  };
+
+  // Watches the library of every enabled group of the manifest (library paths resolved as
+  // the manifest resolved them), reloading through `registry`, which must outlive it.
+  static Result<std::unique_ptr<PluginWatcher>> start(Registry& registry, const Manifest& manifest,
+                                                      Callback callback,
+                                                      const WatchOptions& options = {});
+  static Result<std::unique_ptr<PluginWatcher>> start(Registry& registry, std::vector<File> files,
+                                                      Callback callback,
+                                                      const WatchOptions& options = {});
+  ~PluginWatcher();
+  PluginWatcher(const PluginWatcher&) = delete;
+  PluginWatcher& operator=(const PluginWatcher&) = delete;
+
+  // Stops watching and joins the thread (prompt: within poll_timeout_ms plus a reload in
+  // progress). Idempotent.
+  void stop();
+
+ private:
+  PluginWatcher(Registry& registry, Callback callback, const WatchOptions& options);
+  void run();
+  void handle(const File& file);
+
+  Registry& registry_;
+  Callback callback_;
+  WatchOptions options_;
+  int fd_ = -1;
+  struct Watch {
+    int wd;
+    std::string name;  // the file name inside the watched directory
+    File file;
+  };
+  std::vector<Watch> watches_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+}  // namespace kreg
