@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
 #include <string_view>
 #include <system_error>
@@ -53,7 +54,8 @@ namespace fs = std::filesystem;
 constexpr int kFormatVersion = 1;
 constexpr std::string_view kDefaultPluginDir = "build/plugins";
 
-const std::vector<std::string_view> kTopKeys = {"kreg_manifest", "plugin_dir", "groups", "aliases"};
+const std::vector<std::string_view> kTopKeys = {"kreg_manifest", "plugin_dir", "groups", "aliases",
+                                                "expect_groups"};
 const std::vector<std::string_view> kGroupKeys = {"name",    "library", "enabled",
                                                   "version", "load",    "sha256"};
 const std::vector<std::string_view> kAliasKeys = {"from", "to", "message"};
@@ -173,6 +175,7 @@ class ManifestParser {
   void parse_groups(const Entry& entry, Manifest& manifest);
   void parse_group(const YAML::Node& node, const std::string& path, Manifest& manifest);
   void parse_aliases(const Entry& entry, Manifest& manifest);
+  void parse_expect_groups(const Entry& entry, Manifest& manifest);
   void parse_alias(const YAML::Node& node, const std::string& path, Manifest& manifest);
   fs::path resolve_plugin_dir(const std::map<std::string, Entry>& top);
   void check_groups(const Manifest& manifest);
@@ -342,6 +345,7 @@ void ManifestParser::parse_group(const YAML::Node& node, const std::string& path
       } else {
         group.library_spec = *library;
         group.library_where = at_value(*e);
+        group.plugin_dir = manifest.plugin_dir;
         const fs::path spec(*library);
         group.library = (spec.is_absolute() ? spec : manifest.plugin_dir / spec).lexically_normal();
       }
@@ -382,6 +386,7 @@ void ManifestParser::parse_group(const YAML::Node& node, const std::string& path
     if (auto sha = read_string(*e, key)) {
       if (is_sha256(*sha)) {
         group.sha256 = *sha;
+        group.sha256_where = at_value(*e);
       } else {
         const std::string problem =
             sha->size() != 64 ? "got " + std::to_string(sha->size()) + " characters"
@@ -465,6 +470,39 @@ void ManifestParser::parse_aliases(const Entry& entry, Manifest& manifest) {
   for (size_t i = 0; i < entry.value.size(); ++i) {
     parse_alias(entry.value[i], index_path("aliases", i), manifest);
   }
+}
+
+void ManifestParser::parse_expect_groups(const Entry& entry, Manifest& manifest) {
+  if (!entry.value.IsSequence()) {
+    error(at_value(entry), "expect_groups",
+          "expected a sequence of group names (`[layernorm, activation]`), got " +
+              describe(entry.value));
+    return;
+  }
+  std::vector<std::string> names;
+  std::map<std::string, SourceLocation> seen;
+  for (size_t i = 0; i < entry.value.size(); ++i) {
+    const YAML::Node& node = entry.value[i];
+    const std::string path = index_path("expect_groups", i);
+    if (!node.IsScalar()) {
+      error(at(node.Mark()), path, "expected a group name, got " + describe(node));
+      continue;
+    }
+    const std::string& name = node.Scalar();
+    if (!is_snake_case(name)) {
+      error(at(node.Mark()), path,
+            "invalid group name '" + name + "': expected snake_case ([a-z][a-z0-9_]*)");
+      continue;
+    }
+    if (auto [it, fresh] = seen.emplace(name, at(node.Mark())); !fresh) {
+      error(at(node.Mark()), path,
+            "group '" + name + "' is listed twice (first at " + it->second.to_string() + ")");
+      continue;
+    }
+    names.push_back(name);
+  }
+  manifest.expect_groups = std::move(names);
+  manifest.expect_groups_where = at_value(entry);
 }
 
 void ManifestParser::check_groups(const Manifest& manifest) {
@@ -557,6 +595,9 @@ void ManifestParser::parse_document(const YAML::Node& root, Manifest& manifest) 
   manifest.plugin_dir = resolve_plugin_dir(top);
   if (const Entry* e = find(top, "groups", root, "", true)) parse_groups(*e, manifest);
   if (const Entry* e = find(top, "aliases", root, "", false)) parse_aliases(*e, manifest);
+  if (const Entry* e = find(top, "expect_groups", root, "", false)) {
+    parse_expect_groups(*e, manifest);
+  }
   check_groups(manifest);
   check_aliases(manifest);
 }
@@ -613,6 +654,103 @@ Result<Manifest> parse_manifest(const std::string& text, const std::filesystem::
   const std::string display = file.empty() ? std::string("<manifest>") : file.string();
   ManifestParser parser(display, file.empty() ? fs::path() : absolute_normal(file), options);
   return parser.parse(text, diagnostics);
+}
+
+Result<std::string> rewrite_manifest_pins(const std::string& text,
+                                          const std::map<std::string, std::string>& pins) {
+  // An edit replaces [begin, end) of the text; edits are applied from the back so earlier
+  // offsets stay valid. yaml-cpp's marks count bytes of UTF-8 input.
+  struct Edit {
+    size_t begin;
+    size_t end;
+    std::string with;
+  };
+  std::vector<Edit> edits;
+  std::set<std::string> done;
+  auto fail = [](const std::string& why) -> Result<std::string> {
+    return Status(KREG_INVALID_ARGUMENT, "cannot update the sha256 pins: " + why);
+  };
+  try {
+    const YAML::Node root = YAML::Load(text);
+    const YAML::Node groups = root.IsMap() ? root["groups"] : YAML::Node();
+    if (!groups.IsSequence()) return fail("the manifest has no sequence of groups");
+    for (const YAML::Node& group : groups) {
+      if (!group.IsMap() || !group["name"] || !group["name"].IsScalar()) continue;
+      const std::string name = group["name"].Scalar();
+      auto pin = pins.find(name);
+      if (pin == pins.end()) continue;
+      const std::string where =
+          "group '" + name + "' (line " + std::to_string(group.Mark().line + 1) + ")";
+      if (group.Style() == YAML::EmitterStyle::Flow) {
+        return fail(where + " is written as a flow map; add its sha256 by hand");
+      }
+      // A default YAML::Node is a defined null, so presence is tracked separately.
+      YAML::Node key_library, value_library, key_sha, value_sha;
+      bool has_library = false, has_sha = false;
+      for (auto it = group.begin(); it != group.end(); ++it) {
+        if (!it->first.IsScalar()) continue;
+        if (it->first.Scalar() == "library") {
+          key_library = it->first;
+          value_library = it->second;
+          has_library = true;
+        } else if (it->first.Scalar() == "sha256") {
+          key_sha = it->first;
+          value_sha = it->second;
+          has_sha = true;
+        }
+      }
+      if (has_sha) {
+        if (value_sha.IsScalar() && !value_sha.Scalar().empty()) {
+          const size_t begin = static_cast<size_t>(value_sha.Mark().pos);
+          const char quote = text[begin];
+          size_t end;
+          if (quote == '"' || quote == '\'') {
+            end = text.find(quote, begin + 1);
+            if (end == std::string::npos) return fail(where + ": unterminated sha256 value");
+            edits.push_back({begin + 1, end, pin->second});
+          } else {
+            // A plain scalar on one line is written exactly as yaml-cpp reads it.
+            end = begin + value_sha.Scalar().size();
+            if (text.compare(begin, end - begin, value_sha.Scalar()) != 0) {
+              return fail(where + ": its sha256 value spans lines; fix it by hand");
+            }
+            edits.push_back({begin, end, pin->second});
+          }
+        } else if (value_sha.IsNull()) {
+          // `sha256:` with nothing after it: write the value after the colon.
+          const size_t colon = text.find(':', static_cast<size_t>(key_sha.Mark().pos));
+          if (colon == std::string::npos) return fail(where + ": cannot find its sha256 key");
+          edits.push_back({colon + 1, colon + 1, " " + pin->second});
+        } else {
+          return fail(where + ": its sha256 is not a string; fix it by hand");
+        }
+      } else {
+        if (!has_library || !value_library.IsScalar()) {
+          return fail(where + " has no library line to put the pin under");
+        }
+        const size_t eol = text.find('\n', static_cast<size_t>(value_library.Mark().pos));
+        const size_t column = static_cast<size_t>(key_library.Mark().column);
+        const std::string line = std::string(column, ' ') + "sha256: " + pin->second;
+        if (eol == std::string::npos) {
+          edits.push_back({text.size(), text.size(), "\n" + line});
+        } else {
+          edits.push_back({eol + 1, eol + 1, line + "\n"});
+        }
+      }
+      done.insert(name);
+    }
+  } catch (const std::exception& e) {
+    return fail(std::string("the manifest does not parse: ") + e.what());
+  }
+  for (const auto& [name, sha] : pins) {
+    if (!done.count(name)) return fail("no group named '" + name + "' in the manifest");
+    if (!is_sha256(sha)) return fail("'" + sha + "' is not 64 lowercase hex digits");
+  }
+  std::sort(edits.begin(), edits.end(),
+            [](const Edit& a, const Edit& b) { return a.begin > b.begin; });
+  std::string out = text;
+  for (const Edit& e : edits) out.replace(e.begin, e.end - e.begin, e.with);
+  return out;
 }
 
 Result<Manifest> load_manifest(const std::filesystem::path& file, const ManifestOptions& options,

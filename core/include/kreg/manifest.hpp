@@ -4,6 +4,7 @@
 #pragma once
 
 #include <filesystem>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -41,6 +42,11 @@ struct GroupEntry {
   std::optional<std::string> sha256;  // pin (lowercase hex), checked before loading
   SourceLocation where;               // of the group's entry
   SourceLocation library_where;       // of its `library` value
+  SourceLocation sha256_where;        // of its `sha256` value, when pinned
+  // The manifest's resolved plugin folder, kept with each entry so that an entry loaded on
+  // its own (Registry::load_group) is still held to it by the path-safety check. Empty:
+  // the library's own folder.
+  std::filesystem::path plugin_dir;
 };
 
 struct AliasEntry {
@@ -55,6 +61,10 @@ struct Manifest {
   std::filesystem::path plugin_dir;  // absolute; KREG_PLUGIN_DIR overrides the file's
   std::vector<GroupEntry> groups;
   std::vector<AliasEntry> aliases;
+  // `expect_groups`: the exact set of group names this manifest must list (validation's
+  // groups-guard); unset when the key is absent.
+  std::optional<std::vector<std::string>> expect_groups;
+  SourceLocation expect_groups_where;
 
   const GroupEntry* find_group(std::string_view name) const;
 };
@@ -80,5 +90,14 @@ Result<Manifest> parse_manifest(const std::string& text, const std::filesystem::
 
 // Options from the environment: KREG_PLUGIN_DIR.
 ManifestOptions manifest_options_from_env();
+
+// Sets the sha256 pins of the named groups (group -> 64 lowercase hex digits) in a
+// manifest's text and returns the new text. Everything else is kept byte for byte: an
+// existing `sha256:` value is replaced where it stands (in the same quotes), and a group
+// without one gets a `sha256:` line after its `library:` line, indented like its other
+// keys. INVALID_ARGUMENT when the text does not parse, names a group that is not in it, or
+// writes a group in flow style (`{name: a, ...}`), which cannot be edited line by line.
+Result<std::string> rewrite_manifest_pins(const std::string& text,
+                                          const std::map<std::string, std::string>& pins);
 
 }  // namespace kreg
