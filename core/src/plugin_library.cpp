@@ -135,8 +135,18 @@ Result<std::unique_ptr<PluginLibrary>> PluginLibrary::open(const fs::path& file,
   auto impl = std::make_unique<Impl>();
   try {
     impl->lib.load(file, boost::dll::load_mode::rtld_local | boost::dll::load_mode::rtld_now);
-  } catch (const std::exception& e) {
+  } catch (const std::system_error& e) {
+    // How Boost.DLL reports dlopen's own errors (missing dependencies, bad objects).
     return Status(KREG_INVALID_ARGUMENT, where + ": cannot load: " + e.what());
+  } catch (const std::exception& e) {
+    // Anything else came out of the plugin: a static initializer threw through dlopen. It
+    // must not escape into the host (and a host should not load such a library in-process:
+    // OpenOptions::precheck_in_child).
+    return Status(KREG_INTERNAL,
+                  where + ": cannot load: a static initializer threw an exception: " + e.what());
+  } catch (...) {
+    return Status(KREG_INTERNAL,
+                  where + ": cannot load: a static initializer threw a non-standard exception");
   }
   stage = Stage::kEntry;
   if (!impl->lib.has(KREG_PLUGIN_ENTRY_SYMBOL)) {
@@ -144,7 +154,13 @@ Result<std::unique_ptr<PluginLibrary>> PluginLibrary::open(const fs::path& file,
                   where + ": does not export the entry symbol '" KREG_PLUGIN_ENTRY_SYMBOL "'");
   }
   auto entry = impl->lib.get<const kreg_plugin_desc*()>(KREG_PLUGIN_ENTRY_SYMBOL);
-  const kreg_plugin_desc* d = entry();
+  const kreg_plugin_desc* d = nullptr;
+  try {
+    d = entry();
+  } catch (...) {
+    return Status(KREG_INTERNAL, where + ": " KREG_PLUGIN_ENTRY_SYMBOL
+                                         " threw a C++ exception across the C ABI");
+  }
   if (d == nullptr) return Status(KREG_INVALID_ARGUMENT, where + ": entry returned no descriptor");
   if (d->struct_size < offsetof(kreg_plugin_desc, abi_minor) + sizeof(d->abi_minor)) {
     return Status(KREG_INVALID_ARGUMENT, where + ": descriptor too small (struct_size " +
@@ -212,7 +228,13 @@ Status PluginLibrary::init() {
   if (d->init != nullptr) {
     char buf[512] = {0};
     kreg_error err{sizeof(kreg_error), buf, sizeof buf};
-    int32_t rc = d->init(&err);
+    int32_t rc = KREG_OK;
+    try {
+      rc = d->init(&err);
+    } catch (...) {
+      return Status(KREG_INTERNAL, "plugin '" + info_.group +
+                                       "': init hook threw a C++ exception across the C ABI");
+    }
     if (rc != KREG_OK) {
       return Status(static_cast<kreg_status_code>(rc),
                     "plugin '" + info_.group + "': init hook failed: " + buf);
