@@ -35,5 +35,9 @@ function(kreg_add_plugin group)
       KREG_PLUGIN_CUDA_ARCHS="${archs}")
     target_link_libraries(${target} PRIVATE CUDA::cudart)
   endif()
+  # kreg refuses a library that its group or others may write, or that sits in such a
+  # folder (path-safety); under a umask of 002 the linker would produce exactly that.
+  add_custom_command(TARGET ${target} POST_BUILD
+    COMMAND chmod go-w $<TARGET_FILE:${target}> $<TARGET_FILE_DIR:${target}> VERBATIM)
   set_property(GLOBAL APPEND PROPERTY KREG_PLUGIN_TARGETS ${target})
 endfunction()

@@ -1,10 +1,25 @@
+// The checks behind `kreg validate`. Per group they run from the outside in: the file
+// (present, safe, pinned), its ELF symbol table, then a child process that loads it; every
+// check after that works on what the child reported, so a broken plugin can crash only
+// its child. docs/validation.md describes each check.
 #include "kreg/validation.hpp"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <fstream>
 #include <map>
 #include <set>
+#include <sstream>
+#include <system_error>
 
+#include "kreg/admission.hpp"
 #include "kreg/kernel_spec.hpp"
 #include "kreg/plugin_library.hpp"
+#include "kreg/plugin_probe.hpp"
+#include "kreg/sha256.hpp"
+#include "kreg/source_tree.hpp"
 
 namespace kreg {
 
@@ -12,9 +27,10 @@ namespace fs = std::filesystem;
 
 const std::vector<std::string>& validation_checks() {
   static const std::vector<std::string> kChecks = {
-      "manifest-schema", "library-present", "library-loads",     "abi-version",
-      "group-name-match", "plugin-version", "op-naming",         "schema",
-      "no-empty-groups",  "reference-present", "unique-ops",     "aliases"};
+      "manifest-schema", "library-present",  "path-safety",       "integrity",     "library-loads",
+      "abi-version",     "group-name-match", "plugin-version",    "op-naming",     "no-test-ops",
+      "schema",          "no-empty-groups",  "reference-present", "sources-built", "unique-ops",
+      "aliases",         "groups-guard"};
   return kChecks;
 }
 
@@ -23,18 +39,31 @@ namespace {
 class Reporter {
  public:
   explicit Reporter(ValidationReport& r) : r_(r) {}
-  void pass(const std::string& check, const std::string& group) {
-    r_.outcomes.push_back({check, group, true});
+  void pass(const std::string& check, const std::string& group, std::string note = "") {
+    r_.outcomes.push_back({check, group, true, false, std::move(note)});
+  }
+  void skip(const std::string& check, const std::string& group, std::string note) {
+    r_.outcomes.push_back({check, group, true, true, std::move(note)});
   }
   void fail(const std::string& check, const std::string& group, const std::string& where,
             const std::string& message) {
     r_.outcomes.push_back({check, group, false});
     r_.findings.push_back({check, group, where, message});
   }
-  // Records a failure for `check` without repeating the outcome line.
+  // Records a failure for `check` without adding an outcome line (several findings, or
+  // an outcome recorded separately).
   void also(const std::string& check, const std::string& group, const std::string& where,
             const std::string& message) {
     r_.findings.push_back({check, group, where, message});
+  }
+  void outcome(const std::string& check, const std::string& group, bool passed) {
+    r_.outcomes.push_back({check, group, passed});
+  }
+  // Findings recorded so far for `check` (and `group`, unless "*").
+  size_t count(const std::string& check, const std::string& group) const {
+    return static_cast<size_t>(std::count_if(
+        r_.findings.begin(), r_.findings.end(),
+        [&](const Finding& f) { return f.check == check && (group == "*" || f.group == group); }));
   }
 
  private:
@@ -49,6 +78,348 @@ bool is_snake(std::string_view s) {
   return true;
 }
 
+// A test registration shipped in a plugin: the name is `test`, or starts with `test_`
+// or ends with `_test` (a group named like testgrp is fine: fixtures use one).
+bool is_test_name(std::string_view name) {
+  return name == "test" || name.starts_with("test_") || name.ends_with("_test");
+}
+
+// "plugins/layernorm" for messages: relative to the manifest's folder when inside it.
+std::string display(const fs::path& p, const fs::path& base) {
+  const fs::path rel = p.lexically_relative(base);
+  if (!rel.empty() && *rel.begin() != "..") return rel.generic_string();
+  return p.string();
+}
+
+struct Context {
+  const Manifest& manifest;
+  const ValidateOptions& options;
+  Reporter& rep;
+  ValidationReport& report;
+  bool have_src = false;
+  fs::path src;
+  std::map<std::string, std::string> op_owner;  // op id -> "group (library)"
+  std::set<std::string> all_ops;
+};
+
+// The library-loads family: the ELF/symbol check here, then the child-process load.
+// Returns what the child read, or nothing when the group did not load.
+std::optional<PluginSnapshot> load_in_child(Context& cx, const GroupEntry& g) {
+  Reporter& rep = cx.rep;
+  const std::string where = g.library_where.to_string();
+  if (Status st = check_entry_symbol(g.library); !st.ok()) {
+    rep.fail("library-loads", g.name, where, st.message());
+    return std::nullopt;
+  }
+  ProbeOptions popts;
+  popts.timeout_s = cx.options.timeout_s;
+  ProbeResult probe = probe_plugin(g.library, {g.name, g.version}, popts);
+  if (probe.ok()) {
+    for (const char* c : {"library-loads", "abi-version", "group-name-match", "plugin-version"}) {
+      rep.pass(c, g.name);
+    }
+    return std::move(probe.snapshot);
+  }
+  const std::string& msg = probe.message;
+  if (probe.end != ProbeEnd::kRefused) {
+    rep.fail("library-loads", g.name, where, msg);
+    return std::nullopt;
+  }
+  using Stage = PluginLibrary::Stage;
+  switch (probe.stage) {
+    case Stage::kAbi:
+      rep.pass("library-loads", g.name);
+      rep.fail("abi-version", g.name, where, msg);
+      break;
+    case Stage::kGroup:
+      rep.pass("library-loads", g.name);
+      rep.pass("abi-version", g.name);
+      rep.fail("group-name-match", g.name, where, msg);
+      break;
+    case Stage::kVersion:
+      rep.pass("library-loads", g.name);
+      rep.pass("abi-version", g.name);
+      rep.pass("group-name-match", g.name);
+      rep.fail("plugin-version", g.name, where, msg);
+      break;
+    case Stage::kKernels:
+      rep.pass("library-loads", g.name);
+      rep.pass("abi-version", g.name);
+      rep.pass("group-name-match", g.name);
+      rep.pass("plugin-version", g.name);
+      rep.fail(msg.find("op id") != std::string::npos ||
+                       msg.find("belongs to group") != std::string::npos
+                   ? "op-naming"
+                   : "schema",
+               g.name, where, msg);
+      break;
+    default:
+      rep.fail("library-loads", g.name, where, msg);
+      break;
+  }
+  return std::nullopt;
+}
+
+// op-naming, no-test-ops, schema, no-empty-groups, reference-present and the in-group
+// part of unique-ops, on the child's records.
+void check_records(Context& cx, const GroupEntry& g, const PluginSnapshot& snap) {
+  Reporter& rep = cx.rep;
+  const std::string lib = g.library.string();
+  const std::string where = g.library_where.to_string();
+  bool naming_ok = true, tests_ok = true;
+  std::set<std::string> ops;
+  std::map<std::string, std::set<std::string>> backends;
+  for (const KernelRecord& k : snap.kernels) {
+    const std::string name(k.name());
+    const std::string group = k.op.substr(0, k.op.find('.'));
+    if (group != g.name) {
+      rep.also("op-naming", g.name, lib,
+               k.op + " (" + k.backend + "): op id prefix '" + group + "' is not the group '" +
+                   g.name + "'");
+      naming_ok = false;
+    }
+    if (name.starts_with("jit_") || name.ends_with("_jit")) {
+      rep.also("op-naming", g.name, lib, k.op + ": no jit_/_jit prefixes in op names");
+      naming_ok = false;
+    }
+    if (!is_snake(name)) {
+      rep.also("op-naming", g.name, lib, k.op + ": op name is not snake_case");
+      naming_ok = false;
+    }
+    if (is_test_name(name) && !ops.count(k.op)) {
+      rep.also("no-test-ops", g.name, lib,
+               k.op + " (" + k.backend + ", source " + k.source_file +
+                   ") is a test registration in a shipped plugin; register test kernels "
+                   "from the tests (Registry::add), not from the plugin");
+      tests_ok = false;
+    }
+    if (!backends[k.op].insert(k.backend).second) {
+      rep.also("unique-ops", g.name, lib,
+               k.op + " (" + k.backend + ") is registered twice in the same plugin");
+    }
+    ops.insert(k.op);
+  }
+  rep.outcome("op-naming", g.name, naming_ok);
+  rep.outcome("no-test-ops", g.name, tests_ok);
+  rep.pass("schema", g.name);  // the child's make_kernel_spec parsed every record
+  if (snap.kernels.empty()) {
+    rep.fail("no-empty-groups", g.name, where, "group '" + g.name + "' registers no kernels");
+  } else {
+    rep.pass("no-empty-groups", g.name);
+  }
+  bool refs_ok = true;
+  for (const std::string& op : ops) {
+    if (!backends[op].count("cpu")) {
+      refs_ok = false;
+      rep.also("reference-present", g.name, lib,
+               op + " has no CPU reference implementation (backend 'cpu')");
+    }
+    if (auto [it, fresh] = cx.op_owner.emplace(op, g.name + " (" + lib + ")"); !fresh) {
+      rep.also("unique-ops", g.name, lib,
+               op + " is registered by " + it->second + " and by " + g.name + " (" + lib + ")");
+    }
+    cx.all_ops.insert(op);
+  }
+  rep.outcome("reference-present", g.name, refs_ok);
+  cx.report.ops += ops.size();
+}
+
+// sources-built: every .cu/.cpp in the group's folder is compiled into its library, and
+// every kernel record names a source file that exists there.
+void check_sources(Context& cx, const GroupEntry& g, const PluginSnapshot* snap) {
+  Reporter& rep = cx.rep;
+  const fs::path base = cx.manifest.file.parent_path();
+  if (!cx.have_src) {
+    rep.skip("sources-built", g.name,
+             "no plugin source tree at " + cx.src.string() + "; name one with --plugins-src");
+    return;
+  }
+  const fs::path folder = cx.src / g.name;
+  std::error_code ec;
+  if (!fs::is_directory(folder, ec)) {
+    rep.skip("sources-built", g.name,
+             "no folder " + display(folder, base) + " (groups-guard reports it)");
+    return;
+  }
+  const fs::path cmake = folder / "CMakeLists.txt";
+  const std::string cmake_name = display(cmake, base);
+  bool ok = true;
+  auto text = read_text_file(cmake);
+  std::optional<PluginBuild> build;
+  if (text) build = parse_plugin_build(*text);
+  if (!build) {
+    rep.fail("sources-built", g.name, cmake_name,
+             text ? cmake_name + " has no kreg_add_plugin(" + g.name +
+                        " SOURCES ...) call: the group's sources are not built"
+                  : "cannot read " + cmake_name + ": the group's sources are not built");
+    return;
+  }
+  const std::string call = cmake_name + ":" + std::to_string(build->line);
+  if (!build->unresolved.empty()) {
+    std::string list;
+    for (const std::string& u : build->unresolved) list += (list.empty() ? "" : ", ") + u;
+    rep.skip("sources-built", g.name,
+             "kreg_add_plugin at " + call + " lists sources kreg cannot evaluate (" + list +
+                 "); list them literally to have them checked");
+    return;
+  }
+  for (const std::string& file : kernel_sources(folder)) {
+    if (build->sources.count(file)) continue;
+    ok = false;
+    rep.also("sources-built", g.name, display(folder / file, base),
+             display(folder / file, base) + " is not listed in kreg_add_plugin(" + build->group +
+                 " ...) at " + call +
+                 ", so it is never compiled (an orphan); add it to SOURCES or CUDA_SOURCES, "
+                 "or delete it");
+  }
+  if (snap != nullptr) {
+    std::set<std::string> reported;
+    for (const KernelRecord& k : snap->kernels) {
+      const std::string id = k.op + " (" + k.backend + ")";
+      if (k.source_file.empty()) {
+        ok = false;
+        rep.also("sources-built", g.name, g.library.string(),
+                 id + " names no source file (.source in its KernelDef)");
+        continue;
+      }
+      if (fs::is_regular_file(folder / k.source_file, ec) || !reported.insert(id).second) {
+        continue;
+      }
+      ok = false;
+      rep.also("sources-built", g.name, g.library.string(),
+               id + " says it comes from '" + k.source_file + "', which does not exist in " +
+                   display(folder, base) + "/");
+    }
+  }
+  rep.outcome("sources-built", g.name, ok);
+}
+
+void check_aliases(Context& cx) {
+  bool aliases_ok = true;
+  std::map<std::string, std::string> alias_to;
+  for (const AliasEntry& a : cx.manifest.aliases) alias_to[a.from] = a.to;
+  for (const AliasEntry& a : cx.manifest.aliases) {
+    const std::string where = a.where.to_string();
+    auto bad = [&](const std::string& msg) {
+      aliases_ok = false;
+      cx.rep.also("aliases", "", where, msg);
+    };
+    if (cx.options.forbid_aliases) {
+      bad("alias " + a.from + " -> " + a.to + " is not allowed (--no-aliases)");
+      continue;
+    }
+    if (cx.all_ops.count(a.from)) bad("alias " + a.from + " shadows a real op of the same name");
+    // Follow the chain: it must end at a real op without revisiting an alias.
+    std::set<std::string> seen{a.from};
+    std::string cur = a.to;
+    while (alias_to.count(cur) && !seen.count(cur)) {
+      seen.insert(cur);
+      cur = alias_to[cur];
+    }
+    if (seen.count(cur) && alias_to.count(cur)) {
+      bad("alias " + a.from + " is part of a cycle through " + cur);
+    } else if (!cx.all_ops.count(cur)) {
+      bad("alias " + a.from + " -> " + a.to + ": target op " + cur + " does not exist");
+    }
+  }
+  cx.rep.outcome("aliases", "", aliases_ok);
+}
+
+// groups-guard: manifest groups == group folders == libraries, and == the expected list.
+void check_groups_guard(Context& cx) {
+  Reporter& rep = cx.rep;
+  const Manifest& m = cx.manifest;
+  const fs::path base = m.file.parent_path();
+  const std::string manifest_name = m.file.string();
+  std::set<std::string> in_manifest;
+  for (const GroupEntry& g : m.groups) in_manifest.insert(g.name);
+  std::vector<std::string> notes;
+
+  std::optional<std::vector<std::string>> expected = cx.options.expect_groups;
+  std::string expected_from = cx.options.expect_groups_source;
+  if (!expected && m.expect_groups) {
+    expected = m.expect_groups;
+    expected_from = "expect_groups at " + m.expect_groups_where.to_string();
+  }
+  if (expected) {
+    const std::set<std::string> want(expected->begin(), expected->end());
+    for (const std::string& name : want) {
+      if (!in_manifest.count(name)) {
+        rep.also("groups-guard", name, manifest_name,
+                 "group '" + name + "' is expected (" + expected_from +
+                     ") but the manifest does not list it");
+      }
+    }
+    for (const GroupEntry& g : m.groups) {
+      if (!want.count(g.name)) {
+        rep.also("groups-guard", g.name, g.where.to_string(),
+                 "group '" + g.name + "' is in the manifest but not in the expected groups (" +
+                     expected_from + ")");
+      }
+    }
+  }
+
+  if (cx.have_src) {
+    const std::vector<std::string> folders = group_folders(cx.src);
+    const std::set<std::string> folder_set(folders.begin(), folders.end());
+    for (const GroupEntry& g : m.groups) {
+      if (!folder_set.count(g.name)) {
+        rep.also("groups-guard", g.name, g.where.to_string(),
+                 "group '" + g.name + "' is in the manifest but there is no folder " +
+                     display(cx.src / g.name, base) + " with a CMakeLists.txt");
+      }
+    }
+    std::set<std::string> built;
+    const fs::path top = cx.src / "CMakeLists.txt";
+    const auto top_text = read_text_file(top);
+    if (top_text) built = parse_subdirectories(*top_text);
+    for (const std::string& f : folders) {
+      const fs::path folder = cx.src / f;
+      if (!in_manifest.count(f)) {
+        rep.also("groups-guard", f, display(folder, base),
+                 "folder " + display(folder, base) + " is a plugin group but the manifest " +
+                     manifest_name + " does not list group '" + f + "'");
+      }
+      if (top_text && !built.count(f)) {
+        rep.also("groups-guard", f, display(top, base),
+                 "folder " + display(folder, base) + " is not built: " + display(top, base) +
+                     " has no add_subdirectory(" + f + ")");
+      }
+      if (auto text = read_text_file(folder / "CMakeLists.txt")) {
+        if (auto build = parse_plugin_build(*text); build && build->group != f) {
+          rep.also("groups-guard", f,
+                   display(folder / "CMakeLists.txt", base) + ":" + std::to_string(build->line),
+                   "folder " + display(folder, base) + " builds group '" + build->group +
+                       "' (kreg_add_plugin); a group's folder must carry its name");
+        }
+      }
+    }
+    // Libraries in the plugin folder that no group names: a removed or renamed group's
+    // stale build, which a manifest edit could silently bring back.
+    std::set<fs::path> named;
+    for (const GroupEntry& g : m.groups) named.insert(g.library.lexically_normal());
+    std::error_code ec;
+    for (const auto& entry : fs::directory_iterator(m.plugin_dir, ec)) {
+      const fs::path p = entry.path().lexically_normal();
+      if (p.extension() != ".so" || !entry.is_regular_file(ec) || named.count(p)) continue;
+      rep.also("groups-guard", "", p.string(),
+               "library " + p.string() + " is in the plugin folder but no manifest group " +
+                   "names it (a stale build of a removed group?); delete it or add its group");
+    }
+  } else {
+    notes.push_back("no plugin source tree at " + cx.src.string() +
+                    ": folders and libraries not compared");
+  }
+  std::string note;
+  for (const std::string& n : notes) note += (note.empty() ? "" : "; ") + n;
+  if (!cx.have_src && !expected) {
+    rep.skip("groups-guard", "", note);
+  } else {
+    cx.report.outcomes.push_back(
+        {"groups-guard", "", rep.count("groups-guard", "*") == 0, false, note});
+  }
+}
+
 }  // namespace
 
 ValidationReport validate_registry(const fs::path& manifest_path, const ValidateOptions& options) {
@@ -60,7 +431,7 @@ ValidationReport validate_registry(const fs::path& manifest_path, const Validate
   mopts.check_files = false;  // library-present reports missing files per group
   auto manifest = load_manifest(manifest_path, mopts, &diags);
   if (!manifest) {
-    if (manifest.status().code() == KREG_NOT_FOUND && diags.empty()) {
+    if (manifest.status().code() == KREG_NOT_FOUND) {
       report.manifest_readable = false;
       rep.fail("manifest-schema", "", manifest_path.string(), manifest.status().message());
       return report;
@@ -81,153 +452,165 @@ ValidationReport validate_registry(const fs::path& manifest_path, const Validate
   }
   rep.pass("manifest-schema", "");
 
-  // op id -> (group, library) of its first registration, for unique-ops.
-  std::map<std::string, std::string> op_owner;
-  std::set<std::string> all_ops;
+  Context cx{*manifest, options, rep, report};
+  // The default is the repository layout: plugins/CMakeLists.txt beside the manifest. A
+  // `plugins` folder without one is more likely a deployment's folder of libraries.
+  std::error_code ec;
+  if (options.plugins_src) {
+    cx.src = fs::absolute(*options.plugins_src).lexically_normal();
+    cx.have_src = fs::is_directory(cx.src, ec);
+  } else {
+    cx.src = manifest->file.parent_path() / "plugins";
+    cx.have_src = fs::is_regular_file(cx.src / "CMakeLists.txt", ec);
+  }
+  if (cx.have_src) report.plugins_src = cx.src;
+
+  size_t index = 0;
   for (const GroupEntry& g : manifest->groups) {
     report.groups.push_back(g.name);
+    if (options.progress) options.progress(g.name, index, manifest->groups.size());
+    ++index;
     if (!g.enabled) continue;
     const std::string lib = g.library.string();
     const std::string where = g.library_where.to_string();
 
-    std::error_code ec;
-    if (!fs::exists(g.library, ec)) {
-      rep.fail("library-present", g.name, where, "library " + lib + " does not exist");
-      continue;
-    }
-    if (!fs::is_regular_file(g.library, ec)) {
-      rep.fail("library-present", g.name, where, "library " + lib + " is not a regular file");
-      continue;
-    }
-    rep.pass("library-present", g.name);
-
-    // Read the symbol table without running any plugin code first.
-    if (Status st = check_entry_symbol(g.library); !st.ok()) {
-      rep.fail("library-loads", g.name, where, st.message());
-      continue;
-    }
-    PluginLibrary::Stage stage = PluginLibrary::Stage::kFile;
-    auto plugin = PluginLibrary::open(g.library, {g.name, g.version}, &stage);
-    if (!plugin) {
-      const std::string& msg = plugin.status().message();
-      switch (stage) {
-        case PluginLibrary::Stage::kAbi:
-          rep.pass("library-loads", g.name);
-          rep.fail("abi-version", g.name, where, msg);
-          break;
-        case PluginLibrary::Stage::kGroup:
-          rep.pass("library-loads", g.name);
-          rep.pass("abi-version", g.name);
-          rep.fail("group-name-match", g.name, where, msg);
-          break;
-        case PluginLibrary::Stage::kVersion:
-          rep.pass("library-loads", g.name);
-          rep.pass("abi-version", g.name);
-          rep.pass("group-name-match", g.name);
-          rep.fail("plugin-version", g.name, where, msg);
-          break;
-        case PluginLibrary::Stage::kKernels:
-          rep.pass("library-loads", g.name);
-          rep.pass("abi-version", g.name);
-          rep.pass("group-name-match", g.name);
-          rep.pass("plugin-version", g.name);
-          rep.fail(msg.find("op id") != std::string::npos || msg.find("belongs to group") !=
-                                                                  std::string::npos
-                       ? "op-naming"
-                       : "schema",
-                   g.name, where, msg);
-          break;
-        default:
-          rep.fail("library-loads", g.name, where, msg);
-          break;
+    std::optional<PluginSnapshot> snap;
+    [&] {
+      // library-present: fs::status follows symbolic links, so a dangling one is missing.
+      const fs::file_status fst = fs::status(g.library, ec);
+      if (!fs::exists(fst)) {
+        const bool dangling = fs::is_symlink(fs::symlink_status(g.library, ec));
+        rep.fail("library-present", g.name, where,
+                 "library " + lib + " does not exist" +
+                     (dangling ? " (a symbolic link to a missing file)" : "") +
+                     "; build the group's target or fix library/plugin_dir");
+        return;
       }
-      continue;
-    }
-    for (const char* c : {"library-loads", "abi-version", "group-name-match", "plugin-version"}) {
-      rep.pass(c, g.name);
-    }
-
-    const auto& kernels = (*plugin)->kernels();
-    bool naming_ok = true;
-    std::set<std::string> ops;
-    std::map<std::string, std::set<std::string>> backends;
-    for (const KernelSpec& k : kernels) {
-      const std::string name(k.name());
-      if (name.starts_with("jit_") || name.ends_with("_jit")) {
-        rep.also("op-naming", g.name, lib, k.op + ": no jit_/_jit prefixes in op names");
-        naming_ok = false;
+      if (!fs::is_regular_file(fst)) {
+        rep.fail("library-present", g.name, where,
+                 "library " + lib + " is " +
+                     (fs::is_directory(fst) ? "a directory" : "not a regular file") +
+                     ", not a shared object");
+        return;
       }
-      if (!is_snake(name)) naming_ok = false;
-      if (!backends[k.op].insert(k.backend).second) {
-        rep.also("unique-ops", g.name, lib,
-                 k.op + " (" + k.backend + ") is registered twice in the same plugin");
+      rep.pass("library-present", g.name);
+      // Refused before anything reads it as a library.
+      if (Status st = check_path_safety(g.library, g.plugin_dir); !st.ok()) {
+        rep.fail("path-safety", g.name, where, st.message());
+        return;
       }
-      ops.insert(k.op);
-    }
-    if (naming_ok) {
-      rep.pass("op-naming", g.name);
-    } else {
-      report.outcomes.push_back({"op-naming", g.name, false});
-    }
-    rep.pass("schema", g.name);  // make_kernel_spec parsed every signature
-    if (kernels.empty()) {
-      rep.fail("no-empty-groups", g.name, where, "group '" + g.name + "' registers no kernels");
-    } else {
-      rep.pass("no-empty-groups", g.name);
-    }
-    bool refs_ok = true;
-    for (const std::string& op : ops) {
-      if (!backends[op].count("cpu")) {
-        refs_ok = false;
-        rep.also("reference-present", g.name, lib,
-                 op + " has no CPU reference implementation (backend 'cpu')");
+      rep.pass("path-safety", g.name);
+      if (g.sha256) {
+        if (Status st = check_pin(g.library, *g.sha256); !st.ok()) {
+          rep.fail("integrity", g.name, g.sha256_where.to_string(), st.message());
+          return;
+        }
+        rep.pass("integrity", g.name);
+      } else {
+        rep.pass("integrity", g.name, "not pinned");
       }
-      if (auto [it, fresh] = op_owner.emplace(op, g.name + " (" + lib + ")"); !fresh) {
-        rep.also("unique-ops", g.name, lib,
-                 op + " is registered by " + it->second + " and by " + g.name + " (" + lib + ")");
-      }
-      all_ops.insert(op);
-    }
-    report.outcomes.push_back({"reference-present", g.name, refs_ok});
-    report.ops += ops.size();
+      snap = load_in_child(cx, g);
+      if (snap) check_records(cx, g, *snap);
+    }();
+    check_sources(cx, g, snap ? &*snap : nullptr);
   }
 
-  // Cross-group checks.
-  bool unique_ok = true;
-  for (const Finding& f : report.findings) {
-    if (f.check == "unique-ops") unique_ok = false;
-  }
-  report.outcomes.push_back({"unique-ops", "", unique_ok});
-
-  bool aliases_ok = true;
-  std::map<std::string, std::string> alias_to;
-  for (const AliasEntry& a : manifest->aliases) alias_to[a.from] = a.to;
-  for (const AliasEntry& a : manifest->aliases) {
-    const std::string where = a.where.to_string();
-    auto bad = [&](const std::string& msg) {
-      aliases_ok = false;
-      rep.also("aliases", "", where, msg);
-    };
-    if (options.forbid_aliases) {
-      bad("alias " + a.from + " -> " + a.to + " is not allowed (--no-aliases)");
-      continue;
-    }
-    if (all_ops.count(a.from)) bad("alias " + a.from + " shadows a real op of the same name");
-    // Follow the chain: it must end at a real op without revisiting an alias.
-    std::set<std::string> seen{a.from};
-    std::string cur = a.to;
-    while (alias_to.count(cur) && !seen.count(cur)) {
-      seen.insert(cur);
-      cur = alias_to[cur];
-    }
-    if (seen.count(cur) && alias_to.count(cur)) {
-      bad("alias " + a.from + " is part of a cycle through " + cur);
-    } else if (!all_ops.count(cur)) {
-      bad("alias " + a.from + " -> " + a.to + ": target op " + cur + " does not exist");
-    }
-  }
-  report.outcomes.push_back({"aliases", "", aliases_ok});
+  rep.outcome("unique-ops", "", rep.count("unique-ops", "*") == 0);
+  check_aliases(cx);
+  check_groups_guard(cx);
   return report;
+}
+
+Result<std::vector<std::string>> read_expect_groups(const fs::path& file) {
+  auto text = read_text_file(file);
+  if (!text) {
+    return Status(KREG_NOT_FOUND, "cannot read the expected-groups file " + file.string());
+  }
+  std::vector<std::string> names;
+  std::map<std::string, int> seen;
+  std::istringstream lines(*text);
+  int n = 0;
+  for (std::string line; std::getline(lines, line);) {
+    ++n;
+    if (const size_t hash = line.find('#'); hash != std::string::npos) line.erase(hash);
+    const size_t b = line.find_first_not_of(" \t\r");
+    if (b == std::string::npos) continue;
+    const size_t e = line.find_last_not_of(" \t\r");
+    const std::string name = line.substr(b, e - b + 1);
+    const std::string at = file.string() + ":" + std::to_string(n);
+    if (!is_snake(name)) {
+      return Status(KREG_INVALID_ARGUMENT, at + ": invalid group name '" + name +
+                                               "': expected snake_case ([a-z][a-z0-9_]*)");
+    }
+    if (auto [it, fresh] = seen.emplace(name, n); !fresh) {
+      return Status(KREG_INVALID_ARGUMENT, at + ": group '" + name +
+                                               "' is listed twice (first "
+                                               "on line " +
+                                               std::to_string(it->second) + ")");
+    }
+    names.push_back(name);
+  }
+  return names;
+}
+
+Result<std::vector<PinUpdate>> update_pins(const fs::path& manifest_path,
+                                           const ManifestOptions& options) {
+  ManifestOptions mopts = options;
+  mopts.check_files = false;
+  auto manifest = load_manifest(manifest_path, mopts);
+  if (!manifest) return manifest.status();
+  std::vector<PinUpdate> updates;
+  std::map<std::string, std::string> pins;
+  std::error_code ec;
+  for (const GroupEntry& g : manifest->groups) {
+    if (!fs::is_regular_file(g.library, ec)) continue;
+    auto sha = sha256_file(g.library);
+    if (!sha) return sha.status();
+    if (g.sha256 == *sha) continue;
+    pins[g.name] = *sha;
+    updates.push_back({g.name, g.library, g.sha256, *sha});
+  }
+  if (pins.empty()) return updates;
+
+  // Edit the file the manifest path finally names, so a symlinked manifest stays one.
+  const fs::path target = fs::canonical(manifest_path, ec);
+  if (ec) return Status(KREG_NOT_FOUND, "cannot resolve " + manifest_path.string());
+  auto text = read_text_file(target);
+  if (!text) return text.status();
+  auto edited = rewrite_manifest_pins(*text, pins);
+  if (!edited) return edited.status();
+  // The edit must parse to exactly the pins intended before it replaces the file.
+  auto check = parse_manifest(*edited, manifest_path, mopts);
+  if (!check) {
+    return Status(KREG_INTERNAL, "updating the pins would break the manifest; not written:\n" +
+                                     check.status().message());
+  }
+  for (const GroupEntry& g : check->groups) {
+    if (auto it = pins.find(g.name); it != pins.end() && g.sha256 != it->second) {
+      return Status(KREG_INTERNAL, "updating the pin of group '" + g.name +
+                                       "' did not take; the manifest was not written");
+    }
+  }
+  const fs::path tmp = target.parent_path() /
+                       ("." + target.filename().string() + ".kreg-" + std::to_string(::getpid()));
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << *edited;
+    out.flush();
+    if (!out) {
+      fs::remove(tmp, ec);
+      return Status(KREG_PERMISSION_DENIED, "cannot write " + tmp.string());
+    }
+  }
+  struct stat st {};
+  if (::stat(target.c_str(), &st) == 0) ::chmod(tmp.c_str(), st.st_mode & 07777);
+  fs::rename(tmp, target, ec);
+  if (ec) {
+    const std::string why = ec.message();
+    fs::remove(tmp, ec);
+    return Status(KREG_PERMISSION_DENIED, "cannot replace " + target.string() + ": " + why);
+  }
+  return updates;
 }
 
 }  // namespace kreg

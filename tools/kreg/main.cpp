@@ -186,50 +186,114 @@ int cmd_info(const std::string& manifest, const std::string& op, bool json) {
 
 // ---- validate ----
 
-int cmd_validate(const std::string& manifest, bool json, bool no_aliases) {
+struct ValidateArgs {
+  bool json = false;
+  bool no_aliases = false;
+  double timeout_s = 10;
+  std::string plugins_src;
+  std::string expect_groups;
+  bool update_pins = false;
+};
+
+int cmd_validate(const std::string& manifest, const ValidateArgs& a) {
   kreg::ValidateOptions opts;
   opts.manifest = kreg::manifest_options_from_env();
-  opts.forbid_aliases = no_aliases;
-  const bool tty = !json && isatty(STDERR_FILENO);
-  if (tty) std::cerr << "kreg validate: checking " << manifest << " ...\r" << std::flush;
+  opts.forbid_aliases = a.no_aliases;
+  opts.timeout_s = a.timeout_s;
+  if (!a.plugins_src.empty()) {
+    if (!fs::is_directory(a.plugins_src)) {
+      std::cerr << "kreg validate: --plugins-src " << a.plugins_src << " is not a folder\n";
+      return kExitUsage;
+    }
+    opts.plugins_src = fs::path(a.plugins_src);
+  }
+  if (!a.expect_groups.empty()) {
+    auto names = kreg::read_expect_groups(a.expect_groups);
+    if (!names) {
+      std::cerr << "kreg validate: --expect-groups: " << names.status().message() << "\n";
+      return kExitUsage;
+    }
+    opts.expect_groups = *names;
+    opts.expect_groups_source = a.expect_groups;
+  }
+  std::vector<kreg::PinUpdate> pinned;
+  if (a.update_pins) {
+    auto updates = kreg::update_pins(manifest, opts.manifest);
+    if (!updates) {
+      std::cerr << "kreg validate: --update-pins: " << updates.status().message() << "\n";
+      return kExitUsage;
+    }
+    pinned = std::move(updates).value();
+    for (const auto& u : pinned) {
+      std::cerr << "kreg validate: pinned " << u.group << " sha256 " << u.sha256 << " ("
+                << u.library.string() << (u.old_sha256 ? ", was " + *u.old_sha256 : "") << ")\n";
+    }
+    if (pinned.empty()) std::cerr << "kreg validate: every pin is up to date\n";
+  }
+  // A progress line on a terminal only: CI logs get the report alone.
+  const bool tty = isatty(STDERR_FILENO);
+  if (tty) {
+    opts.progress = [](std::string_view group, size_t i, size_t n) {
+      std::cerr << "\r\33[2Kkreg validate: [" << i + 1 << "/" << n << "] " << group << " ..."
+                << std::flush;
+    };
+  }
   const auto report = kreg::validate_registry(manifest, opts);
-  if (tty) std::cerr << "\33[2K";
+  if (tty) std::cerr << "\r\33[2K" << std::flush;
   const int rc = !report.manifest_readable ? kExitUsage : report.ok() ? 0 : kExitViolation;
-  if (json) {
+  if (a.json) {
     JsonWriter w(std::cout);
     w.begin_object().field("schema", "kreg.validate/1").field("manifest", manifest);
     w.field("ok", report.ok()).field("exit_code", rc);
     w.strings("groups", report.groups).field("ops", static_cast<long long>(report.ops));
+    w.key("plugins_src");
+    if (report.plugins_src.empty()) {
+      w.null();
+    } else {
+      w.value(report.plugins_src.string());
+    }
+    w.field("timeout_s", a.timeout_s);
     w.key("checks").begin_array();
     for (const auto& c : report.outcomes) {
       w.begin_object().field("check", c.check).field("group", c.group).field("passed", c.passed);
-      w.end_object();
+      w.field("skipped", c.skipped).field("note", c.note).end_object();
     }
     w.end_array().key("violations").begin_array();
     for (const auto& f : report.findings) {
       w.begin_object().field("check", f.check).field("group", f.group).field("where", f.where);
       w.field("message", f.message).end_object();
     }
+    w.end_array().key("pins_updated").begin_array();
+    for (const auto& u : pinned) {
+      w.begin_object().field("group", u.group).field("library", u.library.string());
+      w.field("sha256", u.sha256).end_object();
+    }
     w.end_array().end_object();
+    std::cout << "\n";
     return rc;
   }
   const bool color = isatty(STDOUT_FILENO);
   const char* green = color ? "\33[32m" : "";
   const char* red = color ? "\33[31m" : "";
+  const char* yellow = color ? "\33[33m" : "";
   const char* reset = color ? "\33[0m" : "";
-  size_t passed = 0;
+  size_t passed = 0, skipped = 0;
   for (const auto& c : report.outcomes) {
-    passed += c.passed;
-    std::printf("%s%-4s%s %-18s %s\n", c.passed ? green : red, c.passed ? "ok" : "FAIL", reset,
-                c.check.c_str(), c.group.empty() ? "(registry)" : c.group.c_str());
+    passed += c.passed && !c.skipped;
+    skipped += c.skipped;
+    const char* colour = c.skipped ? yellow : c.passed ? green : red;
+    const char* label = c.skipped ? "skip" : c.passed ? "ok" : "FAIL";
+    std::printf("%s%-4s%s %-18s %s%s%s%s\n", colour, label, reset, c.check.c_str(),
+                c.group.empty() ? "(registry)" : c.group.c_str(), c.note.empty() ? "" : "  (",
+                c.note.c_str(), c.note.empty() ? "" : ")");
   }
   for (const auto& f : report.findings) {
     std::printf("%serror%s [%s] %s%s: %s\n", red, reset, f.check.c_str(),
                 f.group.empty() ? "" : (f.group + " ").c_str(), f.where.c_str(), f.message.c_str());
   }
-  std::printf("%zu checks passed, %zu failed; %zu violations; %zu groups, %zu ops\n", passed,
-              report.outcomes.size() - passed, report.findings.size(), report.groups.size(),
-              report.ops);
+  std::printf("%zu checks passed, %zu failed, %zu skipped; %zu violations; %zu groups, %zu ops\n",
+              passed, report.outcomes.size() - passed - skipped, skipped, report.findings.size(),
+              report.groups.size(), report.ops);
   return rc;
 }
 
@@ -406,10 +470,22 @@ int main(int argc, char** argv) {
   info->add_option("op", op, "op id, e.g. layernorm.rmsnorm")->required();
   info->add_flag("--json", json, "machine-readable output");
 
-  bool no_aliases = false;
+  ValidateArgs va;
   auto* validate = app.add_subcommand("validate", "check the manifest and every plugin (CI gate)");
-  validate->add_flag("--json", json, "machine-readable report (schema kreg.validate/1)");
-  validate->add_flag("--no-aliases", no_aliases, "treat every alias as a violation");
+  validate->add_flag("--json", va.json, "machine-readable report (schema kreg.validate/1)");
+  validate->add_flag("--no-aliases", va.no_aliases, "treat every alias as a violation");
+  validate
+      ->add_option("--timeout", va.timeout_s,
+                   "seconds a plugin's child process may take to load, init and unload "
+                   "(default 10)")
+      ->check(CLI::PositiveNumber);
+  validate->add_option("--plugins-src", va.plugins_src,
+                       "plugin source tree for groups-guard and sources-built (default: the "
+                       "plugins folder next to the manifest)");
+  validate->add_option("--expect-groups", va.expect_groups,
+                       "file listing the exact groups the manifest must have, one per line");
+  validate->add_flag("--update-pins", va.update_pins,
+                     "first write each library's sha256 into the manifest (comments kept)");
 
   RunArgs ra;
   auto add_run_options = [&](CLI::App* sub) {
@@ -441,7 +517,7 @@ int main(int argc, char** argv) {
   }
   if (*list) return cmd_list(manifest, group, json);
   if (*info) return cmd_info(manifest, op, json);
-  if (*validate) return cmd_validate(manifest, json, no_aliases);
+  if (*validate) return cmd_validate(manifest, va);
   if (*run) return cmd_run(manifest, ra);
   if (*bench) return cmd_bench(manifest, ra);
   return kExitUsage;
