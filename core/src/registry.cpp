@@ -7,6 +7,9 @@
 #include <cstdlib>
 #include <set>
 
+#include "kreg/admission.hpp"
+#include "kreg/plugin_probe.hpp"
+
 namespace kreg {
 
 using detail::CheckFailure;
@@ -494,6 +497,7 @@ Result<std::unique_ptr<Registry>> Registry::open(const Manifest& manifest,
                                                  const OpenOptions& options) {
   auto reg = std::make_unique<Registry>();
   std::lock_guard lock(reg->mu_);
+  reg->open_options_ = options;
   for (const GroupEntry& e : manifest.groups) {
     Group& g = reg->group_locked(e.name);
     g.entry = e;
@@ -525,6 +529,26 @@ Status Registry::load_locked(Group& g) const {
     return Status(KREG_FAILED_PRECONDITION,
                   "group '" + g.name + "' is disabled in the manifest (" +
                       g.entry->where.to_string() + ")");
+  }
+  // Nothing of the library is mapped before it proves it is where it should be, that no
+  // one else can change it, and that it is the build the manifest pinned.
+  if (Status st = admit_library(*g.entry); !st.ok()) {
+    g.error = st.message();
+    return st;
+  }
+  if (open_options_.precheck_in_child) {
+    ProbeOptions probe_options;
+    probe_options.timeout_s = open_options_.precheck_timeout_s;
+    const ProbeResult probe =
+        probe_plugin(g.entry->library, {g.name, g.entry->version}, probe_options);
+    if (!probe.ok()) {
+      const kreg_status_code code =
+          probe.end == ProbeEnd::kRefused || probe.end == ProbeEnd::kInitFailed
+              ? probe.code
+              : KREG_ABORTED;
+      g.error = "refused by the pre-check in a child process: " + probe.message;
+      return Status(code == KREG_OK ? KREG_UNKNOWN : code, g.error);
+    }
   }
   auto lib = PluginLibrary::open(g.entry->library, {g.name, g.entry->version});
   if (!lib) {

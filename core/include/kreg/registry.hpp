@@ -332,9 +332,16 @@ struct GroupInfo {
   std::string error;                 // last load error, if any
 };
 
+// Every load (open, load_group, a lazy first use) first applies path safety and the
+// sha256 pin (kreg/admission.hpp); those cannot be turned off.
 struct OpenOptions {
   // Load lazy groups too (tools that list everything).
   bool load_lazy_groups = false;
+  // Load each group in a child process before loading it here (kreg/plugin_probe.hpp), and
+  // refuse a group that crashes, hangs, exits or is refused there. Costs a fork and a load
+  // per group; forks, so see plugin_probe.hpp for when that is safe.
+  bool precheck_in_child = false;
+  double precheck_timeout_s = 10;
 };
 
 // Hot swapping (Registry::reload, core/src/reload.cpp; docs/hot-swap.md).
@@ -447,6 +454,8 @@ class Registry {
   mutable std::vector<std::unique_ptr<OpIndex>> indexes_;
   // KREG_FORCE_BACKEND, parsed: (op pattern, backend); pattern "*", "group.*" or an op id.
   std::vector<std::pair<std::string, std::string>> force_;
+  // How open() was asked to load; later loads (load_group, lazy groups) follow it.
+  OpenOptions open_options_;
 };
 
 // The canonical error message for a rejected selection, exposed for tests.
