@@ -1,0 +1,978 @@
+// Registry validation (issue 3): SHA-256 against the NIST vectors, pin rewriting, the
+// CMake source reader, path safety and pins in the host, and every broken registry the
+// validator must survive and name: plugins that crash, abort, throw, exit or hang while
+// loading, files that are not libraries, unsafe paths, wrong pins, orphan sources and
+// group lists that disagree. A few run through the real `kreg validate` binary as well.
+#include <elf.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "kreg/admission.hpp"
+#include "kreg/manifest.hpp"
+#include "kreg/plugin_probe.hpp"
+#include "kreg/registry.hpp"
+#include "kreg/sha256.hpp"
+#include "kreg/source_tree.hpp"
+#include "kreg/validation.hpp"
+
+namespace fs = std::filesystem;
+
+namespace kreg {
+namespace {
+
+// Short enough to keep the suite fast, long enough for a loaded 2-core machine to fork
+// and load a small plugin.
+constexpr double kHangTimeout = 0.5;
+
+fs::path test_plugin(const std::string& name) {
+  return fs::path(KREG_TEST_PLUGIN_DIR) / ("libkreg_" + name + ".so");
+}
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// A scratch folder with the permissions kreg requires (0755), whatever the umask.
+class TempTree {
+ public:
+  TempTree() {
+    root_ = fs::temp_directory_path() / ("kreg_validation_test_" + std::to_string(::getpid()) +
+                                         "_" + std::to_string(counter_++));
+    fs::remove_all(root_);
+    fs::create_directories(root_);
+    fs::permissions(root_, fs::perms(0755));
+  }
+  ~TempTree() {
+    std::error_code ec;
+    fs::remove_all(root_, ec);
+  }
+  const fs::path& root() const { return root_; }
+
+  fs::path dir(const std::string& rel) {
+    const fs::path p = root_ / rel;
+    fs::create_directories(p);
+    for (fs::path d = p; d != root_; d = d.parent_path()) fs::permissions(d, fs::perms(0755));
+    return p;
+  }
+  fs::path write(const std::string& rel, const std::string& text, int mode = 0644) {
+    const fs::path p = root_ / rel;
+    dir(fs::path(rel).parent_path().string());
+    std::ofstream(p, std::ios::binary | std::ios::trunc) << text;
+    fs::permissions(p, fs::perms(mode));
+    return p;
+  }
+  // Copies a built test plugin in as `rel` (mode 0755).
+  fs::path plugin(const std::string& name, const std::string& rel) {
+    const fs::path p = root_ / rel;
+    dir(fs::path(rel).parent_path().string());
+    fs::copy_file(test_plugin(name), p, fs::copy_options::overwrite_existing);
+    fs::permissions(p, fs::perms(0755));
+    return p;
+  }
+
+ private:
+  static inline int counter_ = 0;
+  fs::path root_;
+};
+
+struct GroupSpec {
+  std::string name;
+  std::string library;
+  std::string extra;  // more keys, e.g. "    sha256: ...\n"
+};
+
+std::string manifest_text(const fs::path& plugin_dir, const std::vector<GroupSpec>& groups,
+                          const std::string& tail = "") {
+  std::string s = "kreg_manifest: 1\nplugin_dir: " + plugin_dir.string() + "\ngroups:\n";
+  for (const GroupSpec& g : groups) {
+    s += "  - name: " + g.name + "\n    library: " + g.library + "\n" + g.extra;
+  }
+  return s + tail;
+}
+
+ValidationReport validate(const fs::path& manifest, ValidateOptions options = {}) {
+  if (options.timeout_s == 10) options.timeout_s = 5;
+  return validate_registry(manifest, options);
+}
+
+std::string dump(const ValidationReport& r) {
+  std::string s;
+  for (const Finding& f : r.findings) {
+    s += "  [" + f.check + "] " + f.group + " " + f.where + ": " + f.message + "\n";
+  }
+  return s.empty() ? "  (no findings)\n" : s;
+}
+
+// The report is a violation (what `kreg validate` exits 1 for), and has a finding of
+// `check` for `group` that says where and whose location and message together contain
+// every one of `texts`.
+void expect_violation(const ValidationReport& r, const std::string& check, const std::string& group,
+                      const std::vector<std::string>& texts) {
+  EXPECT_FALSE(r.ok());
+  EXPECT_TRUE(r.manifest_readable);
+  bool found = false;
+  for (const Finding& f : r.findings) {
+    if (f.check != check || f.group != group) continue;
+    bool all = !f.where.empty();
+    const std::string both = f.where + " " + f.message;
+    for (const std::string& t : texts) all = all && both.find(t) != std::string::npos;
+    found = found || all;
+  }
+  EXPECT_TRUE(found) << "no [" << check << "] finding for '" << group << "' with all of the "
+                     << "expected texts; findings:\n"
+                     << dump(r);
+  bool outcome_failed = false;
+  for (const CheckOutcome& c : r.outcomes) {
+    if (c.check == check && !c.passed && (c.group == group || c.group.empty())) {
+      outcome_failed = true;
+    }
+  }
+  EXPECT_TRUE(outcome_failed) << "no failed outcome line for " << check;
+}
+
+bool has_outcome(const ValidationReport& r, const std::string& check, const std::string& group) {
+  for (const CheckOutcome& c : r.outcomes) {
+    if (c.check == check && c.group == group) return true;
+  }
+  return false;
+}
+
+// ---- SHA-256 (FIPS 180-4 test vectors from NIST's examples) ----
+
+TEST(Sha256, NistVectors) {
+  EXPECT_EQ(sha256_hex(""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  EXPECT_EQ(sha256_hex("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  EXPECT_EQ(sha256_hex("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"),
+            "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+  EXPECT_EQ(sha256_hex("abcdefghbcdefghicdefghijdefghijkefghijklfghijklmghijklmnhijklmnoijklmnopjkl"
+                       "mnopqklmnopqrlmnopqrsmnopqrstnopqrstu"),
+            "cf5b16a778af8380036ce59e7b0492370b249b11e8f07a51afac45037afee9d1");
+  EXPECT_EQ(sha256_hex(std::string(1000000, 'a')),
+            "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+}
+
+TEST(Sha256, PiecewiseEqualsWholeAtEveryPaddingBoundary) {
+  std::string data;
+  for (int i = 0; i < 300; ++i) data += static_cast<char>(i * 7 + 3);
+  for (size_t len : {0u, 1u, 55u, 56u, 57u, 63u, 64u, 65u, 119u, 120u, 128u, 300u}) {
+    const std::string msg = data.substr(0, len);
+    Sha256 h;
+    for (size_t i = 0; i < msg.size(); i += 13) h.update(msg.substr(i, 13));
+    EXPECT_EQ(Sha256::hex(h.finish()), sha256_hex(msg)) << len;
+  }
+}
+
+TEST(Sha256, HashesFiles) {
+  TempTree t;
+  const fs::path f = t.write("a.bin", std::string(1000000, 'a'));
+  auto sha = sha256_file(f);
+  ASSERT_TRUE(sha.ok());
+  EXPECT_EQ(*sha, "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+  EXPECT_EQ(sha256_file(t.root() / "missing").status().code(), KREG_NOT_FOUND);
+}
+
+// ---- Pin rewriting keeps the file as written ----
+
+const std::string kPinA(64, 'a');
+const std::string kPinB(64, 'b');
+
+TEST(RewritePins, AddsAMissingPinUnderTheLibraryLine) {
+  const std::string text =
+      "# Our manifest. Comments stay: é 日本\n"
+      "kreg_manifest: 1\n"
+      "groups:\n"
+      "  - name: layernorm   # the norms\n"
+      "    library: libkreg_layernorm.so  # built by CMake\n"
+      "    version: \"0.1.0\"\n"
+      "  - name: activation\n"
+      "    library: libkreg_activation.so";
+  auto out = rewrite_manifest_pins(text, {{"layernorm", kPinA}, {"activation", kPinB}});
+  ASSERT_TRUE(out.ok()) << out.status().message();
+  EXPECT_EQ(*out,
+            "# Our manifest. Comments stay: é 日本\n"
+            "kreg_manifest: 1\n"
+            "groups:\n"
+            "  - name: layernorm   # the norms\n"
+            "    library: libkreg_layernorm.so  # built by CMake\n"
+            "    sha256: " +
+                kPinA +
+                "\n"
+                "    version: \"0.1.0\"\n"
+                "  - name: activation\n"
+                "    library: libkreg_activation.so\n"
+                "    sha256: " +
+                kPinB);
+}
+
+TEST(RewritePins, ReplacesPinsWhereTheyStandKeepingQuotesAndComments) {
+  const std::string text =
+      "kreg_manifest: 1  # é\n"
+      "groups:\n"
+      "  - name: a\n"
+      "    library: liba.so\n"
+      "    sha256: \"" +
+      kPinA +
+      "\"  # pinned by CI\n"
+      "  - name: b\n"
+      "    sha256: " +
+      kPinA +
+      "\n"
+      "    library: libb.so\n"
+      "  - name: c\n"
+      "    library: libc.so\n"
+      "    sha256:\n";
+  auto out = rewrite_manifest_pins(text, {{"a", kPinB}, {"b", kPinB}, {"c", kPinB}});
+  ASSERT_TRUE(out.ok()) << out.status().message();
+  EXPECT_EQ(*out,
+            "kreg_manifest: 1  # é\n"
+            "groups:\n"
+            "  - name: a\n"
+            "    library: liba.so\n"
+            "    sha256: \"" +
+                kPinB +
+                "\"  # pinned by CI\n"
+                "  - name: b\n"
+                "    sha256: " +
+                kPinB +
+                "\n"
+                "    library: libb.so\n"
+                "  - name: c\n"
+                "    library: libc.so\n"
+                "    sha256: " +
+                kPinB + "\n");
+}
+
+TEST(RewritePins, RefusesWhatItCannotEditSafely) {
+  auto flow = rewrite_manifest_pins("kreg_manifest: 1\ngroups:\n  - {name: a, library: a.so}\n",
+                                    {{"a", kPinA}});
+  ASSERT_FALSE(flow.ok());
+  EXPECT_NE(flow.status().message().find("flow map"), std::string::npos);
+  auto unknown = rewrite_manifest_pins("kreg_manifest: 1\ngroups: []\n", {{"a", kPinA}});
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_NE(unknown.status().message().find("no group named 'a'"), std::string::npos);
+  EXPECT_FALSE(rewrite_manifest_pins("groups: [\n", {{"a", kPinA}}).ok());
+}
+
+// ---- The CMake reader behind sources-built and groups-guard ----
+
+TEST(SourceTree, ReadsKregAddPlugin) {
+  auto b = parse_plugin_build(
+      "# kreg_add_plugin(commented SOURCES no.cpp)\n"
+      "kreg_add_plugin(layernorm\n"
+      "  SOURCES register.cpp \"reference.cpp\"  # the CPU side\n"
+      "          ./sub/../helpers.cpp\n"
+      "  CUDA_SOURCES rmsnorm.cu)\n");
+  ASSERT_TRUE(b.has_value());
+  EXPECT_EQ(b->group, "layernorm");
+  EXPECT_EQ(b->line, 2);
+  EXPECT_EQ(b->sources,
+            (std::set<std::string>{"register.cpp", "reference.cpp", "helpers.cpp", "rmsnorm.cu"}));
+  EXPECT_TRUE(b->unresolved.empty());
+
+  auto v = parse_plugin_build("KREG_ADD_PLUGIN(x SOURCES ${MY_SOURCES} a.cpp)");
+  ASSERT_TRUE(v.has_value());
+  EXPECT_EQ(v->unresolved, std::vector<std::string>{"${MY_SOURCES}"});
+  EXPECT_FALSE(parse_plugin_build("add_library(x MODULE a.cpp)").has_value());
+  EXPECT_EQ(parse_subdirectories("add_subdirectory(layernorm)\n# add_subdirectory(no)\n"
+                                 "add_subdirectory(activation)\n"),
+            (std::set<std::string>{"activation", "layernorm"}));
+}
+
+TEST(SourceTree, TheShippedTreeIsConsistent) {
+  const fs::path src = fs::path(KREG_SOURCE_DIR) / "plugins";
+  for (const std::string& g : group_folders(src)) {
+    auto text = read_text_file(src / g / "CMakeLists.txt");
+    ASSERT_TRUE(text.ok());
+    auto b = parse_plugin_build(*text);
+    ASSERT_TRUE(b.has_value()) << g;
+    EXPECT_EQ(b->group, g);
+    for (const std::string& f : kernel_sources(src / g)) EXPECT_TRUE(b->sources.count(f)) << f;
+  }
+}
+
+// ---- Path safety and pins, on their own ----
+
+TEST(Admission, PathSafety) {
+  TempTree t;
+  const fs::path dir = t.dir("plugins");
+  const fs::path lib = t.plugin("testgrp", "plugins/libkreg_testgrp.so");
+  EXPECT_TRUE(check_path_safety(lib, dir).ok());
+  fs::create_symlink(lib, dir / "libkreg_alias.so");
+  EXPECT_TRUE(check_path_safety(dir / "libkreg_alias.so", dir).ok()) << "a link inside is fine";
+
+  const fs::path outside = t.plugin("testgrp", "elsewhere/libkreg_testgrp.so");
+  fs::create_symlink(outside, dir / "libkreg_escape.so");
+  Status escape = check_path_safety(dir / "libkreg_escape.so", dir);
+  EXPECT_EQ(escape.code(), KREG_PERMISSION_DENIED);
+  EXPECT_NE(escape.message().find("resolves to " + outside.string() +
+                                  ", outside the plugin folder " + dir.string()),
+            std::string::npos)
+      << escape.message();
+  EXPECT_EQ(check_path_safety(dir / ".." / "elsewhere" / "libkreg_testgrp.so", dir).code(),
+            KREG_PERMISSION_DENIED);
+
+  fs::permissions(lib, fs::perms(0757));
+  Status writable = check_path_safety(lib, dir);
+  EXPECT_EQ(writable.code(), KREG_PERMISSION_DENIED);
+  EXPECT_NE(writable.message().find("is writable by all users (mode 0757)"), std::string::npos)
+      << writable.message();
+  fs::permissions(lib, fs::perms(0755));
+  fs::permissions(dir, fs::perms(0775));
+  Status folder = check_path_safety(lib, dir);
+  EXPECT_NE(folder.message().find("folder " + dir.string() + " holding library"), std::string::npos)
+      << folder.message();
+  EXPECT_NE(folder.message().find("writable by its group (mode 0775)"), std::string::npos);
+  fs::permissions(dir, fs::perms(0755));
+  EXPECT_EQ(check_path_safety(dir / "missing.so", dir).code(), KREG_NOT_FOUND);
+}
+
+TEST(Admission, PinMismatchNamesBothHashes) {
+  TempTree t;
+  const fs::path f = t.write("lib.so", "abc", 0755);
+  EXPECT_TRUE(check_pin(f, sha256_hex("abc")).ok());
+  Status st = check_pin(f, kPinA);
+  EXPECT_EQ(st.code(), KREG_FAILED_PRECONDITION);
+  EXPECT_NE(st.message().find("expected " + kPinA + ", actual " + sha256_hex("abc")),
+            std::string::npos)
+      << st.message();
+}
+
+// ---- The child-process load ----
+
+TEST(Probe, ReadsAGoodPluginWithoutLoadingItHere) {
+  const ProbeResult r = probe_plugin(test_plugin("testgrp"), {"testgrp", std::string("0.1.0")});
+  ASSERT_TRUE(r.ok()) << r.message;
+  EXPECT_EQ(r.snapshot.info.group, "testgrp");
+  EXPECT_EQ(r.snapshot.info.abi_major, KREG_ABI_MAJOR);
+  ASSERT_GE(r.snapshot.kernels.size(), 2u);
+  EXPECT_EQ(r.snapshot.kernels[0].op, "testgrp.scale");
+  EXPECT_EQ(r.snapshot.kernels[0].source_file, "testgrp.cpp");
+  EXPECT_EQ(r.snapshot.kernels[0].dtypes, "f32");
+  EXPECT_EQ(r.snapshot.kernels[0].capabilities.size(), 1u);
+  // The parent never mapped it.
+  const std::string maps = read_file("/proc/self/maps");
+  EXPECT_EQ(maps.find(test_plugin("testgrp").string()), std::string::npos);
+}
+
+TEST(Probe, ReportsEachWayOfDying) {
+  ProbeOptions o;
+  o.timeout_s = kHangTimeout;
+  auto segv = probe_plugin(test_plugin("crash_segv_static"), {"testgrp", std::nullopt}, o);
+  EXPECT_EQ(segv.end, ProbeEnd::kSignaled);
+  EXPECT_EQ(signal_name(segv.signal), "SIGSEGV");
+  auto exit3 = probe_plugin(test_plugin("crash_exit_init"), {"testgrp", std::nullopt}, o);
+  EXPECT_EQ(exit3.end, ProbeEnd::kExited);
+  EXPECT_EQ(exit3.exit_status, 3);
+  const auto start = std::chrono::steady_clock::now();
+  auto hang = probe_plugin(test_plugin("crash_hang_static"), {"testgrp", std::nullopt}, o);
+  const double took =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(hang.end, ProbeEnd::kTimedOut);
+  EXPECT_LT(took, kHangTimeout + 2.0);
+  auto refused = probe_plugin(test_plugin("abi_major2"), {"testgrp", std::nullopt}, o);
+  EXPECT_EQ(refused.end, ProbeEnd::kRefused);
+  EXPECT_EQ(refused.stage, PluginLibrary::Stage::kAbi);
+  auto init = probe_plugin(test_plugin("init_fails"), {"testgrp", std::nullopt}, o);
+  EXPECT_EQ(init.end, ProbeEnd::kInitFailed);
+  EXPECT_EQ(init.code, KREG_RESOURCE_EXHAUSTED);
+}
+
+// ---- Broken plugins: each names its check, says what and where ----
+
+struct PluginCase {
+  const char* plugin;
+  const char* check;
+  std::vector<std::string> texts;
+};
+
+void PrintTo(const PluginCase& c, std::ostream* os) { *os << c.plugin << " -> " << c.check; }
+
+class BrokenPlugin : public ::testing::TestWithParam<PluginCase> {};
+
+TEST_P(BrokenPlugin, IsReportedAndValidationCarriesOn) {
+  const PluginCase& c = GetParam();
+  TempTree t;
+  // A good group after the broken one: validation must reach it.
+  const fs::path m = t.write(
+      "registry.yaml", manifest_text(KREG_TEST_PLUGIN_DIR,
+                                     {{"testgrp", "libkreg_" + std::string(c.plugin) + ".so", ""},
+                                      {"other", "libkreg_wrong_group.so", ""}}));
+  ValidateOptions o;
+  o.timeout_s = kHangTimeout;
+  const ValidationReport r = validate(m, o);
+  std::vector<std::string> texts = c.texts;
+  texts.push_back(test_plugin(c.plugin).string());
+  expect_violation(r, c.check, "testgrp", texts);
+  EXPECT_TRUE(has_outcome(r, "library-loads", "other")) << "validation stopped early";
+  EXPECT_TRUE(has_outcome(r, "groups-guard", ""));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Fixtures, BrokenPlugin,
+    ::testing::Values(
+        PluginCase{"crash_segv_static",
+                   "library-loads",
+                   {"killed by SIGSEGV", "while loading the library", "static initializers"}},
+        PluginCase{"crash_segv_init", "library-loads", {"killed by SIGSEGV", "in its init hook"}},
+        PluginCase{"crash_abort_init", "library-loads", {"killed by SIGABRT", "in its init hook"}},
+        PluginCase{"crash_throw_static",
+                   "library-loads",
+                   {"a static initializer threw an exception",
+                    "crash fixture: the lookup table could not be built"}},
+        PluginCase{
+            "crash_exit_init", "library-loads", {"exited with status 3", "in its init hook"}},
+        PluginCase{"crash_hang_static",
+                   "library-loads",
+                   {"timed out after 0.5 s", "static initializers", "was killed"}},
+        PluginCase{"crash_hang_init", "library-loads", {"timed out after 0.5 s", "init hook"}},
+        PluginCase{"init_fails",
+                   "library-loads",
+                   {"init hook failed: no device memory for the lookup table"}},
+        PluginCase{"test_op",
+                   "no-test-ops",
+                   {"testgrp.test_noop", "test registration in a shipped plugin"}},
+        PluginCase{"abi_major2", "abi-version", {"this core speaks ABI"}},
+        PluginCase{"no_entry", "library-loads", {"does not export 'kreg_plugin_entry'"}}),
+    [](const auto& info) { return std::string(info.param.plugin); });
+
+// ---- Broken files, written by the tests ----
+
+void write_elf_header(const fs::path& p, unsigned char elf_class, uint16_t machine) {
+  std::string bytes(4096, '\0');
+  if (elf_class == ELFCLASS64) {
+    Elf64_Ehdr eh{};
+    std::memcpy(eh.e_ident, ELFMAG, SELFMAG);
+    eh.e_ident[EI_CLASS] = ELFCLASS64;
+    eh.e_ident[EI_DATA] = ELFDATA2LSB;
+    eh.e_ident[EI_VERSION] = EV_CURRENT;
+    eh.e_type = ET_DYN;
+    eh.e_machine = machine;
+    eh.e_version = EV_CURRENT;
+    eh.e_ehsize = sizeof eh;
+    std::memcpy(bytes.data(), &eh, sizeof eh);
+  } else {
+    Elf32_Ehdr eh{};
+    std::memcpy(eh.e_ident, ELFMAG, SELFMAG);
+    eh.e_ident[EI_CLASS] = ELFCLASS32;
+    eh.e_ident[EI_DATA] = ELFDATA2LSB;
+    eh.e_ident[EI_VERSION] = EV_CURRENT;
+    eh.e_type = ET_DYN;
+    eh.e_machine = machine;
+    eh.e_version = EV_CURRENT;
+    eh.e_ehsize = sizeof eh;
+    std::memcpy(bytes.data(), &eh, sizeof eh);
+  }
+  std::ofstream(p, std::ios::binary | std::ios::trunc) << bytes;
+  fs::permissions(p, fs::perms(0755));
+}
+
+// One group "testgrp" whose library is plugins/libkreg_testgrp.so in a fresh tree.
+class BrokenFile : public ::testing::Test {
+ protected:
+  fs::path lib() const { return t.root() / "plugins" / "libkreg_testgrp.so"; }
+  fs::path manifest(const std::string& extra = "") {
+    t.dir("plugins");
+    return t.write("registry.yaml",
+                   manifest_text(t.root() / "plugins", {{"testgrp", "libkreg_testgrp.so", extra}}));
+  }
+  TempTree t;
+};
+
+TEST_F(BrokenFile, Truncated) {
+  t.plugin("testgrp", "plugins/libkreg_testgrp.so");
+  fs::resize_file(lib(), fs::file_size(lib()) / 3);
+  expect_violation(validate(manifest()), "library-loads", "testgrp",
+                   {lib().string() + " is truncated"});
+}
+
+TEST_F(BrokenFile, NotElf) {
+  t.write("plugins/libkreg_testgrp.so",
+          "#!/bin/sh\n# A script where the library should be, long enough to have a header.\n"
+          "echo not a library\n",
+          0755);
+  expect_violation(validate(manifest()), "library-loads", "testgrp",
+                   {lib().string() + " is not an ELF shared object (bad magic)"});
+}
+
+TEST_F(BrokenFile, DirectoryWhereTheLibraryShouldBe) {
+  t.dir("plugins/libkreg_testgrp.so");
+  expect_violation(validate(manifest()), "library-present", "testgrp",
+                   {"library " + lib().string() + " is a directory"});
+}
+
+TEST_F(BrokenFile, DanglingSymlink) {
+  t.dir("plugins");
+  fs::create_symlink(t.root() / "gone.so", lib());
+  expect_violation(validate(manifest()), "library-present", "testgrp",
+                   {lib().string() + " does not exist (a symbolic link to a missing file)"});
+}
+
+TEST_F(BrokenFile, SymlinkEscapingThePluginFolder) {
+  const fs::path outside = t.plugin("testgrp", "elsewhere/libkreg_testgrp.so");
+  t.dir("plugins");
+  fs::create_symlink(outside, lib());
+  const ValidationReport r = validate(manifest());
+  expect_violation(r, "path-safety", "testgrp",
+                   {"resolves to " + outside.string(), "outside the plugin folder"});
+  EXPECT_FALSE(has_outcome(r, "library-loads", "testgrp")) << "refused, not loaded";
+}
+
+TEST_F(BrokenFile, WorldWritableLibrary) {
+  t.plugin("testgrp", "plugins/libkreg_testgrp.so");
+  fs::permissions(lib(), fs::perms(0777));
+  const ValidationReport r = validate(manifest());
+  expect_violation(r, "path-safety", "testgrp",
+                   {lib().string(), "writable by its group and all users (mode 0777)"});
+  EXPECT_FALSE(has_outcome(r, "library-loads", "testgrp"));
+}
+
+TEST_F(BrokenFile, GroupWritablePluginFolder) {
+  t.plugin("testgrp", "plugins/libkreg_testgrp.so");
+  const fs::path m = manifest();
+  fs::permissions(t.root() / "plugins", fs::perms(0775));
+  expect_violation(validate(m), "path-safety", "testgrp",
+                   {"folder " + (t.root() / "plugins").string(), "writable by its group"});
+}
+
+TEST_F(BrokenFile, WrongArchitecture) {
+  t.dir("plugins");
+  write_elf_header(lib(), ELFCLASS64, EM_AARCH64);
+  expect_violation(validate(manifest()), "library-loads", "testgrp",
+                   {lib().string() + " is built for another architecture (ELF machine " +
+                    std::to_string(EM_AARCH64)});
+}
+
+TEST_F(BrokenFile, ThirtyTwoBitObject) {
+  t.dir("plugins");
+  write_elf_header(lib(), ELFCLASS32, EM_386);
+  expect_violation(validate(manifest()), "library-loads", "testgrp",
+                   {lib().string() + " is a 32-bit ELF object"});
+}
+
+TEST_F(BrokenFile, WrongPin) {
+  t.plugin("testgrp", "plugins/libkreg_testgrp.so");
+  const ValidationReport r = validate(manifest("    sha256: " + kPinA + "\n"));
+  expect_violation(r, "integrity", "testgrp",
+                   {lib().string() + " does not match its sha256 pin", "expected " + kPinA,
+                    "actual " + *sha256_file(lib())});
+  for (const Finding& f : r.findings) {
+    if (f.check == "integrity") {
+      EXPECT_NE(f.where.find("registry.yaml:6:13"), std::string::npos) << f.where;
+    }
+  }
+  EXPECT_FALSE(has_outcome(r, "library-loads", "testgrp")) << "checked before loading";
+}
+
+TEST_F(BrokenFile, RightPinPasses) {
+  t.plugin("testgrp", "plugins/libkreg_testgrp.so");
+  const ValidationReport r = validate(manifest("    sha256: " + *sha256_file(lib()) + "\n"));
+  EXPECT_TRUE(r.ok()) << dump(r);
+  EXPECT_TRUE(has_outcome(r, "library-loads", "testgrp"));
+}
+
+// ---- The source tree: orphans, missing sources, groups that disagree ----
+
+// A registry laid out like the repository: registry.yaml, plugins/<group>/ sources and a
+// plugin folder build/ with the libraries.
+class SourceTreeCheck : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    t.write("plugins/CMakeLists.txt", "add_subdirectory(testgrp)\n");
+    t.write("plugins/testgrp/CMakeLists.txt", "kreg_add_plugin(testgrp\n  SOURCES testgrp.cpp)\n");
+    t.write("plugins/testgrp/testgrp.cpp", "// the group's kernels\n");
+    t.plugin("testgrp", "build/libkreg_testgrp.so");
+  }
+  fs::path manifest(const std::string& tail = "") {
+    return t.write("registry.yaml", manifest_text(t.root() / "build",
+                                                  {{"testgrp", "libkreg_testgrp.so", ""}}, tail));
+  }
+  TempTree t;
+};
+
+TEST_F(SourceTreeCheck, ConsistentTreePasses) {
+  const ValidationReport r = validate(manifest());
+  EXPECT_TRUE(r.ok()) << dump(r);
+  EXPECT_EQ(r.plugins_src, t.root() / "plugins");
+  for (const CheckOutcome& c : r.outcomes) EXPECT_FALSE(c.skipped) << c.check << ": " << c.note;
+}
+
+TEST_F(SourceTreeCheck, OrphanSource) {
+  t.write("plugins/testgrp/kernels/extra.cu", "// never compiled\n");
+  expect_violation(validate(manifest()), "sources-built", "testgrp",
+                   {"plugins/testgrp/kernels/extra.cu is not listed in kreg_add_plugin(testgrp",
+                    "plugins/testgrp/CMakeLists.txt:1", "orphan"});
+}
+
+TEST_F(SourceTreeCheck, KernelSourceThatDoesNotExist) {
+  fs::remove(t.root() / "plugins/testgrp/testgrp.cpp");
+  t.write("plugins/testgrp/CMakeLists.txt", "kreg_add_plugin(testgrp SOURCES register.cpp)\n");
+  t.write("plugins/testgrp/register.cpp", "\n");
+  expect_violation(validate(manifest()), "sources-built", "testgrp",
+                   {"testgrp.scale (cpu) says it comes from 'testgrp.cpp', which does not exist "
+                    "in plugins/testgrp/"});
+}
+
+TEST_F(SourceTreeCheck, FolderNotInTheManifest) {
+  t.write("plugins/moe/CMakeLists.txt", "kreg_add_plugin(moe SOURCES register.cpp)\n");
+  t.write("plugins/CMakeLists.txt", "add_subdirectory(testgrp)\nadd_subdirectory(moe)\n");
+  expect_violation(validate(manifest()), "groups-guard", "moe",
+                   {"folder plugins/moe is a plugin group", "does not list group 'moe'"});
+}
+
+TEST_F(SourceTreeCheck, ManifestGroupWithoutAFolder) {
+  t.plugin("wrong_group", "build/libkreg_other.so");
+  const fs::path m = t.write(
+      "registry.yaml", manifest_text(t.root() / "build", {{"testgrp", "libkreg_testgrp.so", ""},
+                                                          {"other", "libkreg_other.so", ""}}));
+  const ValidationReport r = validate(m);
+  expect_violation(r, "groups-guard", "other",
+                   {"group 'other' is in the manifest but there is no folder plugins/other"});
+}
+
+TEST_F(SourceTreeCheck, FolderLeftOutOfTheBuild) {
+  t.write("plugins/CMakeLists.txt", "# nothing added\n");
+  expect_violation(validate(manifest()), "groups-guard", "testgrp",
+                   {"folder plugins/testgrp is not built", "no add_subdirectory(testgrp)"});
+}
+
+TEST_F(SourceTreeCheck, StrayLibrary) {
+  t.plugin("testgrp", "build/libkreg_removed.so");
+  expect_violation(validate(manifest()), "groups-guard", "",
+                   {(t.root() / "build/libkreg_removed.so").string(), "no manifest group"});
+}
+
+TEST_F(SourceTreeCheck, ExpectedGroupsFromAFile) {
+  const fs::path list = t.write("groups.txt", "# the groups we ship\ntestgrp\nmoe  # soon\n");
+  auto names = read_expect_groups(list);
+  ASSERT_TRUE(names.ok()) << names.status().message();
+  ValidateOptions o;
+  o.expect_groups = *names;
+  o.expect_groups_source = list.string();
+  expect_violation(validate(manifest(), o), "groups-guard", "moe",
+                   {"group 'moe' is expected (" + list.string() + ")", "does not list it"});
+  o.expect_groups = std::vector<std::string>{"testgrp"};
+  EXPECT_TRUE(validate(manifest(), o).ok());
+
+  EXPECT_EQ(read_expect_groups(t.write("bad.txt", "ok\nNot_Snake\n")).status().code(),
+            KREG_INVALID_ARGUMENT);
+  EXPECT_EQ(read_expect_groups(t.root() / "none.txt").status().code(), KREG_NOT_FOUND);
+}
+
+TEST_F(SourceTreeCheck, ExpectedGroupsInTheManifest) {
+  const ValidationReport r = validate(manifest("expect_groups: [layernorm]\n"));
+  expect_violation(
+      r, "groups-guard", "testgrp",
+      {"group 'testgrp' is in the manifest but not in the expected groups", "expect_groups at "});
+  expect_violation(r, "groups-guard", "layernorm", {"group 'layernorm' is expected"});
+}
+
+TEST_F(SourceTreeCheck, ExplicitSourceTree) {
+  fs::rename(t.root() / "plugins", t.root() / "src");
+  ValidationReport absent = validate(manifest());
+  EXPECT_TRUE(absent.ok()) << dump(absent);
+  bool skipped = false;
+  for (const CheckOutcome& c : absent.outcomes) skipped |= c.check == "groups-guard" && c.skipped;
+  EXPECT_TRUE(skipped) << "no source tree: groups-guard says it was skipped";
+  ValidateOptions o;
+  o.plugins_src = t.root() / "src";
+  t.write("src/testgrp/orphan.cpp", "\n");
+  expect_violation(validate(manifest(), o), "sources-built", "testgrp", {"src/testgrp/orphan.cpp"});
+}
+
+// ---- The default manifest, and --update-pins ----
+
+TEST(Validate, ShippedRegistryPassesEveryCheck) {
+  ValidateOptions opts;
+  opts.manifest.plugin_dir_override = fs::path(KREG_PLUGIN_DIR);
+  const ValidationReport r = validate_registry(fs::path(KREG_SOURCE_DIR) / "registry.yaml", opts);
+  EXPECT_TRUE(r.ok()) << dump(r);
+  EXPECT_EQ(r.plugins_src, fs::path(KREG_SOURCE_DIR) / "plugins");
+  std::set<std::string> seen;
+  for (const CheckOutcome& c : r.outcomes) {
+    seen.insert(c.check);
+    if (c.check != "integrity") {
+      EXPECT_FALSE(c.skipped) << c.check << ": " << c.note;
+    }
+  }
+  for (const std::string& check : validation_checks()) EXPECT_TRUE(seen.count(check)) << check;
+}
+
+TEST(Validate, UpdatePinsWritesThemAndKeepsTheFile) {
+  TempTree t;
+  t.plugin("testgrp", "plugins/libkreg_testgrp.so");
+  const std::string original =
+      "# A manifest with comments.\nkreg_manifest: 1\nplugin_dir: plugins  # here\ngroups:\n"
+      "  - name: testgrp\n    library: libkreg_testgrp.so  # the test group\n"
+      "    version: \"0.1.0\"\n";
+  const fs::path m = t.write("registry.yaml", original);
+  auto updates = update_pins(m, {});
+  ASSERT_TRUE(updates.ok()) << updates.status().message();
+  const std::string sha = *sha256_file(t.root() / "plugins/libkreg_testgrp.so");
+  ASSERT_EQ(updates->size(), 1u);
+  EXPECT_EQ((*updates)[0].sha256, sha);
+  EXPECT_FALSE((*updates)[0].old_sha256.has_value());
+  EXPECT_EQ(read_file(m),
+            "# A manifest with comments.\nkreg_manifest: 1\nplugin_dir: plugins  # "
+            "here\ngroups:\n  - name: testgrp\n    library: libkreg_testgrp.so  # "
+            "the test group\n    sha256: " +
+                sha + "\n    version: \"0.1.0\"\n");
+  EXPECT_EQ((fs::status(m).permissions() & fs::perms(0777)), fs::perms(0644));
+  auto again = update_pins(m, {});
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(again->empty());
+  EXPECT_TRUE(validate(m).ok());
+}
+
+// ---- The host: Registry::open applies the same guards ----
+
+TEST(HostGuards, PinMismatchRefusesTheLoad) {
+  TempTree t;
+  const fs::path lib = t.plugin("testgrp", "plugins/libkreg_testgrp.so");
+  const fs::path m =
+      t.write("registry.yaml",
+              manifest_text(t.root() / "plugins",
+                            {{"testgrp", "libkreg_testgrp.so", "    sha256: " + kPinA + "\n"}}));
+  auto manifest = load_manifest(m, {});
+  ASSERT_TRUE(manifest.ok()) << manifest.status().message();
+  auto reg = Registry::open(*manifest);
+  ASSERT_FALSE(reg.ok());
+  EXPECT_EQ(reg.status().code(), KREG_FAILED_PRECONDITION);
+  EXPECT_NE(reg.status().message().find("expected " + kPinA + ", actual " + *sha256_file(lib)),
+            std::string::npos)
+      << reg.status().message();
+  EXPECT_NE(reg.status().message().find("pinned at " + m.string() + ":6:13"), std::string::npos)
+      << reg.status().message();
+}
+
+TEST(HostGuards, UnsafePathsAreRefusedBeforeLoading) {
+  TempTree t;
+  const fs::path outside = t.plugin("testgrp", "elsewhere/libkreg_testgrp.so");
+  t.dir("plugins");
+  fs::create_symlink(outside, t.root() / "plugins/libkreg_testgrp.so");
+  auto manifest = load_manifest(
+      t.write("registry.yaml",
+              manifest_text(t.root() / "plugins", {{"testgrp", "libkreg_testgrp.so", ""}})),
+      {});
+  ASSERT_TRUE(manifest.ok());
+  auto reg = Registry::open(*manifest);
+  ASSERT_FALSE(reg.ok());
+  EXPECT_EQ(reg.status().code(), KREG_PERMISSION_DENIED);
+  EXPECT_NE(reg.status().message().find("outside the plugin folder"), std::string::npos);
+
+  // load_group without a plugin folder holds the library to its own folder.
+  Registry r;
+  const fs::path lib = t.plugin("testgrp", "mine/libkreg_testgrp.so");
+  fs::permissions(lib, fs::perms(0777));
+  GroupEntry e{"testgrp", "", lib};
+  Status st = r.load_group(e);
+  EXPECT_EQ(st.code(), KREG_PERMISSION_DENIED) << st.message();
+  EXPECT_NE(st.message().find("writable by its group and all users"), std::string::npos);
+  fs::permissions(lib, fs::perms(0755));
+  EXPECT_TRUE(r.load_group(e).ok());
+}
+
+TEST(HostGuards, PrecheckInChildRefusesACrashingGroup) {
+  // Without the pre-check, opening this manifest would kill the test process.
+  Manifest m;
+  GroupEntry crash{"testgrp", "", test_plugin("crash_segv_static")};
+  m.groups.push_back(crash);
+  OpenOptions o;
+  o.precheck_in_child = true;
+  auto reg = Registry::open(m, o);
+  ASSERT_FALSE(reg.ok());
+  EXPECT_EQ(reg.status().code(), KREG_ABORTED);
+  EXPECT_NE(reg.status().message().find("refused by the pre-check in a child process"),
+            std::string::npos);
+  EXPECT_NE(reg.status().message().find("killed by SIGSEGV"), std::string::npos)
+      << reg.status().message();
+
+  // A lazy group is pre-checked when first used, and a good group loads.
+  Manifest lazy;
+  GroupEntry hang{"testgrp", "", test_plugin("crash_hang_init")};
+  hang.load = LoadMode::kLazy;
+  lazy.groups.push_back(hang);
+  o.precheck_timeout_s = kHangTimeout;
+  auto lazy_reg = Registry::open(lazy, o);
+  ASSERT_TRUE(lazy_reg.ok()) << lazy_reg.status().message();
+  auto h = (*lazy_reg)->resolve("testgrp.noop", Target{DLDevice{kDLCPU, 0}, DType::kF32});
+  ASSERT_FALSE(h.ok());
+  const auto groups = (*lazy_reg)->groups();
+  ASSERT_EQ(groups.size(), 1u);
+  EXPECT_FALSE(groups[0].loaded);
+  EXPECT_NE(groups[0].error.find("timed out after 0.5 s in its init hook"), std::string::npos)
+      << groups[0].error;
+
+  Manifest good;
+  good.groups.push_back(GroupEntry{"testgrp", "", test_plugin("testgrp")});
+  auto ok = Registry::open(good, o);
+  ASSERT_TRUE(ok.ok()) << ok.status().message();
+  EXPECT_EQ((*ok)->implementations("testgrp.scale").size(), 1u);
+}
+
+// ---- The real `kreg validate` ----
+
+struct CliRun {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+};
+
+std::string quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+// Runs `kreg validate ARGS` with KREG_PLUGIN_DIR set to `plugin_dir` (empty: unset).
+CliRun kreg_validate(const std::vector<std::string>& args, const std::string& plugin_dir = "") {
+  TempTree t;
+  const fs::path err = t.root() / "stderr";
+  std::string cmd = "KREG_PLUGIN_DIR=" + quote(plugin_dir) + " " + quote(KREG_CLI) + " validate";
+  for (const std::string& a : args) cmd += " " + quote(a);
+  cmd += " 2>" + quote(err.string()) + " </dev/null";
+  CliRun r;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (p == nullptr) return r;
+  std::array<char, 4096> buf{};
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  const int status = ::pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.err = read_file(err);
+  return r;
+}
+
+bool contains(const std::string& haystack, const std::string& needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+TEST(Cli, ShippedRegistryExitsZeroInWellUnderASecond) {
+  const std::string manifest = (fs::path(KREG_SOURCE_DIR) / "registry.yaml").string();
+  const auto start = std::chrono::steady_clock::now();
+  const CliRun human = kreg_validate({"--manifest", manifest}, KREG_PLUGIN_DIR);
+  const double took =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(human.exit_code, 0) << human.out << human.err;
+  EXPECT_TRUE(contains(human.out, "ok   library-loads      layernorm")) << human.out;
+  EXPECT_TRUE(contains(human.out, " 0 failed")) << human.out;
+  EXPECT_LT(took, 1.0) << "kreg validate on the default manifest took " << took << " s";
+
+  const CliRun json = kreg_validate({"--manifest", manifest, "--json"}, KREG_PLUGIN_DIR);
+  EXPECT_EQ(json.exit_code, 0) << json.out << json.err;
+  for (const char* s : {"\"schema\":\"kreg.validate/1\"", "\"ok\":true", "\"exit_code\":0",
+                        "\"violations\":[]", "\"pins_updated\":[]", "\"timeout_s\":10",
+                        "{\"check\":\"groups-guard\",\"group\":\"\",\"passed\":true,"
+                        "\"skipped\":false,\"note\":\"\"}",
+                        "{\"check\":\"integrity\",\"group\":\"layernorm\",\"passed\":true,"
+                        "\"skipped\":false,\"note\":\"not pinned\"}"}) {
+    EXPECT_TRUE(contains(json.out, s)) << s << " not in " << json.out;
+  }
+}
+
+TEST(Cli, CrashingAndHangingPluginsExitOne) {
+  TempTree t;
+  const fs::path m =
+      t.write("registry.yaml",
+              manifest_text(KREG_TEST_PLUGIN_DIR, {{"alpha", "libkreg_crash_segv_static.so", ""},
+                                                   {"beta", "libkreg_crash_hang_static.so", ""},
+                                                   {"testgrp", "libkreg_testgrp.so", ""}}));
+  const CliRun r = kreg_validate({"--manifest", m.string(), "--json", "--timeout", "1"});
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_TRUE(contains(r.out, "\"exit_code\":1"));
+  EXPECT_TRUE(contains(r.out, "{\"check\":\"library-loads\",\"group\":\"alpha\",\"where\":\"" +
+                                  m.string() + ":5:14\",\"message\":\"plugin 'alpha' (" +
+                                  test_plugin("crash_segv_static").string() +
+                                  "): the child process loading it was killed by SIGSEGV"))
+      << r.out;
+  EXPECT_TRUE(contains(r.out, "timed out after 1 s while loading the library")) << r.out;
+  EXPECT_TRUE(contains(r.out, "\"timeout_s\":1,"));
+  // The good group after them was checked in full.
+  EXPECT_TRUE(contains(r.out,
+                       "{\"check\":\"reference-present\",\"group\":\"testgrp\","
+                       "\"passed\":true"))
+      << r.out;
+}
+
+TEST(Cli, UnsafeLibraryWrongPinAndUpdatePins) {
+  TempTree t;
+  const fs::path lib = t.plugin("testgrp", "plugins/libkreg_testgrp.so");
+  const fs::path m = t.write("registry.yaml",
+                             "# keep me\nkreg_manifest: 1\nplugin_dir: plugins\ngroups:\n"
+                             "  - name: testgrp\n    library: libkreg_testgrp.so  # lib\n");
+  fs::permissions(lib, fs::perms(0757));
+  CliRun r = kreg_validate({"--manifest", m.string()});
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_TRUE(contains(r.out, "FAIL path-safety        testgrp")) << r.out;
+  EXPECT_TRUE(contains(r.out, "error [path-safety] testgrp " + m.string() + ":6:14: library " +
+                                  lib.string() + " is writable by all users (mode 0757)"))
+      << r.out;
+  fs::permissions(lib, fs::perms(0755));
+
+  r = kreg_validate({"--manifest", m.string(), "--update-pins", "--json"});
+  const std::string sha = *sha256_file(lib);
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_TRUE(contains(r.err, "pinned testgrp sha256 " + sha)) << r.err;
+  EXPECT_TRUE(contains(r.out, "\"pins_updated\":[{\"group\":\"testgrp\",\"library\":\"" +
+                                  lib.string() + "\",\"sha256\":\"" + sha + "\"}]"))
+      << r.out;
+  EXPECT_EQ(read_file(m),
+            "# keep me\nkreg_manifest: 1\nplugin_dir: plugins\ngroups:\n"
+            "  - name: testgrp\n    library: libkreg_testgrp.so  # lib\n"
+            "    sha256: " +
+                sha + "\n");
+
+  t.write("registry.yaml",
+          "kreg_manifest: 1\nplugin_dir: plugins\ngroups:\n  - name: testgrp\n"
+          "    library: libkreg_testgrp.so\n    sha256: " +
+              kPinA + "\n");
+  r = kreg_validate({"--manifest", m.string(), "--json"});
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_TRUE(contains(r.out, "{\"check\":\"integrity\",\"group\":\"testgrp\",\"where\":\"" +
+                                  m.string() + ":6:13\",\"message\":\"library " + lib.string() +
+                                  " does not match its sha256 pin: expected " + kPinA +
+                                  ", actual " + sha))
+      << r.out;
+}
+
+TEST(Cli, ExpectedGroupsAndUsageErrors) {
+  TempTree t;
+  t.plugin("testgrp", "plugins/libkreg_testgrp.so");
+  const fs::path m =
+      t.write("registry.yaml",
+              manifest_text(t.root() / "plugins", {{"testgrp", "libkreg_testgrp.so", ""}}));
+  const fs::path list = t.write("groups.txt", "testgrp\nmoe\n");
+  CliRun r = kreg_validate({"--manifest", m.string(), "--expect-groups", list.string()});
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_TRUE(contains(r.out, "error [groups-guard] moe " + m.string() +
+                                  ": group 'moe' is "
+                                  "expected (" +
+                                  list.string() + ") but the manifest does not list it"))
+      << r.out;
+
+  EXPECT_EQ(kreg_validate({"--manifest", (t.root() / "none.yaml").string()}).exit_code, 2);
+  r = kreg_validate({"--manifest", m.string(), "--expect-groups", (t.root() / "no").string()});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_TRUE(contains(r.err, "cannot read the expected-groups file")) << r.err;
+  r = kreg_validate({"--manifest", m.string(), "--plugins-src", (t.root() / "no").string()});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_TRUE(contains(r.err, "is not a folder")) << r.err;
+  EXPECT_EQ(kreg_validate({"--manifest", m.string(), "--timeout", "-1"}).exit_code, 2);
+}
+
+}  // namespace
+}  // namespace kreg
