@@ -20,15 +20,9 @@
 #include <string>
 #include <system_error>
 
-#include "kreg/registry.hpp"
-#if __has_include("kreg/admission.hpp")
 #include "kreg/admission.hpp"
-#define KREG_HAVE_ADMISSION 1
-#endif
-#if __has_include("kreg/plugin_probe.hpp")
 #include "kreg/plugin_probe.hpp"
-#define KREG_HAVE_PLUGIN_PROBE 1
-#endif
+#include "kreg/registry.hpp"
 #include "registry_group.hpp"
 
 namespace kreg {
@@ -113,7 +107,6 @@ Result<ReloadReport> Registry::reload(std::string_view group_name, const ReloadO
                   where + ": the group is not loaded from a library (load it first)");
   }
 
-#if defined(KREG_HAVE_ADMISSION)
   // The manifest's admission rules (path safety, sha256 pin) hold for the new file too.
   if (g.entry) {
     GroupEntry candidate = *g.entry;
@@ -122,15 +115,10 @@ Result<ReloadReport> Registry::reload(std::string_view group_name, const ReloadO
       return Status(st.code(), where + ": " + st.message());
     }
   }
-#endif
   auto copy = private_copy(source, g.name, g.generation + 1);
   if (!copy) return Status(copy.status().code(), where + ": " + copy.status().message());
   std::error_code ec;
   if (options.precheck_in_child) {
-#if !defined(KREG_HAVE_PLUGIN_PROBE)
-    fs::remove(*copy, ec);
-    return Status(KREG_UNIMPLEMENTED, where + ": no child-process probe in this build");
-#else
     // The child probes the private copy: under the original path, the forked child's
     // dlopen would find the running generation (loaded from that path) and probe it.
     ProbeResult probe = probe_plugin(*copy, {g.name, std::nullopt});
@@ -139,7 +127,6 @@ Result<ReloadReport> Registry::reload(std::string_view group_name, const ReloadO
       return Status(probe.end == ProbeEnd::kRefused ? probe.code : KREG_ABORTED,
                     where + ": child-process precheck failed: " + probe.message);
     }
-#endif
   }
   auto lib = PluginLibrary::open(*copy, {g.name, std::nullopt});
   fs::remove(*copy, ec);  // the mapping stays; nothing else needs the file
