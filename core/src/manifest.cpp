@@ -31,6 +31,13 @@ std::string ManifestDiagnostic::to_string() const {
   return out + message;
 }
 
+const WaiverEntry* Manifest::find_waiver(std::string_view op, std::string_view check) const {
+  for (const WaiverEntry& w : waivers) {
+    if (w.op == op && w.check == check) return &w;
+  }
+  return nullptr;
+}
+
 const GroupEntry* Manifest::find_group(std::string_view name) const {
   for (const GroupEntry& group : groups) {
     if (group.name == name) return &group;
@@ -55,10 +62,13 @@ constexpr int kFormatVersion = 1;
 constexpr std::string_view kDefaultPluginDir = "build/plugins";
 
 const std::vector<std::string_view> kTopKeys = {"kreg_manifest", "plugin_dir", "groups", "aliases",
-                                                "expect_groups"};
+                                                "expect_groups", "waivers"};
 const std::vector<std::string_view> kGroupKeys = {"name",    "library", "enabled",
                                                   "version", "load",    "sha256"};
 const std::vector<std::string_view> kAliasKeys = {"from", "to", "message"};
+const std::vector<std::string_view> kWaiverKeys = {"op", "check", "reason"};
+// The checks a waiver may name.
+const std::vector<std::string_view> kWaivableChecks = {"reference-present"};
 
 bool is_snake_case(std::string_view s) {
   if (s.empty() || s.front() < 'a' || s.front() > 'z') return false;
@@ -176,6 +186,7 @@ class ManifestParser {
   void parse_group(const YAML::Node& node, const std::string& path, Manifest& manifest);
   void parse_aliases(const Entry& entry, Manifest& manifest);
   void parse_expect_groups(const Entry& entry, Manifest& manifest);
+  void parse_waivers(const Entry& entry, Manifest& manifest);
   void parse_alias(const YAML::Node& node, const std::string& path, Manifest& manifest);
   fs::path resolve_plugin_dir(const std::map<std::string, Entry>& top);
   void check_groups(const Manifest& manifest);
@@ -472,6 +483,57 @@ void ManifestParser::parse_aliases(const Entry& entry, Manifest& manifest) {
   }
 }
 
+void ManifestParser::parse_waivers(const Entry& entry, Manifest& manifest) {
+  if (!entry.value.IsSequence()) {
+    error(at_value(entry), "waivers",
+          "expected a sequence of waivers (`- op: ...`; `[]` or omit for none), got " +
+              describe(entry.value));
+    return;
+  }
+  for (size_t i = 0; i < entry.value.size(); ++i) {
+    const YAML::Node node = entry.value[i];
+    const std::string path = index_path("waivers", i);
+    if (!node.IsMap()) {
+      error(at(node.Mark()), path, "expected a waiver (a map with op, check and reason), got " +
+                                       describe(node));
+      continue;
+    }
+    WaiverEntry waiver;
+    waiver.where = at(node.Mark());
+    bool valid = true;
+    const auto entries = read_map(node, path, kWaiverKeys);
+    for (std::string_view field : {"op", "check", "reason"}) {
+      const Entry* e = find(entries, field, node, path, true);
+      if (e == nullptr) {
+        valid = false;
+        continue;
+      }
+      const std::string key = child_path(path, field);
+      auto value = read_string(*e, key);
+      if (!value) {
+        valid = false;
+      } else if (field == "op" && !is_op_id(*value)) {
+        error(at_value(*e), key, "invalid op id '" + *value + "': expected '<group>.<name>'");
+        valid = false;
+      } else if (field == "check" && std::find(kWaivableChecks.begin(), kWaivableChecks.end(),
+                                               *value) == kWaivableChecks.end()) {
+        error(at_value(*e), key, "check '" + *value + "' cannot be waived (waivable: reference-present)");
+        valid = false;
+      } else if (field == "reason" && value->find_first_not_of(" \t") == std::string::npos) {
+        error(at_value(*e), key, "a waiver needs a reason");
+        valid = false;
+      } else {
+        (field == "op" ? waiver.op : field == "check" ? waiver.check : waiver.reason) = *value;
+      }
+    }
+    if (valid && manifest.find_waiver(waiver.op, waiver.check) != nullptr) {
+      error(waiver.where, path, "duplicate waiver of " + waiver.check + " for " + waiver.op);
+      valid = false;
+    }
+    if (valid) manifest.waivers.push_back(std::move(waiver));
+  }
+}
+
 void ManifestParser::parse_expect_groups(const Entry& entry, Manifest& manifest) {
   if (!entry.value.IsSequence()) {
     error(at_value(entry), "expect_groups",
@@ -595,6 +657,7 @@ void ManifestParser::parse_document(const YAML::Node& root, Manifest& manifest) 
   manifest.plugin_dir = resolve_plugin_dir(top);
   if (const Entry* e = find(top, "groups", root, "", true)) parse_groups(*e, manifest);
   if (const Entry* e = find(top, "aliases", root, "", false)) parse_aliases(*e, manifest);
+  if (const Entry* e = find(top, "waivers", root, "", false)) parse_waivers(*e, manifest);
   if (const Entry* e = find(top, "expect_groups", root, "", false)) {
     parse_expect_groups(*e, manifest);
   }

@@ -412,6 +412,12 @@ TEST_F(RegistryTest, SpecFromDescriptorRejectsMismatches) {
   d.dtypes = "f32";
   s = make_kernel_spec(d, Provenance{"g", "1", "", ""});
   EXPECT_NE(s.status().message().find("invalid SM window"), std::string::npos);
+  constexpr kreg_capability unreal[] = {{kDLCUDA, 75, 95}};
+  d.caps = unreal;
+  s = make_kernel_spec(d, Provenance{"g", "1", "", ""});
+  EXPECT_NE(s.status().message().find("invalid SM window cuda sm75-sm95: bounds must be real"),
+            std::string::npos)
+      << s.status().message();
 }
 
 }  // namespace

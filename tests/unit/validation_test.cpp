@@ -976,3 +976,45 @@ TEST(Cli, ExpectedGroupsAndUsageErrors) {
 
 }  // namespace
 }  // namespace kreg
+
+// ---- reference-present and its waivers ----
+
+namespace kreg {
+namespace {
+
+TEST(Waivers, AnOpWithoutReferenceNeedsAWaiver) {
+  TempTree t;
+  t.plugin("no_reference", "plugins/libkreg_testgrp.so");
+  const fs::path dir = t.root() / "plugins";
+  const fs::path bare = t.write("bare.yaml", manifest_text(dir, {{"testgrp", "libkreg_testgrp.so", ""}}));
+  expect_violation(validate(bare), "reference-present", "testgrp",
+                   {"testgrp.gpu_only has no CPU reference implementation", "and no waiver"});
+
+  const fs::path waived = t.write(
+      "waived.yaml", manifest_text(dir, {{"testgrp", "libkreg_testgrp.so", ""}},
+                                   "waivers:\n  - op: testgrp.gpu_only\n    check: reference-present\n"
+                                   "    reason: \"a GPU-only collective\"\n"));
+  const ValidationReport ok = validate(waived);
+  for (const Finding& f : ok.findings) {
+    EXPECT_NE(f.check, "reference-present") << f.message;
+  }
+}
+
+TEST(Waivers, StaleWaiversAreViolations) {
+  TempTree t;
+  t.plugin("testgrp", "plugins/libkreg_testgrp.so");
+  const fs::path dir = t.root() / "plugins";
+  const fs::path m = t.write(
+      "stale.yaml", manifest_text(dir, {{"testgrp", "libkreg_testgrp.so", ""}},
+                                  "waivers:\n  - op: testgrp.scale\n    check: reference-present\n"
+                                  "    reason: \"old\"\n  - op: testgrp.gone\n"
+                                  "    check: reference-present\n    reason: \"older\"\n"));
+  const ValidationReport r = validate(m);
+  expect_violation(r, "reference-present", "testgrp",
+                   {"waiver for testgrp.scale is stale: it has a CPU reference"});
+  expect_violation(r, "reference-present", "",
+                   {"waiver for testgrp.gone: no loaded group registers this op"});
+}
+
+}  // namespace
+}  // namespace kreg

@@ -56,6 +56,8 @@ struct KernelSpec {
 
 // Is `op` a well-formed op id: "<group>.<name>", both snake_case?
 bool is_valid_op_id(std::string_view op);
+// Is `sm` (major*10+minor) a real NVIDIA compute capability?
+bool is_real_sm(int32_t sm);
 std::string device_type_name(int32_t device_type);  // "cpu", "cuda", ...
 
 // Builds and checks a KernelSpec from a plugin's descriptor: the op id, that the

@@ -56,17 +56,28 @@ struct AliasEntry {
   SourceLocation where;
 };
 
+// A reasoned exception to one validation check for one op (today: reference-present,
+// for an op that has no CPU equivalent, e.g. a collective).
+struct WaiverEntry {
+  std::string op;
+  std::string check;
+  std::string reason;
+  SourceLocation where;
+};
+
 struct Manifest {
   std::filesystem::path file;        // the manifest's own path (absolute)
   std::filesystem::path plugin_dir;  // absolute; KREG_PLUGIN_DIR overrides the file's
   std::vector<GroupEntry> groups;
   std::vector<AliasEntry> aliases;
+  std::vector<WaiverEntry> waivers;
   // `expect_groups`: the exact set of group names this manifest must list (validation's
   // groups-guard); unset when the key is absent.
   std::optional<std::vector<std::string>> expect_groups;
   SourceLocation expect_groups_where;
 
   const GroupEntry* find_group(std::string_view name) const;
+  const WaiverEntry* find_waiver(std::string_view op, std::string_view check) const;
 };
 
 struct ManifestOptions {
