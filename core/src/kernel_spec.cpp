@@ -16,7 +16,7 @@ bool is_snake(std::string_view s) {
 
 bool is_real_sm(int32_t sm) {
   // NVIDIA's compute capabilities, Maxwell to Blackwell (major*10+minor).
-  static constexpr int32_t kReal[] = {50, 52, 53, 60,  61,  62,  70,  72,  75,  80,
+  static constexpr int32_t kReal[] = {50, 52, 53, 60, 61,  62,  70,  72,  75,  80,
                                       86, 87, 89, 90, 100, 101, 103, 110, 120, 121};
   for (int32_t r : kReal) {
     if (r == sm) return true;
@@ -123,10 +123,11 @@ Result<KernelSpec> make_kernel_spec(const kreg_kernel_desc& d, const Provenance&
       return fail("capability " + c.to_string() + " does not match backend " + s.backend +
                   ", which runs on " + device_type_name(backend->device_type()));
     }
-    if (c.device_type != kDLCPU && (c.sm_min > c.sm_max || !is_real_sm(c.sm_min) ||
-                                    !is_real_sm(c.sm_max))) {
-      return fail("invalid SM window " + c.to_string() +
-                  ": bounds must be real compute capabilities (e.g. sm75, sm90, sm121), min <= max");
+    if (c.device_type != kDLCPU &&
+        (c.sm_min > c.sm_max || !is_real_sm(c.sm_min) || !is_real_sm(c.sm_max))) {
+      return fail(
+          "invalid SM window " + c.to_string() +
+          ": bounds must be real compute capabilities (e.g. sm75, sm90, sm121), min <= max");
     }
     s.capabilities.push_back(c);
   }

@@ -61,8 +61,8 @@ namespace fs = std::filesystem;
 constexpr int kFormatVersion = 1;
 constexpr std::string_view kDefaultPluginDir = "build/plugins";
 
-const std::vector<std::string_view> kTopKeys = {"kreg_manifest", "plugin_dir", "groups", "aliases",
-                                                "expect_groups", "waivers"};
+const std::vector<std::string_view> kTopKeys = {"kreg_manifest", "plugin_dir",    "groups",
+                                                "aliases",       "expect_groups", "waivers"};
 const std::vector<std::string_view> kGroupKeys = {"name",    "library", "enabled",
                                                   "version", "load",    "sha256"};
 const std::vector<std::string_view> kAliasKeys = {"from", "to", "message"};
@@ -494,8 +494,8 @@ void ManifestParser::parse_waivers(const Entry& entry, Manifest& manifest) {
     const YAML::Node node = entry.value[i];
     const std::string path = index_path("waivers", i);
     if (!node.IsMap()) {
-      error(at(node.Mark()), path, "expected a waiver (a map with op, check and reason), got " +
-                                       describe(node));
+      error(at(node.Mark()), path,
+            "expected a waiver (a map with op, check and reason), got " + describe(node));
       continue;
     }
     WaiverEntry waiver;
@@ -517,7 +517,8 @@ void ManifestParser::parse_waivers(const Entry& entry, Manifest& manifest) {
         valid = false;
       } else if (field == "check" && std::find(kWaivableChecks.begin(), kWaivableChecks.end(),
                                                *value) == kWaivableChecks.end()) {
-        error(at_value(*e), key, "check '" + *value + "' cannot be waived (waivable: reference-present)");
+        error(at_value(*e), key,
+              "check '" + *value + "' cannot be waived (waivable: reference-present)");
         valid = false;
       } else if (field == "reason" && value->find_first_not_of(" \t") == std::string::npos) {
         error(at_value(*e), key, "a waiver needs a reason");

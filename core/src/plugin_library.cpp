@@ -49,7 +49,8 @@ Status file_problem(const fs::path& file) {
                   "plugin library " + file.string() + " is a directory, not a shared object");
   }
   if (!fs::is_regular_file(st)) {
-    return Status(KREG_INVALID_ARGUMENT, "plugin library " + file.string() + " is not a regular file");
+    return Status(KREG_INVALID_ARGUMENT,
+                  "plugin library " + file.string() + " is not a regular file");
   }
   return OkStatus();
 }
@@ -92,13 +93,16 @@ Status check_elf(const fs::path& file) {
     return Status(KREG_DATA_LOSS, what + " is truncated: its " + part + " ends past the file's " +
                                       std::to_string(size) + " bytes (a build still writing it?)");
   };
-  if (eh.e_phoff + uint64_t{eh.e_phnum} * eh.e_phentsize > size) return truncated("program headers");
-  if (eh.e_shoff + uint64_t{eh.e_shnum} * eh.e_shentsize > size) return truncated("section headers");
+  if (eh.e_phoff + uint64_t{eh.e_phnum} * eh.e_phentsize > size)
+    return truncated("program headers");
+  if (eh.e_shoff + uint64_t{eh.e_shnum} * eh.e_shentsize > size)
+    return truncated("section headers");
   in.seekg(static_cast<std::streamoff>(eh.e_phoff));
   for (int i = 0; i < eh.e_phnum; ++i) {
     Elf64_Phdr ph{};
     if (!in.read(reinterpret_cast<char*>(&ph), sizeof ph)) return truncated("program headers");
-    if (ph.p_type == PT_LOAD && ph.p_offset + ph.p_filesz > size) return truncated("segment " + std::to_string(i));
+    if (ph.p_type == PT_LOAD && ph.p_offset + ph.p_filesz > size)
+      return truncated("segment " + std::to_string(i));
   }
   return OkStatus();
 }
@@ -123,7 +127,7 @@ Status check_entry_symbol(const fs::path& file) {
 }
 
 Result<std::unique_ptr<PluginLibrary>> PluginLibrary::open(const fs::path& file,
-                                                          const Expect& expect, Stage* failed_at) {
+                                                           const Expect& expect, Stage* failed_at) {
   Stage scratch;
   Stage& stage = failed_at ? *failed_at : scratch;
   stage = Stage::kFile;
@@ -158,8 +162,8 @@ Result<std::unique_ptr<PluginLibrary>> PluginLibrary::open(const fs::path& file,
   try {
     d = entry();
   } catch (...) {
-    return Status(KREG_INTERNAL, where + ": " KREG_PLUGIN_ENTRY_SYMBOL
-                                         " threw a C++ exception across the C ABI");
+    return Status(KREG_INTERNAL,
+                  where + ": " KREG_PLUGIN_ENTRY_SYMBOL " threw a C++ exception across the C ABI");
   }
   if (d == nullptr) return Status(KREG_INVALID_ARGUMENT, where + ": entry returned no descriptor");
   if (d->struct_size < offsetof(kreg_plugin_desc, abi_minor) + sizeof(d->abi_minor)) {
@@ -191,8 +195,7 @@ Result<std::unique_ptr<PluginLibrary>> PluginLibrary::open(const fs::path& file,
   stage = Stage::kVersion;
   if (expect.version && *expect.version != d->version) {
     return Status(KREG_FAILED_PRECONDITION, where + ": version " + d->version +
-                                                " does not match the expected " +
-                                                *expect.version);
+                                                " does not match the expected " + *expect.version);
   }
 
   std::unique_ptr<PluginLibrary> p(new PluginLibrary(std::move(impl)));

@@ -170,13 +170,11 @@ std::string caps_string(const KernelSpec& spec) {
 namespace detail {
 
 // The same rules as accepts(), one at a time, to say which one failed.
-CheckResult CheckPlan::diagnose(std::span<DLTensor* const> t,
-                                std::span<const kreg_attr> a) const {
+CheckResult CheckPlan::diagnose(std::span<DLTensor* const> t, std::span<const kreg_attr> a) const {
   if (static_cast<int>(t.size()) != num_tensors) {
     return {CheckFailure::kTensorCount};
   }
-  if (static_cast<int>(a.size()) > num_attrs || static_cast<int>(a.size()) < num_required_attrs)
-      {
+  if (static_cast<int>(a.size()) > num_attrs || static_cast<int>(a.size()) < num_required_attrs) {
     return {CheckFailure::kAttrCount};
   }
   int64_t sym[kMaxSymbols];
@@ -248,12 +246,11 @@ CheckResult CheckPlan::diagnose(std::span<DLTensor* const> t,
   return {};
 }
 
-
 Status kernel_error(const Impl& impl, int32_t rc, const char* message) {
   auto code = static_cast<kreg_status_code>(rc);
   if (rc < 0 || rc > KREG_UNAUTHENTICATED) code = KREG_UNKNOWN;
-  return Status(code, impl.spec.op + " (" + impl.spec.backend + "): " +
-                          (message[0] ? message : "kernel failed without a message") +
+  return Status(code, impl.spec.op + " (" + impl.spec.backend +
+                          "): " + (message[0] ? message : "kernel failed without a message") +
                           (code == KREG_UNKNOWN && rc != KREG_UNKNOWN
                                ? " (non-canonical status " + std::to_string(rc) + ")"
                                : ""));
@@ -305,7 +302,8 @@ Status KernelHandle::explain(const detail::CheckResult& r, std::span<DLTensor* c
       return fail(arg_name(i) + " is on " + device_string(tensors[i]->device) + ", but '" +
                   sig.tensor(0).name + "' is on " + device_string(tensors[0]->device));
     case CheckFailure::kDType: {
-      const DTypeMask allowed = plan.tensors[i].dtypes ? plan.tensors[i].dtypes : plan.shared_dtypes;
+      const DTypeMask allowed =
+          plan.tensors[i].dtypes ? plan.tensors[i].dtypes : plan.shared_dtypes;
       return fail(arg_name(i) + " has dtype " + describe_dl(tensors[i]->dtype) + ", expected " +
                   dtype_set_name(allowed));
     }
@@ -322,8 +320,8 @@ Status KernelHandle::explain(const detail::CheckResult& r, std::span<DLTensor* c
                   std::to_string(plan.tensors[i].ndim) + " " + sig.shape_name(sig.tensor(i)));
     case CheckFailure::kDimDivisible: {
       const DimExpr& e = plan.tensors[i].dims[r.dim];
-      return fail(arg_name(i) + " dim " + std::to_string(r.dim) + " (" + sig.dim_name(e) +
-                  ") is " + std::to_string(tensors[i]->shape[r.dim]) + ", not a multiple of " +
+      return fail(arg_name(i) + " dim " + std::to_string(r.dim) + " (" + sig.dim_name(e) + ") is " +
+                  std::to_string(tensors[i]->shape[r.dim]) + ", not a multiple of " +
                   std::to_string(e.coef));
     }
     case CheckFailure::kDim: {
@@ -378,9 +376,9 @@ Result<AttrList> KernelHandle::attrs(const std::vector<NamedAttr>& named) const 
     if (idx < 0) {
       std::string names;
       for (int a = 0; a < sig.num_attrs; ++a) names += (a ? ", " : "") + sig.attr(a).name;
-      return Status(KREG_INVALID_ARGUMENT, impl_->spec.op + ": unknown attribute '" + na.name +
-                                               "' (attributes: " +
-                                               (names.empty() ? "none" : names) + ")");
+      return Status(KREG_INVALID_ARGUMENT,
+                    impl_->spec.op + ": unknown attribute '" + na.name +
+                        "' (attributes: " + (names.empty() ? "none" : names) + ")");
     }
     kreg_attr& out = list.attrs_[static_cast<size_t>(idx)];
     const int32_t want = plan.attr_types[idx];
@@ -465,7 +463,8 @@ std::optional<std::string> Registry::forced_backend(std::string_view op) const {
     if (pattern == "*") {
       score = 1;
     } else if (pattern.size() > 2 && pattern.ends_with(".*") &&
-               op.substr(0, op.find('.')) == std::string_view(pattern).substr(0, pattern.size() - 2)) {
+               op.substr(0, op.find('.')) ==
+                   std::string_view(pattern).substr(0, pattern.size() - 2)) {
       score = 2;
     } else if (pattern == op) {
       score = 3;
@@ -526,9 +525,8 @@ Status Registry::load_locked(Group& g) const {
     return Status(KREG_FAILED_PRECONDITION, "group '" + g.name + "' has no manifest entry");
   }
   if (!g.entry->enabled) {
-    return Status(KREG_FAILED_PRECONDITION,
-                  "group '" + g.name + "' is disabled in the manifest (" +
-                      g.entry->where.to_string() + ")");
+    return Status(KREG_FAILED_PRECONDITION, "group '" + g.name + "' is disabled in the manifest (" +
+                                                g.entry->where.to_string() + ")");
   }
   // Nothing of the library is mapped before it proves it is where it should be, that no
   // one else can change it, and that it is the build the manifest pinned.
@@ -543,9 +541,8 @@ Status Registry::load_locked(Group& g) const {
         probe_plugin(g.entry->library, {g.name, g.entry->version}, probe_options);
     if (!probe.ok()) {
       const kreg_status_code code =
-          probe.end == ProbeEnd::kRefused || probe.end == ProbeEnd::kInitFailed
-              ? probe.code
-              : KREG_ABORTED;
+          probe.end == ProbeEnd::kRefused || probe.end == ProbeEnd::kInitFailed ? probe.code
+                                                                                : KREG_ABORTED;
       g.error = "refused by the pre-check in a child process: " + probe.message;
       return Status(code == KREG_OK ? KREG_UNKNOWN : code, g.error);
     }
@@ -577,8 +574,8 @@ Status Registry::publish_locked(Group& g, const std::vector<KernelSpec>& specs) 
   std::vector<const KernelSpec*> fresh;
   for (const KernelSpec& s : specs) {
     if (s.group() != g.name) {
-      return Status(KREG_INVALID_ARGUMENT, "op '" + s.op + "' does not belong to group '" +
-                                               g.name + "'");
+      return Status(KREG_INVALID_ARGUMENT,
+                    "op '" + s.op + "' does not belong to group '" + g.name + "'");
     }
     const Impl* existing = nullptr;
     if (old != nullptr) {
@@ -597,8 +594,8 @@ Status Registry::publish_locked(Group& g, const std::vector<KernelSpec>& specs) 
     if (existing != nullptr) {
       if (existing->spec.same_registration(s)) continue;  // identical: no-op
       return Status(KREG_ALREADY_EXISTS,
-                    "conflicting registration of " + s.op + " (" + s.backend + "): " +
-                        existing->spec.source() + " registered it as '" +
+                    "conflicting registration of " + s.op + " (" + s.backend +
+                        "): " + existing->spec.source() + " registered it as '" +
                         existing->spec.signature.text + "' [" +
                         dtype_set_name(existing->spec.dtypes) + ", " + caps_string(existing->spec) +
                         "], " + s.source() + " as '" + s.signature.text + "' [" +
@@ -652,7 +649,8 @@ Status Registry::add_alias(const std::string& from, const std::string& to,
                            const std::string& message) {
   std::lock_guard lock(mu_);
   if (!is_valid_op_id(from) || !is_valid_op_id(to)) {
-    return Status(KREG_INVALID_ARGUMENT, "alias " + from + " -> " + to + ": op ids must be '<group>.<name>'");
+    return Status(KREG_INVALID_ARGUMENT,
+                  "alias " + from + " -> " + to + ": op ids must be '<group>.<name>'");
   }
   if (from == to) return Status(KREG_INVALID_ARGUMENT, "alias " + from + " points at itself");
   auto a = std::make_unique<Alias>();
@@ -729,8 +727,8 @@ const Impl* Registry::select(std::string_view op, const OpEntry& entry,
     const KernelSpec& spec = impl->spec;
     std::string reason;
     if (device.device_type != spec.device_type()) {
-      reason = "runs on " + device_type_name(spec.device_type()) + " tensors, the arguments are on " +
-               device_string(device);
+      reason = "runs on " + device_type_name(spec.device_type()) +
+               " tensors, the arguments are on " + device_string(device);
     } else if (!impl->backend->available()) {
       reason = "backend unavailable: " + impl->backend->unavailable_reason();
     } else if (spec.device_type() != kDLCPU) {
@@ -738,8 +736,8 @@ const Impl* Registry::select(std::string_view op, const OpEntry& entry,
       if (!sm) {
         reason = "cannot read the compute capability of " + device_string(device);
       } else if (!sm_in_caps(spec, *sm)) {
-        reason = device_string(device) + " is sm" + std::to_string(*sm) + ", the implementation needs " +
-                 caps_string(spec);
+        reason = device_string(device) + " is sm" + std::to_string(*sm) +
+                 ", the implementation needs " + caps_string(spec);
       }
     }
     if (reason.empty() && target != nullptr && target->dtype &&

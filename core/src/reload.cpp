@@ -14,9 +14,9 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
-#include <cstdlib>
 #include <string>
 #include <system_error>
 
@@ -68,8 +68,7 @@ Result<fs::path> private_dir() {
 }
 
 // <private dir>/<group>.<generation>.<counter>.so: a path dlopen has never seen.
-Result<fs::path> private_copy(const fs::path& from, const std::string& group,
-                              uint64_t generation) {
+Result<fs::path> private_copy(const fs::path& from, const std::string& group, uint64_t generation) {
   static std::atomic<uint64_t> counter{0};
   auto dir = private_dir();
   if (!dir) return dir.status();
@@ -158,14 +157,17 @@ Result<ReloadReport> Registry::reload(std::string_view group_name, const ReloadO
     std::sort(removed.begin(), removed.end());
     std::string list;
     for (const std::string& r : removed) list += (list.empty() ? "" : ", ") + r;
-    return Status(KREG_FAILED_PRECONDITION,
-                  where + ": the library lacks implementations the running "
-                  "generation has (handles may use them): " + list);
+    return Status(KREG_FAILED_PRECONDITION, where +
+                                                ": the library lacks implementations the running "
+                                                "generation has (handles may use them): " +
+                                                list);
   }
   if (!changed.empty()) {
     return Status(KREG_FAILED_PRECONDITION,
-                  where + ": the library changes registrations (restart to take "
-                  "a new signature):" + changed);
+                  where +
+                      ": the library changes registrations (restart to take "
+                      "a new signature):" +
+                      changed);
   }
   std::vector<KernelSpec> added;
   for (const KernelSpec& k : kernels) {

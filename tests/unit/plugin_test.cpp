@@ -94,7 +94,8 @@ TEST(Plugin, RefusesAnotherAbiMajor) {
 TEST(Plugin, RefusesWrongGroupVersionAndBadSignature) {
   auto wrong = PluginLibrary::open(test_plugin("wrong_group"), {"testgrp", std::nullopt});
   ASSERT_FALSE(wrong.ok());
-  EXPECT_NE(wrong.status().message().find("declares group 'other', but the manifest lists it as group 'testgrp'"),
+  EXPECT_NE(wrong.status().message().find(
+                "declares group 'other', but the manifest lists it as group 'testgrp'"),
             std::string::npos)
       << wrong.status().message();
 
@@ -171,11 +172,13 @@ TEST(Plugin, DefaultManifestLoadsTheShippedGroups) {
   ASSERT_TRUE(m.ok()) << m.status().message();
   auto reg = Registry::open(*m);
   ASSERT_TRUE(reg.ok()) << reg.status().message();
-  const std::vector<std::string> expected = {
-      "activation.gelu_and_mul",     "activation.gelu_tanh_and_mul",
-      "activation.silu_and_mul",     "layernorm.fused_add_rmsnorm",
-      "layernorm.gemma_fused_add_rmsnorm", "layernorm.gemma_rmsnorm",
-      "layernorm.rmsnorm"};
+  const std::vector<std::string> expected = {"activation.gelu_and_mul",
+                                             "activation.gelu_tanh_and_mul",
+                                             "activation.silu_and_mul",
+                                             "layernorm.fused_add_rmsnorm",
+                                             "layernorm.gemma_fused_add_rmsnorm",
+                                             "layernorm.gemma_rmsnorm",
+                                             "layernorm.rmsnorm"};
   EXPECT_EQ((*reg)->op_ids(), expected);
   for (const std::string& op : expected) {
     bool has_cpu = false;
@@ -212,8 +215,8 @@ TEST_P(ValidateBroken, NamesTheCheck) {
   TempDir dir;
   const fs::path manifest = dir.path() / "registry.yaml";
   std::ofstream(manifest) << "kreg_manifest: 1\nplugin_dir: " << KREG_TEST_PLUGIN_DIR
-                          << "\ngroups:\n  - name: testgrp\n    library: libkreg_" << GetParam().plugin
-                          << ".so\n    version: \"0.1.0\"\n";
+                          << "\ngroups:\n  - name: testgrp\n    library: libkreg_"
+                          << GetParam().plugin << ".so\n    version: \"0.1.0\"\n";
   auto report = validate_registry(manifest, {});
   EXPECT_FALSE(report.ok());
   bool found = false;
@@ -232,7 +235,8 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(ValidateCase{"abi_major2", "abi-version", "this core speaks ABI"},
                       ValidateCase{"wrong_group", "group-name-match", "declares group 'other'"},
                       ValidateCase{"bad_signature", "schema", "argument kinds"},
-                      ValidateCase{"no_entry", "library-loads", "does not export 'kreg_plugin_entry'"},
+                      ValidateCase{"no_entry", "library-loads",
+                                   "does not export 'kreg_plugin_entry'"},
                       ValidateCase{"testgrp_v2", "plugin-version", "version 0.2.0 does not match"},
                       ValidateCase{"empty_group", "no-empty-groups", "registers no kernels"},
                       ValidateCase{"missing", "library-present", "does not exist"}),

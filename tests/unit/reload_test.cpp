@@ -42,8 +42,8 @@ double median(std::vector<double> v) {
 class ReloadTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("kreg_reload_test_" + std::to_string(::getpid()) + "_" +
-                                        std::to_string(counter_++));
+    dir_ = fs::temp_directory_path() /
+           ("kreg_reload_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter_++));
     fs::create_directories(dir_);
     lib_ = dir_ / "libkreg_testgrp.so";
     fs::copy_file(test_plugin("testgrp"), lib_);
@@ -205,14 +205,14 @@ TEST_F(ReloadTest, HammerSwapsUnderLoad) {
   const double total_ms = ms_since(t0);
   stop = true;
   for (auto& t : threads) t.join();
-  std::printf("[ hammer ] %d swaps in %.0f ms, %llu calls (v1 %llu, v2 %llu), failed %llu, "
-              "torn %llu; reload() latency median %.3f ms, max %.3f ms\n",
-              kSwaps, total_ms, static_cast<unsigned long long>(calls.load()),
-              static_cast<unsigned long long>(seen_v1.load()),
-              static_cast<unsigned long long>(seen_v2.load()),
-              static_cast<unsigned long long>(failed.load()),
-              static_cast<unsigned long long>(torn.load()), median(latency),
-              *std::max_element(latency.begin(), latency.end()));
+  std::printf(
+      "[ hammer ] %d swaps in %.0f ms, %llu calls (v1 %llu, v2 %llu), failed %llu, "
+      "torn %llu; reload() latency median %.3f ms, max %.3f ms\n",
+      kSwaps, total_ms, static_cast<unsigned long long>(calls.load()),
+      static_cast<unsigned long long>(seen_v1.load()),
+      static_cast<unsigned long long>(seen_v2.load()),
+      static_cast<unsigned long long>(failed.load()), static_cast<unsigned long long>(torn.load()),
+      median(latency), *std::max_element(latency.begin(), latency.end()));
   EXPECT_EQ(failed.load(), 0u);
   EXPECT_EQ(torn.load(), 0u);
   EXPECT_GT(seen_v1.load(), 0u);
@@ -387,7 +387,8 @@ TEST_F(ReloadTest, WatcherSwapsOnRenameAndOverwrite) {
 // Swap latency of the shipped groups (layernorm, activation) when they were built.
 TEST(ReloadBench, ShippedGroupsSwapLatency) {
   const fs::path built(KREG_PLUGIN_DIR);
-  const fs::path dir = fs::temp_directory_path() / ("kreg_reload_bench_" + std::to_string(::getpid()));
+  const fs::path dir =
+      fs::temp_directory_path() / ("kreg_reload_bench_" + std::to_string(::getpid()));
   Manifest m;
   m.file = "bench.yaml";
   for (const char* name : {"layernorm", "activation"}) {
@@ -415,8 +416,8 @@ TEST(ReloadBench, ShippedGroupsSwapLatency) {
       latency.push_back(ms_since(complete));
     }
     std::printf("[ latency ] %s (%ju bytes): reload() median %.2f ms over %zu swaps\n",
-                e.name.c_str(), static_cast<uintmax_t>(fs::file_size(e.library)),
-                median(latency), latency.size());
+                e.name.c_str(), static_cast<uintmax_t>(fs::file_size(e.library)), median(latency),
+                latency.size());
   }
   reg->reset();
   fs::remove_all(dir);

@@ -986,14 +986,16 @@ TEST(Waivers, AnOpWithoutReferenceNeedsAWaiver) {
   TempTree t;
   t.plugin("no_reference", "plugins/libkreg_testgrp.so");
   const fs::path dir = t.root() / "plugins";
-  const fs::path bare = t.write("bare.yaml", manifest_text(dir, {{"testgrp", "libkreg_testgrp.so", ""}}));
+  const fs::path bare =
+      t.write("bare.yaml", manifest_text(dir, {{"testgrp", "libkreg_testgrp.so", ""}}));
   expect_violation(validate(bare), "reference-present", "testgrp",
                    {"testgrp.gpu_only has no CPU reference implementation", "and no waiver"});
 
-  const fs::path waived = t.write(
-      "waived.yaml", manifest_text(dir, {{"testgrp", "libkreg_testgrp.so", ""}},
-                                   "waivers:\n  - op: testgrp.gpu_only\n    check: reference-present\n"
-                                   "    reason: \"a GPU-only collective\"\n"));
+  const fs::path waived =
+      t.write("waived.yaml",
+              manifest_text(dir, {{"testgrp", "libkreg_testgrp.so", ""}},
+                            "waivers:\n  - op: testgrp.gpu_only\n    check: reference-present\n"
+                            "    reason: \"a GPU-only collective\"\n"));
   const ValidationReport ok = validate(waived);
   for (const Finding& f : ok.findings) {
     EXPECT_NE(f.check, "reference-present") << f.message;

@@ -45,9 +45,10 @@ Result<Work> make_work(DLDevice dev, uint64_t seed) {
     *out = std::move(b).value();
     return fill ? out->fill_random(rng) : OkStatus();
   };
-  for (Status st : {mk({kTokens, kHidden}, &w.x, true), mk({kHidden}, &w.weight, true),
-                    mk({kTokens, kHidden}, &w.norm_out, false),
-                    mk({kTokens, 2 * kD}, &w.gate_up, true), mk({kTokens, kD}, &w.act_out, false)}) {
+  for (Status st :
+       {mk({kTokens, kHidden}, &w.x, true), mk({kHidden}, &w.weight, true),
+        mk({kTokens, kHidden}, &w.norm_out, false), mk({kTokens, 2 * kD}, &w.gate_up, true),
+        mk({kTokens, kD}, &w.act_out, false)}) {
     if (!st.ok()) return st;
   }
   auto x = w.x.to_doubles();
@@ -135,10 +136,10 @@ int run_hot_swap(Registry& registry, const Manifest& manifest, const HotSwapOpti
       int reported = 0;
       while (!stop.load(std::memory_order_relaxed)) {
         for (int op = 0; op < 2; ++op) {
-          const Status st =
-              t % 2 == 0 ? (op == 0 ? nh.call(norm_args) : ah.call(act_args))
-                         : (op == 0 ? registry.call("layernorm.rmsnorm", norm_args)
-                                    : registry.call("activation.silu_and_mul", act_args));
+          const Status st = t % 2 == 0
+                                ? (op == 0 ? nh.call(norm_args) : ah.call(act_args))
+                                : (op == 0 ? registry.call("layernorm.rmsnorm", norm_args)
+                                           : registry.call("activation.silu_and_mul", act_args));
           std::string why = st.ok() ? "" : st.message();
           if (why.empty()) {
             if (Status sync = harness::device_synchronize(); !sync.ok()) why = sync.message();
@@ -163,8 +164,8 @@ int run_hot_swap(Registry& registry, const Manifest& manifest, const HotSwapOpti
         " stress threads calling layernorm.rmsnorm and activation.silu_and_mul on " +
         (options.device.device_type == kDLCUDA ? "cuda" : "cpu"));
   }
-  const auto end = std::chrono::steady_clock::now() +
-                   std::chrono::duration<double>(options.duration_s);
+  const auto end =
+      std::chrono::steady_clock::now() + std::chrono::duration<double>(options.duration_s);
   while (std::chrono::steady_clock::now() < end) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }

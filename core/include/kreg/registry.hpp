@@ -73,8 +73,8 @@ struct CheckResult {
 };
 
 struct TensorRule {
-  int8_t ndim = -1;       // -1: any rank
-  DTypeMask dtypes = 0;   // 0: the shared dtype variable
+  int8_t ndim = -1;      // -1: any rank
+  DTypeMask dtypes = 0;  // 0: the shared dtype variable
   DimExpr dims[kMaxRank];
 };
 
@@ -178,20 +178,24 @@ inline bool CheckPlan::accepts(std::span<DLTensor* const> t, std::span<const kre
   }
   if (n > 0) {
     const DLTensor* x0 = t[0];
-    if (x0 == nullptr || x0->device.device_type != device_type) [[unlikely]] return false;
+    if (x0 == nullptr || x0->device.device_type != device_type) [[unlikely]]
+      return false;
     const uint64_t dev0 = device_word(x0->device);
     uint32_t shared = 0;
     if (first_shared >= 0) {
       const DLTensor* s = t[static_cast<size_t>(first_shared)];
-      if (s == nullptr) [[unlikely]] return false;
+      if (s == nullptr) [[unlikely]]
+        return false;
       shared = pack_dtype(s->dtype);
       int k = 0;
       while (k < num_shared_words && shared_words[k] != shared) ++k;
-      if (k == num_shared_words) [[unlikely]] return false;
+      if (k == num_shared_words) [[unlikely]]
+        return false;
     }
     for (size_t i = 0; i < n; ++i) {
       const DLTensor* x = t[i];
-      if (x == nullptr || device_word(x->device) != dev0) [[unlikely]] return false;
+      if (x == nullptr || device_word(x->device) != dev0) [[unlikely]]
+        return false;
       const FastTensor& f = fast[i];
       if (f.dtypes == 0) {
         const uint64_t word = rank_dtype_word(*x);
@@ -217,16 +221,19 @@ inline bool CheckPlan::accepts(std::span<DLTensor* const> t, std::span<const kre
       const DimPair& p = pairs[i];
       const int64_t lhs = t[p.ta]->shape[p.da] * p.cb;
       const int64_t rhs = p.tb == DimPair::kLiteral ? p.literal : t[p.tb]->shape[p.db] * p.ca;
-      if (lhs != rhs) [[unlikely]] return false;
+      if (lhs != rhs) [[unlikely]]
+        return false;
     }
     for (int i = 0; i < num_divisors; ++i) {
       const DimDivisor& d = divisors[i];
       const int64_t v = t[d.tensor]->shape[d.dim];
-      if ((d.mask ? (v & d.mask) : (v % d.coef)) != 0) [[unlikely]] return false;
+      if ((d.mask ? (v & d.mask) : (v % d.coef)) != 0) [[unlikely]]
+        return false;
     }
   }
   for (size_t j = 0; j < a.size(); ++j) {
-    if (a[j].type != attr_types[j]) [[unlikely]] return false;
+    if (a[j].type != attr_types[j]) [[unlikely]]
+      return false;
   }
   return true;
 }
@@ -244,9 +251,9 @@ inline Status invoke(const Impl& impl, std::span<DLTensor* const> tensors,
     for (; i < static_cast<size_t>(plan.num_attrs); ++i) full[i] = plan.defaults[i];
     attr_ptr = full;
   }
-  const kreg_call_frame frame{sizeof(kreg_call_frame), tensors.data(),
-                              static_cast<int32_t>(tensors.size()), plan.num_attrs, attr_ptr,
-                              stream};
+  const kreg_call_frame frame{
+      sizeof(kreg_call_frame), tensors.data(), static_cast<int32_t>(tensors.size()),
+      plan.num_attrs,          attr_ptr,       stream};
   char message[256];
   message[0] = '\0';
   kreg_error err{sizeof(kreg_error), message, sizeof message};
@@ -359,9 +366,9 @@ struct ReloadOptions {
 
 struct ReloadReport {
   std::string group;
-  uint64_t generation = 0;  // the new generation
-  std::string version;      // the new generation's plugin version
-  double latency_ms = 0;    // reload() from start to the swap being visible
+  uint64_t generation = 0;             // the new generation
+  std::string version;                 // the new generation's plugin version
+  double latency_ms = 0;               // reload() from start to the swap being visible
   std::vector<std::string> added_ops;  // ops the previous generation did not have
 };
 
