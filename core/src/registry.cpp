@@ -621,12 +621,13 @@ Status Registry::publish_locked(Group& g, const std::vector<KernelSpec>& specs) 
   }
   g.table.store(table.get(), std::memory_order_release);
   g.tables.push_back(std::move(table));
-  auto index = std::make_unique<OpIndex>();
+  std::vector<const OpEntry*> all;
   for (const auto& [name, group] : groups_) {
     if (const Group::OpMap* t = group->table.load(std::memory_order_acquire)) {
-      for (const auto& [id, op] : *t) index->emplace(id, &op);
+      for (const auto& [id, op] : *t) all.push_back(&op);
     }
   }
+  auto index = std::make_unique<detail::OpIndex>(all);
   index_.store(index.get(), std::memory_order_release);
   indexes_.push_back(std::move(index));
   return OkStatus();
@@ -671,8 +672,8 @@ Status Registry::ensure_loaded(Group& g) const {
 }
 
 const OpEntry* Registry::find_op(std::string_view op) const {
-  if (const OpIndex* index = index_.load(std::memory_order_acquire)) {
-    if (auto it = index->find(op); it != index->end()) return it->second;
+  if (const detail::OpIndex* index = index_.load(std::memory_order_acquire)) {
+    if (const OpEntry* e = index->find(op)) return e;
   }
   const size_t dot = op.find('.');
   if (dot == std::string_view::npos) return nullptr;

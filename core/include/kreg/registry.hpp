@@ -147,6 +147,58 @@ struct OpEntry {
   std::vector<Impl*> impls;  // highest priority first
 };
 
+// A string hash that reads eight bytes at a time: op ids are short, and the lookup is on
+// Registry::call's path.
+inline uint64_t hash_id(std::string_view s) {
+  uint64_t h = 0x9e3779b97f4a7c15ull ^ s.size();
+  const char* p = s.data();
+  size_t n = s.size();
+  for (; n >= 8; p += 8, n -= 8) {
+    uint64_t w;
+    std::memcpy(&w, p, 8);
+    h = (h ^ w) * 0xbf58476d1ce4e5b9ull;
+    h ^= h >> 31;
+  }
+  uint64_t tail = 0;
+  for (size_t i = 0; i < n; ++i) tail |= uint64_t{static_cast<unsigned char>(p[i])} << (8 * i);
+  h = (h ^ tail) * 0x94d049bb133111ebull;
+  return h ^ (h >> 29);
+}
+
+// Every loaded op by full id: open addressing over a power-of-two table, immutable once
+// built (a new one is published when a group's table changes), so reads take no lock.
+class OpIndex {
+ public:
+  explicit OpIndex(const std::vector<const OpEntry*>& ops) {
+    size_t cap = 8;
+    while (cap < 2 * ops.size()) cap *= 2;
+    slots_.resize(cap);
+    mask_ = cap - 1;
+    for (const OpEntry* op : ops) {
+      const uint64_t h = hash_id(op->id);
+      size_t i = h & mask_;
+      while (slots_[i].op != nullptr) i = (i + 1) & mask_;
+      slots_[i] = Slot{h, op};
+    }
+  }
+  const OpEntry* find(std::string_view id) const {
+    const uint64_t h = hash_id(id);
+    for (size_t i = h & mask_;; i = (i + 1) & mask_) {
+      const Slot& s = slots_[i];
+      if (s.op == nullptr) return nullptr;
+      if (s.hash == h && s.op->id == id) return s.op;
+    }
+  }
+
+ private:
+  struct Slot {
+    uint64_t hash = 0;
+    const OpEntry* op = nullptr;
+  };
+  std::vector<Slot> slots_;
+  size_t mask_ = 0;
+};
+
 Status kernel_error(const Impl& impl, int32_t rc, const char* message);
 
 inline uint32_t pack_dtype(DLDataType t) {
@@ -455,10 +507,8 @@ class Registry {
   mutable std::vector<std::unique_ptr<detail::Impl>> impls_;
   // Every loaded op by full id, rebuilt (copy-on-write) whenever a group table is
   // published: Registry::call finds an op with one hash lookup.
-  using OpIndex =
-      std::unordered_map<std::string, const detail::OpEntry*, StringHash, std::equal_to<>>;
-  mutable std::atomic<const OpIndex*> index_{nullptr};
-  mutable std::vector<std::unique_ptr<OpIndex>> indexes_;
+  mutable std::atomic<const detail::OpIndex*> index_{nullptr};
+  mutable std::vector<std::unique_ptr<detail::OpIndex>> indexes_;
   // KREG_FORCE_BACKEND, parsed: (op pattern, backend); pattern "*", "group.*" or an op id.
   std::vector<std::pair<std::string, std::string>> force_;
   // How open() was asked to load; later loads (load_group, lazy groups) follow it.
