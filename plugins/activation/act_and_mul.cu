@@ -12,7 +12,6 @@
 #include <cstdint>
 
 #include "activation.hpp"
-#include "kreg/device/launch.cuh"
 #include "kreg/device/vec.cuh"
 #include "kreg/dtype.hpp"
 
@@ -142,7 +141,6 @@ KernelStatus act_and_mul(Context& ctx, const char* op, const DLTensor& x, DLTens
   }
   cudaError_t err = cudaSuccess;
   const auto stream = static_cast<cudaStream_t>(ctx.stream());
-  const device::DeviceGuard guard(x.device.device_id);
   switch (from_dl(x.dtype).value_or(DType::kCount)) {
     case DType::kBF16:
       err = launch_typed<__nv_bfloat16, Act>(x, out, stream);

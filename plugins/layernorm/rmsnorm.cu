@@ -20,7 +20,6 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "kreg/device/launch.cuh"
 #include "kreg/device/reduce.cuh"
 #include "kreg/device/vec.cuh"
 #include "kreg/dtype.hpp"
@@ -224,7 +223,6 @@ KernelStatus run(Context& ctx, const char* op, const DLTensor& x, const NormArgs
                     static_cast<long long>(a.hidden));
   }
   const auto stream = static_cast<cudaStream_t>(ctx.stream());
-  const device::DeviceGuard guard(x.device.device_id);
   switch (from_dl(x.dtype).value_or(DType::kCount)) {
     case DType::kBF16:
       launch_typed<__nv_bfloat16, kFusedAdd, kGemma>(a, stream);
