@@ -1,0 +1,330 @@
+// The memory group: copy_rows' CPU reference against an oracle written here (row by row,
+// from the rule "a destination row is written iff both its rows exist and it is within
+// count"), the CUDA kernel against the reference over a sweep of dtypes, row sizes,
+// alignments and hostile offsets/counts (skipped without a GPU), and bad arguments.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "harness.hpp"
+#include "kreg/registry.hpp"
+
+namespace fs = std::filesystem;
+
+namespace kreg {
+namespace {
+
+using harness::Buffer;
+
+Registry& registry() {
+  static std::unique_ptr<Registry> reg = [] {
+    auto m = load_manifest(fs::path(KREG_SOURCE_DIR) / "registry.yaml",
+                           ManifestOptions{fs::path(KREG_PLUGIN_DIR), true});
+    EXPECT_TRUE(m.ok()) << m.status().message();
+    auto r = Registry::open(*m);
+    EXPECT_TRUE(r.ok()) << r.status().message();
+    return std::move(r).value();
+  }();
+  return *reg;
+}
+
+std::vector<double> values(const Buffer& b) {
+  auto v = b.to_doubles();
+  EXPECT_TRUE(v.ok());
+  return v.ok() ? *v : std::vector<double>{};
+}
+
+constexpr DLDevice kCpuDevice{kDLCPU, 0};
+constexpr DLDevice kGpuDevice{kDLCUDA, 0};
+
+// Distinct, exactly representable values in every dtype tested (|v| <= 124, halves for
+// floats): source and destination never share a value, so a wrong or missing row shows.
+double source_value(DType dt, int64_t k) {
+  const double v = static_cast<double>((k * 7) % 100);  // 0..99
+  if (dt == DType::kU8) return v;
+  if (dt == DType::kI8 || dt == DType::kI16 || dt == DType::kI32 || dt == DType::kI64) return v;
+  return v + 0.5;
+}
+double dest_value(DType dt, int64_t k) {
+  const double v = static_cast<double>(100 + k % 20);  // 100..119
+  return dt == DType::kU8 ? v : -v;
+}
+
+struct CopyCase {
+  DType dtype;
+  DType index_dtype;
+  int64_t src_rows;
+  int64_t dst_rows;
+  std::vector<int64_t> trailing;
+  int64_t offset;
+  int64_t count;
+  bool offset_on_src;
+  std::string label() const {
+    std::string t;
+    for (int64_t d : trailing) t += "x" + std::to_string(d);
+    return std::string(dtype_name(dtype)) + "/" + std::string(dtype_name(index_dtype)) + " src " +
+           std::to_string(src_rows) + t + " dst " + std::to_string(dst_rows) + t + " offset " +
+           std::to_string(offset) + " count " + std::to_string(count) +
+           (offset_on_src ? " on src" : " on dst");
+  }
+};
+
+struct CopyBuffers {
+  Buffer src, dst, offset, count;
+  std::vector<DLTensor*> tensors() {
+    return {src.tensor(), dst.tensor(), offset.tensor(), count.tensor()};
+  }
+};
+
+CopyBuffers make_buffers(const CopyCase& c, DLDevice dev) {
+  auto shape = [&](int64_t rows) {
+    std::vector<int64_t> s{rows};
+    s.insert(s.end(), c.trailing.begin(), c.trailing.end());
+    return s;
+  };
+  CopyBuffers b;
+  b.src = std::move(Buffer::make(dev, c.dtype, shape(c.src_rows))).value();
+  b.dst = std::move(Buffer::make(dev, c.dtype, shape(c.dst_rows))).value();
+  b.offset = std::move(Buffer::make(dev, c.index_dtype, {1})).value();
+  b.count = std::move(Buffer::make(dev, c.index_dtype, {1})).value();
+  std::vector<double> s(static_cast<size_t>(b.src.numel())), d(static_cast<size_t>(b.dst.numel()));
+  for (size_t k = 0; k < s.size(); ++k) s[k] = source_value(c.dtype, static_cast<int64_t>(k));
+  for (size_t k = 0; k < d.size(); ++k) d[k] = dest_value(c.dtype, static_cast<int64_t>(k));
+  EXPECT_TRUE(b.src.from_doubles(s).ok());
+  EXPECT_TRUE(b.dst.from_doubles(d).ok());
+  EXPECT_TRUE(b.offset.from_doubles({static_cast<double>(c.offset)}).ok());
+  EXPECT_TRUE(b.count.from_doubles({static_cast<double>(c.count)}).ok());
+  return b;
+}
+
+// The oracle, row by row: destination row j receives source row j + offset (offset on
+// src) or j - offset (offset on dst) iff that source row exists and j - (offset on dst ?
+// offset : 0) is in [0, count).
+std::vector<double> oracle(const CopyCase& c, const std::vector<double>& src,
+                           const std::vector<double>& dst) {
+  int64_t row = 1;
+  for (int64_t d : c.trailing) row *= d;
+  std::vector<double> out = dst;
+  for (int64_t j = 0; j < c.dst_rows; ++j) {
+    const int64_t k = c.offset_on_src ? j : j - c.offset;  // position within the copied range
+    const int64_t s = c.offset_on_src ? j + c.offset : j - c.offset;
+    if (c.offset < 0 || k < 0 || k >= c.count || s < 0 || s >= c.src_rows) continue;
+    for (int64_t e = 0; e < row; ++e) {
+      out[static_cast<size_t>(j * row + e)] = src[static_cast<size_t>(s * row + e)];
+    }
+  }
+  return out;
+}
+
+std::vector<CopyCase> sweep(bool big) {
+  const DType dtypes[] = {DType::kF32, DType::kBF16, DType::kF16, DType::kF64,
+                          DType::kI8,  DType::kI32,  DType::kI64, DType::kU8};
+  const std::vector<std::vector<int64_t>> trailings =
+      big ? std::vector<std::vector<int64_t>>{{}, {3}, {2, 5}, {64}, {4096}, {3, 1000}}
+          : std::vector<std::vector<int64_t>>{{}, {3}, {2, 5}, {64}};
+  const std::pair<int64_t, int64_t> rows[] = {{0, 4}, {1, 1}, {5, 17}, {17, 5}, {33, 33}};
+  // The GPU sweep (bigger rows) keeps fewer range values: each case allocates buffers.
+  const std::vector<int64_t> offsets =
+      big ? std::vector<int64_t>{-1, 0, 1, 16} : std::vector<int64_t>{-1, 0, 1, 4, 16, 40};
+  const std::vector<int64_t> counts =
+      big ? std::vector<int64_t>{0, 3, 100} : std::vector<int64_t>{-3, 0, 1, 3, 100};
+  std::vector<CopyCase> out;
+  int i = 0;
+  for (DType dt : dtypes) {
+    for (const auto& tr : trailings) {
+      for (auto [ns, nd] : rows) {
+        for (int64_t off : offsets) {
+          for (int64_t cnt : counts) {
+            for (bool on_src : {true, false}) {
+              out.push_back(CopyCase{dt, (i++ % 2) ? DType::kI64 : DType::kI32, ns, nd, tr, off,
+                                     cnt, on_src});
+            }
+          }
+        }
+      }
+    }
+  }
+  return out;
+}
+
+Result<KernelHandle> copy_rows(DLDevice dev, DType dt) {
+  return registry().resolve("memory.copy_rows", Target{dev, dt},
+                            {std::string(dev.device_type == kDLCPU ? "cpu" : "cuda")});
+}
+
+AttrList attrs_for(const KernelHandle& h, bool offset_on_src) {
+  auto a = h.attrs({{"offset_on_src", offset_on_src}});
+  EXPECT_TRUE(a.ok()) << a.status().message();
+  return std::move(a).value();
+}
+
+TEST(MemoryKernels, EveryShippedOpHasAnOracleHere) {
+  std::vector<std::string> shipped;
+  for (const std::string& id : registry().op_ids()) {
+    if (id.starts_with("memory.")) shipped.push_back(id);
+  }
+  EXPECT_EQ(shipped, std::vector<std::string>{"memory.copy_rows"})
+      << "a new memory op needs an oracle in this file";
+}
+
+TEST(MemoryKernels, CpuReferenceMatchesTheOracle) {
+  for (const CopyCase& c : sweep(false)) {
+    SCOPED_TRACE(c.label());
+    auto h = copy_rows(kCpuDevice, c.dtype);
+    ASSERT_TRUE(h.ok()) << h.status().message();
+    CopyBuffers b = make_buffers(c, kCpuDevice);
+    const auto want = oracle(c, values(b.src), values(b.dst));
+    const auto src_before = values(b.src);
+    ASSERT_TRUE(h->call(b.tensors(), attrs_for(*h, c.offset_on_src).view()).ok());
+    EXPECT_EQ(values(b.dst), want);
+    EXPECT_EQ(values(b.src), src_before);
+  }
+}
+
+class GpuMemoryKernels : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!harness::gpu_available()) {
+      GTEST_SKIP() << "no CUDA device on this machine: GPU kernel tests skipped "
+                      "(run ctest on a GPU machine to exercise them)";
+    }
+  }
+};
+
+TEST_F(GpuMemoryKernels, MatchTheCpuReferenceOverASweep) {
+  for (const CopyCase& c : sweep(true)) {
+    SCOPED_TRACE(c.label());
+    auto cuda = copy_rows(kGpuDevice, c.dtype);
+    ASSERT_TRUE(cuda.ok()) << cuda.status().message();
+    auto cpu = copy_rows(kCpuDevice, c.dtype);
+    ASSERT_TRUE(cpu.ok());
+    CopyBuffers g = make_buffers(c, kGpuDevice);
+    CopyBuffers r = make_buffers(c, kCpuDevice);
+    ASSERT_TRUE(g.dst.tensor()->device.device_type == kDLCUDA);
+    ASSERT_TRUE(cuda->call(g.tensors(), attrs_for(*cuda, c.offset_on_src).view()).ok());
+    ASSERT_TRUE(harness::device_synchronize().ok());
+    ASSERT_TRUE(cpu->call(r.tensors(), attrs_for(*cpu, c.offset_on_src).view()).ok());
+    // Bytes are bytes: the results must be identical, untouched rows included.
+    EXPECT_EQ(values(g.dst), values(r.dst));
+  }
+}
+
+TEST_F(GpuMemoryKernels, LargeCopiesAndMisalignedViews) {
+  // A copy bigger than one grid-stride step (32 MB) and views one element into their
+  // allocation (no 16-byte words): both must still copy exactly the clamped range.
+  struct Big {
+    DType dt;
+    int64_t src_rows, dst_rows, width, offset, count;
+    bool on_src;
+    int64_t view_shift;  // elements of byte_offset on both tensors
+  };
+  const Big cases[] = {
+      {DType::kBF16, 9000, 8000, 4096, 500, 8100, true, 0},   // clamped to 8000 rows of 8 KB
+      {DType::kF32, 3000, 5000, 4096, 4000, 4000, false, 0},  // clamped to 1000 rows
+      {DType::kBF16, 100, 100, 4096, 3, 50, true, 1},         // 2-byte words
+      {DType::kF32, 100, 100, 1023, 0, 99, false, 1},         // 4-byte words, odd rows
+      {DType::kI8, 64, 64, 4095, 1, 63, true, 3},             // 1-byte words
+  };
+  for (const Big& c : cases) {
+    const CopyCase cc{c.dt,      DType::kI64, c.src_rows, c.dst_rows,
+                      {c.width}, c.offset,    c.count,    c.on_src};
+    SCOPED_TRACE(cc.label() + " view shift " + std::to_string(c.view_shift));
+    CopyBuffers host = make_buffers(cc, kCpuDevice);
+    const auto want = oracle(cc, values(host.src), values(host.dst));
+    // Device copies with view_shift leading elements.
+    auto shifted = [&](const Buffer& b) {
+      auto p = Buffer::make(kGpuDevice, b.dtype(), {b.numel() + c.view_shift});
+      auto v = values(b);
+      v.insert(v.begin(), static_cast<size_t>(c.view_shift), 1.0);
+      EXPECT_TRUE(p->from_doubles(v).ok());
+      return std::move(p).value();
+    };
+    Buffer src = shifted(host.src), dst = shifted(host.dst);
+    auto offset = Buffer::make(kGpuDevice, DType::kI64, {1});
+    auto count = Buffer::make(kGpuDevice, DType::kI64, {1});
+    ASSERT_TRUE(offset->from_doubles({static_cast<double>(c.offset)}).ok());
+    ASSERT_TRUE(count->from_doubles({static_cast<double>(c.count)}).ok());
+    DLTensor sv = *host.src.tensor(), dv = *host.dst.tensor();
+    sv.device = dv.device = kGpuDevice;
+    sv.data = src.tensor()->data;
+    dv.data = dst.tensor()->data;
+    sv.byte_offset = dv.byte_offset = static_cast<uint64_t>(c.view_shift) * dtype_size(c.dt);
+    DLTensor* args[] = {&sv, &dv, offset->tensor(), count->tensor()};
+    auto h = copy_rows(kGpuDevice, c.dt);
+    ASSERT_TRUE(h.ok());
+    ASSERT_TRUE(h->call(args, attrs_for(*h, c.on_src).view()).ok());
+    ASSERT_TRUE(harness::device_synchronize().ok());
+    auto got = values(dst);
+    got.erase(got.begin(), got.begin() + c.view_shift);
+    EXPECT_TRUE(got == want) << "mismatch";
+  }
+}
+
+TEST_F(GpuMemoryKernels, CpuTensorsToTheCudaPathAreRefused) {
+  auto h = copy_rows(kGpuDevice, DType::kF32);
+  ASSERT_TRUE(h.ok());
+  CopyBuffers b =
+      make_buffers(CopyCase{DType::kF32, DType::kI32, 4, 4, {8}, 0, 2, true}, kCpuDevice);
+  Status st = h->call(b.tensors(), attrs_for(*h, true).view());
+  EXPECT_EQ(st.code(), KREG_INVALID_ARGUMENT);
+  EXPECT_NE(st.message().find("backend cuda runs on cuda tensors"), std::string::npos)
+      << st.message();
+}
+
+TEST(MemoryKernels, BadArgumentsAreRejected) {
+  auto h = copy_rows(kCpuDevice, DType::kF32);
+  ASSERT_TRUE(h.ok());
+  const AttrList on_src = attrs_for(*h, true);
+  auto call = [&](Buffer& src, Buffer& dst, Buffer& off, Buffer& cnt) {
+    DLTensor* args[] = {src.tensor(), dst.tensor(), off.tensor(), cnt.tensor()};
+    return h->call(args, on_src.view());
+  };
+  auto make = [](DType dt, std::vector<int64_t> shape) {
+    auto b = Buffer::make(kCpuDevice, dt, std::move(shape));
+    EXPECT_TRUE(b.ok());
+    std::vector<double> v(static_cast<size_t>(b->numel()), 1.0);
+    EXPECT_TRUE(b->from_doubles(v).ok());
+    return std::move(b).value();
+  };
+  Buffer src = make(DType::kF32, {4, 8}), off = make(DType::kI32, {1}),
+         cnt = make(DType::kI64, {1});
+  {
+    Buffer dst = make(DType::kF32, {4, 9});
+    Status st = call(src, dst, off, cnt);
+    EXPECT_NE(st.message().find("argument 'dst' has size 9 in dimension 1, expected 8"),
+              std::string::npos)
+        << st.message();
+  }
+  {
+    Buffer dst = make(DType::kF32, {4, 2, 4});
+    Status st = call(src, dst, off, cnt);
+    EXPECT_NE(st.message().find("argument 'dst' has rank 3, expected 2"), std::string::npos)
+        << st.message();
+  }
+  {
+    Buffer dst = make(DType::kBF16, {4, 8});
+    Status st = call(src, dst, off, cnt);
+    EXPECT_NE(st.message().find("'dst'"), std::string::npos) << st.message();
+    EXPECT_NE(st.message().find("dtype"), std::string::npos) << st.message();
+  }
+  {
+    Buffer dst = make(DType::kF32, {4, 8}), bad_off = make(DType::kF32, {1});
+    Status st = call(src, dst, bad_off, cnt);
+    EXPECT_NE(st.message().find("'offset'"), std::string::npos) << st.message();
+  }
+  {
+    Buffer dst = make(DType::kF32, {4, 8}), bad_cnt = make(DType::kI64, {2});
+    Status st = call(src, dst, off, bad_cnt);
+    EXPECT_NE(st.message().find("'count'"), std::string::npos) << st.message();
+  }
+  {
+    Buffer scalar = make(DType::kF32, {}), dst = make(DType::kF32, {});
+    Status st = call(scalar, dst, off, cnt);
+    EXPECT_NE(st.message().find("argument 'src' must have rank >= 1"), std::string::npos)
+        << st.message();
+  }
+}
+
+}  // namespace
+}  // namespace kreg
