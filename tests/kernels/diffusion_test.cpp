@@ -7,10 +7,13 @@
 // built from a signature's named dimensions, so each case lists its tensors explicitly.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <functional>
 #include <optional>
 #include <random>
+#include <set>
 
 #include "harness.hpp"
 #include "kreg/registry.hpp"
@@ -158,6 +161,125 @@ Case residual_gate_add_case(int64_t B, int64_t S, int64_t H, bool per_token) {
   return c;
 }
 
+Case norm_scale_shift_case(int64_t B, int64_t S, int64_t H, bool scale_per_token,
+                           bool shift_per_token, bool affine, double eps = 1e-6) {
+  Case c;
+  c.op = "diffusion.norm_scale_shift";
+  c.label = "B=" + std::to_string(B) + " S=" + std::to_string(S) + " H=" + std::to_string(H) +
+            (scale_per_token ? " scale[B,S,H]" : " scale[B,H]") +
+            (shift_per_token ? " shift[B,S,H]" : " shift[B,H]") + (affine ? " affine" : "") +
+            " eps=" + std::to_string(eps);
+  const std::vector<int64_t> bsh{B, S, H}, bh{B, H};
+  c.args = {{"x", bsh},
+            {"scale", scale_per_token ? bsh : bh},
+            {"shift", shift_per_token ? bsh : bh},
+            {"weight", {H}},
+            {"bias", {H}},
+            {"out", bsh, std::nullopt, true}};
+  c.attrs = {{"eps", eps}, {"affine", affine}};
+  c.oracle = [=](const Values& in, Values& out, Values&) {
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t s = 0; s < S; ++s) {
+        const int64_t row = b * S + s;
+        double mean = 0, var = 0;
+        for (int64_t h = 0; h < H; ++h) mean += in[0][at(row * H + h)];
+        mean /= static_cast<double>(H);
+        for (int64_t h = 0; h < H; ++h) {
+          const double d = in[0][at(row * H + h)] - mean;
+          var += d * d;
+        }
+        var /= static_cast<double>(H);
+        for (int64_t h = 0; h < H; ++h) {
+          double y = (in[0][at(row * H + h)] - mean) / std::sqrt(var + eps);
+          if (affine) y = y * in[3][at(h)] + in[4][at(h)];
+          const double sc = in[1][at(mod_row(scale_per_token, b, s, S) * H + h)];
+          const double sh = in[2][at(mod_row(shift_per_token, b, s, S) * H + h)];
+          out[5][at(row * H + h)] = y * (1 + sc) + sh;
+        }
+      }
+  };
+  return c;
+}
+
+// t: explicit timesteps (diffusion schedules use 0..1000), or random +-[0.05, 2] if empty.
+Case timestep_embedding_case(int64_t N, int64_t dim, bool flip, double shift, double scale,
+                             int64_t max_period, bool large_t) {
+  Case c;
+  c.op = "diffusion.timestep_embedding";
+  c.label = "N=" + std::to_string(N) + " dim=" + std::to_string(dim) + (flip ? " flip" : "") +
+            " shift=" + std::to_string(shift) + " scale=" + std::to_string(scale) +
+            " max_period=" + std::to_string(max_period) + (large_t ? " t in [0,1000)" : " t small");
+  std::vector<double> t;
+  if (large_t) {
+    for (int64_t n = 0; n < N; ++n) t.push_back(std::fmod(static_cast<double>(n) * 137.25, 1000.0));
+  }
+  c.args = {{"t", {N}, std::nullopt, false, t}, {"out", {N, dim}, DType::kF32, true}};
+  c.attrs = {{"dim", dim},
+             {"flip_sin_to_cos", flip},
+             {"downscale_freq_shift", shift},
+             {"scale", scale},
+             {"max_period", max_period}};
+  c.oracle = [=](const Values& in, Values& out, Values& slack) {
+    const int64_t half = dim / 2;
+    for (int64_t n = 0; n < N; ++n) {
+      const double tv = in[0][at(n)];
+      for (int64_t i = 0; i < half; ++i) {
+        const double freq = std::exp(-std::log(static_cast<double>(max_period)) *
+                                     static_cast<double>(i) / (static_cast<double>(half) - shift));
+        const double arg = scale * tv * freq;
+        const int64_t sin_col = flip ? half + i : i, cos_col = flip ? i : half + i;
+        out[1][at(n * dim + sin_col)] = std::sin(arg);
+        out[1][at(n * dim + cos_col)] = std::cos(arg);
+        // The op rounds the exponent, frequency and argument to fp32 as diffusers does:
+        // the phase is off by a few fp32 ulps of |t * scale|.
+        const double room = 2e-6 + 5e-7 * std::fabs(tv * scale);
+        slack[1][at(n * dim + sin_col)] = room;
+        slack[1][at(n * dim + cos_col)] = room;
+      }
+      if (dim % 2 == 1) out[1][at(n * dim + dim - 1)] = 0.0;
+    }
+  };
+  return c;
+}
+
+Case group_norm_silu_case(std::vector<int64_t> shape, int64_t groups, double eps = 1e-5) {
+  Case c;
+  c.op = "diffusion.group_norm_silu";
+  std::string dims;
+  for (int64_t d : shape) dims += (dims.empty() ? "" : "x") + std::to_string(d);
+  c.label = "x " + dims + " G=" + std::to_string(groups) + " eps=" + std::to_string(eps);
+  const int64_t N = shape[0], C = shape[1];
+  int64_t L = 1;
+  for (size_t i = 2; i < shape.size(); ++i) L *= shape[i];
+  c.args = {{"x", shape}, {"weight", {C}}, {"bias", {C}}, {"out", shape, std::nullopt, true}};
+  c.attrs = {{"num_groups", groups}, {"eps", eps}};
+  c.oracle = [=](const Values& in, Values& out, Values&) {
+    const int64_t cpg = C / groups;
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t g = 0; g < groups; ++g) {
+        double mean = 0, var = 0;
+        const int64_t count = cpg * L;
+        for (int64_t c = g * cpg; c < (g + 1) * cpg; ++c)
+          for (int64_t l = 0; l < L; ++l) mean += in[0][at((n * C + c) * L + l)];
+        mean /= static_cast<double>(count);
+        for (int64_t c = g * cpg; c < (g + 1) * cpg; ++c)
+          for (int64_t l = 0; l < L; ++l) {
+            const double d = in[0][at((n * C + c) * L + l)] - mean;
+            var += d * d;
+          }
+        var /= static_cast<double>(count);
+        for (int64_t c = g * cpg; c < (g + 1) * cpg; ++c)
+          for (int64_t l = 0; l < L; ++l) {
+            const int64_t i = (n * C + c) * L + l;
+            const double z =
+                (in[0][at(i)] - mean) / std::sqrt(var + eps) * in[1][at(c)] + in[2][at(c)];
+            out[3][at(i)] = z / (1 + std::exp(-z));
+          }
+      }
+  };
+  return c;
+}
+
 std::vector<Case> cases(bool gpu) {
   std::vector<Case> out;
   const std::vector<std::array<int64_t, 3>> bsh =
@@ -169,11 +291,42 @@ std::vector<Case> cases(bool gpu) {
                                                 {3, 2, 100}, {1, 4, 4097}, {2, 2, 3072}};
   for (auto [b, s, h] : bsh) {
     for (bool per_token : {false, true}) out.push_back(residual_gate_add_case(b, s, h, per_token));
+    // Each layout combination somewhere in the sweep, affine on every other shape.
+    const bool affine = (h % 2) == 0;
+    out.push_back(norm_scale_shift_case(b, s, h, false, false, affine));
+    out.push_back(norm_scale_shift_case(b, s, h, true, false, !affine, 1e-5));
+    out.push_back(norm_scale_shift_case(b, s, h, false, true, affine));
+    out.push_back(norm_scale_shift_case(b, s, h, true, true, !affine));
   }
+  const std::vector<std::pair<int64_t, int64_t>> n_dim =
+      gpu ? std::vector<std::pair<int64_t, int64_t>>{{1, 1},   {3, 2},    {2, 3},
+                                                     {5, 8},   {16, 33},  {16, 256},
+                                                     {7, 320}, {4, 1024}, {70000, 16}}
+          : std::vector<std::pair<int64_t, int64_t>>{{1, 1},   {3, 2},    {2, 3},  {5, 8},
+                                                     {16, 33}, {16, 256}, {7, 320}};
+  for (auto [n, dim] : n_dim) {
+    // diffusers' default shift 1 divides by half - 1: zero for dim 2 and 3 (refused).
+    out.push_back(
+        timestep_embedding_case(n, dim, false, dim / 2 == 1 ? 0.5 : 1.0, 1.0, 10000, false));
+    out.push_back(timestep_embedding_case(n, dim, true, 0.0, 1.0, 10000, true));
+    out.push_back(timestep_embedding_case(n, dim, false, 0.0, 1000.0, 100, false));
+  }
+  std::vector<std::pair<std::vector<int64_t>, int64_t>> gn = {
+      {{1, 1}, 1},         {{2, 4}, 2},         {{2, 6, 5}, 3},
+      {{1, 32, 8, 8}, 32}, {{2, 64, 7, 9}, 8},  {{1, 96, 3, 5, 7}, 32},
+      {{1, 4, 4097}, 2},   {{2, 40, 16, 16}, 4}};
+  if (gpu) {
+    gn.push_back({{2, 512, 64, 64}, 32});
+    gn.push_back({{3, 320, 32, 32}, 32});
+    gn.push_back({{1, 8, 3, 1001}, 1});
+    gn.push_back({{4, 128, 1}, 32});
+  }
+  for (auto& [shape, g] : gn) out.push_back(group_norm_silu_case(shape, g));
   return out;
 }
 
-const char* const kDiffusionOps[] = {"diffusion.residual_gate_add"};
+const char* const kDiffusionOps[] = {"diffusion.group_norm_silu", "diffusion.norm_scale_shift",
+                                     "diffusion.residual_gate_add", "diffusion.timestep_embedding"};
 
 TEST(DiffusionKernels, EveryShippedOpHasAnOracleHere) {
   std::vector<std::string> shipped, covered(std::begin(kDiffusionOps), std::end(kDiffusionOps));
@@ -345,6 +498,65 @@ TEST(DiffusionKernels, BadArgumentsAreRejected) {
     Case c = residual_gate_add_case(2, 3, 8, true);
     c.args[1].shape = {2, 3, 9};
     expect_refused(c, DType::kF32, "'x'");
+  }
+  {
+    Case c = norm_scale_shift_case(2, 3, 8, false, false, false);
+    c.args[1].shape = {2, 3};
+    expect_refused(c, DType::kBF16,
+                   "argument 'scale' has shape [2,3], expected [B,H] = [2,8] or [B,S,H]");
+  }
+  {
+    Case c = norm_scale_shift_case(2, 3, 8, true, true, true);
+    c.args[2].shape = {1, 2, 3, 8};
+    expect_refused(c, DType::kBF16, "argument 'shift' has shape [1,2,3,8]");
+  }
+  {
+    Case c = norm_scale_shift_case(2, 3, 8, true, true, true);
+    c.args[3].shape = {9};
+    expect_refused(c, DType::kF16, "'weight'");
+  }
+  {
+    Case c = timestep_embedding_case(4, 8, false, 1.0, 1.0, 10000, false);
+    c.attrs[0].value = int64_t{9};
+    expect_refused(c, DType::kF32,
+                   "attribute 'dim' = 9 must equal the width of argument 'out' (8)");
+  }
+  {
+    Case c = timestep_embedding_case(4, 8, false, 4.0, 1.0, 10000, false);
+    expect_refused(c, DType::kF32, "attribute 'downscale_freq_shift' = 4 must differ from dim / 2");
+  }
+  {
+    Case c = timestep_embedding_case(4, 8, false, 1.0, 1.0, 0, false);
+    expect_refused(c, DType::kF32, "attribute 'max_period' = 0 must be >= 1");
+  }
+  {
+    Case c = timestep_embedding_case(4, 8, false, 1.0, 1.0, 10000, false);
+    c.args[1].dtype = DType::kBF16;
+    expect_refused(c, DType::kF32, "'out'");
+  }
+  {
+    Case c = group_norm_silu_case({2, 8, 4}, 3);
+    expect_refused(c, DType::kF32, "attribute 'num_groups' = 3 must be >= 1 and divide C = 8");
+  }
+  {
+    Case c = group_norm_silu_case({2, 8, 4}, 0);
+    expect_refused(c, DType::kF32, "attribute 'num_groups' = 0");
+  }
+  {
+    Case c = group_norm_silu_case({2, 8, 4}, 2);
+    c.args[0].shape = {8};
+    c.args[3].shape = {8};
+    expect_refused(c, DType::kF32, "argument 'x' has shape [8], expected rank >= 2");
+  }
+  {
+    Case c = group_norm_silu_case({2, 8, 4}, 2);
+    c.args[3].shape = {2, 8, 5};
+    expect_refused(c, DType::kF32, "argument 'out' has shape [2,8,5], expected [2,8,4]");
+  }
+  {
+    Case c = group_norm_silu_case({2, 8, 4}, 2);
+    c.args[2].shape = {4};
+    expect_refused(c, DType::kBF16, "argument 'bias' (tensor 3 of 4) has shape [4]");
   }
 }
 

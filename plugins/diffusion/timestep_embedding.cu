@@ -1,0 +1,127 @@
+// CUDA timestep_embedding: out[n, :] = [sin(args), cos(args)] (or [cos, sin])
+// with args[i] = t[n] * freq[i] * scale, freq[i] = exp(-ln(max_period) * i /
+// (half - shift)), and a zero last column for odd dim.
+//
+// Launch shape: each thread owns 4 consecutive frequencies, computed once (exp
+// in double, rounded to fp32, bit-identical to the CPU reference's) and kept in
+// registers while it walks rows n = blockIdx.y, blockIdx.y + gridDim.y, ...;
+// per row it writes its 4 sines and 4 cosines, as two float4 stores when dim %
+// 8 == 0 and out is 16-byte aligned. The argument is rounded exactly as
+// diffusers' fp32 code rounds it ((t * freq) * scale); the sine and cosine come
+// from sincosf (full-range argument reduction, no fast-math).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "diffusion.hpp"
+#include "kreg/device/vec.cuh"
+#include "kreg/dtype.hpp"
+
+namespace kreg::diffusion {
+namespace {
+
+constexpr int kMaxThreads = 256;
+constexpr int kFreqsPerThread = 4;
+constexpr int64_t kMaxRowBlocks = 65535;
+
+template <typename T, bool kFloat4>
+__global__ void __launch_bounds__(kMaxThreads)
+    timestep_embedding_kernel(const T* __restrict__ t, float* __restrict__ out, int64_t rows,
+                              int64_t dim, TimestepEmbedding e) {
+  const int64_t i0 =
+      (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kFreqsPerThread;
+  float freq[kFreqsPerThread];
+#pragma unroll
+  for (int j = 0; j < kFreqsPerThread; ++j) {
+    freq[j] = i0 + j < e.half ? timestep_frequency(e, i0 + j) : 0.0f;
+  }
+  const int64_t sin_col = e.flip ? e.half : 0;
+  const int64_t cos_col = e.flip ? 0 : e.half;
+  const bool writes_pad = e.pad && blockIdx.x == 0 && threadIdx.x == 0;
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
+    const float tv = device::to_float(t[r]);
+    float s[kFreqsPerThread], c[kFreqsPerThread];
+#pragma unroll
+    for (int j = 0; j < kFreqsPerThread; ++j) {
+      const float arg = (tv * freq[j]) * e.scale;
+      sincosf(arg, &s[j], &c[j]);
+    }
+    float* row = out + r * dim;
+    if constexpr (kFloat4) {
+      // half % 4 == 0: a thread's 4 frequencies are all in range or all out.
+      if (i0 < e.half) {
+        *reinterpret_cast<float4*>(row + sin_col + i0) = make_float4(s[0], s[1], s[2], s[3]);
+        *reinterpret_cast<float4*>(row + cos_col + i0) = make_float4(c[0], c[1], c[2], c[3]);
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < kFreqsPerThread; ++j) {
+        if (i0 + j < e.half) {
+          row[sin_col + i0 + j] = s[j];
+          row[cos_col + i0 + j] = c[j];
+        }
+      }
+    }
+    if (writes_pad) row[dim - 1] = 0.0f;
+  }
+}
+
+template <typename T>
+cudaError_t launch(const DLTensor& t, DLTensor& out, const TimestepEmbedding& e,
+                   cudaStream_t stream) {
+  const int64_t rows = t.shape[0];
+  const int64_t dim = out.shape[1];
+  const int64_t threads_needed =
+      std::max<int64_t>(1, (e.half + kFreqsPerThread - 1) / kFreqsPerThread);
+  const int64_t threads = std::min<int64_t>(kMaxThreads, (threads_needed + 31) / 32 * 32);
+  const dim3 grid(static_cast<unsigned>((threads_needed + threads - 1) / threads),
+                  static_cast<unsigned>(std::min(rows, kMaxRowBlocks)));
+  const T* tp = data_ptr<const T>(t);
+  float* op = data_ptr<float>(out);
+  const bool float4_ok = dim % 8 == 0 && reinterpret_cast<uintptr_t>(op) % 16 == 0;
+  if (float4_ok) {
+    timestep_embedding_kernel<T, true>
+        <<<grid, static_cast<unsigned>(threads), 0, stream>>>(tp, op, rows, dim, e);
+  } else {
+    timestep_embedding_kernel<T, false>
+        <<<grid, static_cast<unsigned>(threads), 0, stream>>>(tp, op, rows, dim, e);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+KernelStatus timestep_embedding_cuda(Context& ctx, const DLTensor& t, DLTensor& out, int64_t dim,
+                                     bool flip_sin_to_cos, double downscale_freq_shift,
+                                     double scale, int64_t max_period) {
+  constexpr const char* kOp = "diffusion.timestep_embedding";
+  TimestepEmbedding e;
+  if (KernelStatus st = timestep_embedding_args(ctx, out, dim, flip_sin_to_cos,
+                                                downscale_freq_shift, scale, max_period, e);
+      !st.ok()) {
+    return st;
+  }
+  if (t.shape[0] == 0 || dim == 0) return kOk;
+  const auto stream = static_cast<cudaStream_t>(ctx.stream());
+  cudaError_t err = cudaSuccess;
+  switch (from_dl(t.dtype).value_or(DType::kCount)) {
+    case DType::kBF16:
+      err = launch<__nv_bfloat16>(t, out, e, stream);
+      break;
+    case DType::kF16:
+      err = launch<__half>(t, out, e, stream);
+      break;
+    case DType::kF32:
+      err = launch<float>(t, out, e, stream);
+      break;
+    default:
+      return ctx.fail(KREG_INVALID_ARGUMENT, "%s: t's dtype must be bf16, f16 or f32", kOp);
+  }
+  if (err != cudaSuccess) {
+    return ctx.fail(KREG_INTERNAL, "%s: kernel launch failed: %s", kOp, cudaGetErrorString(err));
+  }
+  return kOk;
+}
+
+}  // namespace kreg::diffusion
