@@ -4,7 +4,8 @@
 # /usr/local/cuda the GPU kernels are built too, without it the CPU references only.
 set -euo pipefail
 pkgs=(cmake ninja-build g++ pkg-config libboost-dev libyaml-cpp-dev libcli11-dev libdlpack-dev
-      libgtest-dev libgmock-dev libbenchmark-dev)
+      libgtest-dev libgmock-dev libbenchmark-dev
+      python3-dev pybind11-dev python3-numpy python3-pytest)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

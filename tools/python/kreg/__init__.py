@@ -1,0 +1,65 @@
+"""kreg: the kernel registry from Python.
+
+    import kreg
+    reg = kreg.open("registry.yaml")
+    reg.ops.layernorm.rmsnorm(x, w, out, eps=1e-6)     # or: rms = reg.op("layernorm.rmsnorm")
+
+Tensors are any objects with ``__dlpack__`` (torch, numpy, cupy, jax), passed without a
+copy; CUDA calls run on torch's current stream (when torch is imported) or on
+``stream=``. See docs/python.md.
+"""
+
+import functools
+
+from ._kreg import Error, InvalidArgument, NotFound, Op, Registry, open  # noqa: F401
+
+__all__ = ["open", "Registry", "Op", "Error", "InvalidArgument", "NotFound"]
+
+
+class _Group:
+    """``reg.ops.<group>``: each op of the group as an attribute (a cached kreg.Op)."""
+
+    def __init__(self, registry, name):
+        self._registry = registry
+        self._name = name
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        try:
+            op = self._registry.op(f"{self._name}.{name}")
+        except NotFound:
+            raise AttributeError(f"kreg: no op '{self._name}.{name}'") from None
+        setattr(self, name, op)  # later lookups hit the instance dict
+        return op
+
+    def __dir__(self):
+        prefix = self._name + "."
+        return [op[len(prefix):] for op in self._registry.list() if op.startswith(prefix)]
+
+    def __repr__(self):
+        return f"<kreg ops of group {self._name}>"
+
+
+class _Ops:
+    """``reg.ops``: each group as an attribute."""
+
+    def __init__(self, registry):
+        self._registry = registry
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        if not any(g["name"] == name for g in self._registry.groups()):
+            raise AttributeError(f"kreg: no group '{name}'")
+        group = _Group(self._registry, name)
+        setattr(self, name, group)
+        return group
+
+    def __dir__(self):
+        return [g["name"] for g in self._registry.groups()]
+
+
+Registry.ops = functools.cached_property(_Ops)
+Registry.ops.__set_name__(Registry, "ops")
+Registry.ops.__doc__ = "Attribute access to ops: reg.ops.layernorm.rmsnorm(...)."
