@@ -2,7 +2,8 @@
 # The GPU evidence in one command, for a machine with an NVIDIA GPU (e.g. the H200):
 # build (Release), the whole test suite (GPU tests included), the host application on
 # the GPU, `kreg bench` at the issue's shapes against the device copy bandwidth,
-# PyTorch eager / torch.compile baselines in the same run, and the dispatch benchmark.
+# kreg from Python vs PyTorch eager / torch.compile (tools/bench/vs_torch.py), the Python
+# call overhead, and the dispatch benchmark.
 # Logs go to $OUT (or ./gpu-report). Extra CMake arguments: $KREG_CMAKE_ARGS.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -39,10 +40,18 @@ bench layernorm.rmsnorm --shape T=32768,H=4096 --dtype f16
 bench layernorm.rmsnorm --shape T=32768,H=4096 --dtype f32
 bench layernorm.rmsnorm --shape T=32768,H=4097 --dtype bf16
 
-if python3 -c "import torch" 2>/dev/null; then
-  # KREG_TORCH_ARGS narrows it, e.g. "--only rmsnorm,silu_and_mul --compile-mode default".
-  python3 tools/bench/torch_baseline.py --csv "$out/torch.csv" ${KREG_TORCH_ARGS:-} 2>&1 |
-    tee "$out/torch.log" | tail -n 20
+# The Python the extension was built for (CMake prefers one that imports torch).
+py=$(sed -n 's/^Python3_EXECUTABLE:[A-Z]*=//p' build/CMakeCache.txt 2>/dev/null)
+py=${py:-python3}
+if [ -d build/python/kreg ] && "$py" -c "import torch" 2>/dev/null; then
+  # kreg from Python next to torch eager / torch.compile (checked first), and the Python
+  # call overhead. KREG_TORCH_ARGS narrows it, e.g. "--only rmsnorm,silu_and_mul --reps 50".
+  PYTHONPATH=build/python "$py" tools/bench/vs_torch.py --out "$out/vs-torch" ${KREG_TORCH_ARGS:-} 2>&1 |
+    tee "$out/vs_torch.log" | tail -n 40
+  PYTHONPATH=build/python "$py" tools/bench/py_overhead.py 2>&1 | tee "$out/py_overhead.log"
+else
+  echo "gpu_check: $py has no torch, or no kreg Python extension was built: skipping vs_torch.py" \
+    "(configure with -DPython3_EXECUTABLE=<a python with torch>)"
 fi
 ./build/tests/bench/kreg-bench-dispatch --benchmark_repetitions=3 --benchmark_report_aggregates_only=true \
   2>&1 | tee "$out/dispatch.log" | grep -E "median|Run on|CPU"

@@ -1,0 +1,127 @@
+#!/usr/bin/env python3
+"""Host time of one kreg call from Python, next to a plain torch op call.
+
+Times tiny ops (1 token x 128) so that the kernel is negligible and the figure is the
+Python call path: argument parsing, DLPack export of each tensor, the stream query,
+the core's checks and the launch. Calls run in chunks of --chunk with no synchronisation
+inside a chunk (the device queue never fills), the device is synchronised between chunks
+outside the timed region, and the median time per call over chunks is reported.
+
+    PYTHONPATH=build/python python3 tools/bench/py_overhead.py            # CUDA torch tensors
+    PYTHONPATH=build/python python3 tools/bench/py_overhead.py --device cpu   # NumPy/torch CPU
+
+Without torch (or with --device cpu and no torch) the kreg calls use NumPy arrays on the
+CPU, and the CPU reference kernels' time is included.
+"""
+
+import argparse
+import os
+import pathlib
+import statistics
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "build" / "python"))
+
+import kreg  # noqa: E402
+
+try:
+    import torch
+except ImportError:
+    torch = None
+
+
+def per_call_us(fn, calls, chunk, sync):
+    """Median host microseconds per call of fn() over chunks of `chunk` calls."""
+    for _ in range(min(chunk, 100)):
+        fn()
+    sync()
+    times = []
+    done = 0
+    while done < calls:
+        n = min(chunk, calls - done)
+        t0 = time.perf_counter_ns()
+        for _ in range(n):
+            fn()
+        t1 = time.perf_counter_ns()
+        sync()
+        times.append((t1 - t0) / n / 1e3)
+        done += n
+    return statistics.median(times)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--manifest", default=os.environ.get("KREG_MANIFEST", str(ROOT / "registry.yaml")))
+    parser.add_argument("--device", choices=["cuda", "cpu"], default=None,
+                        help="default: cuda when torch sees a GPU, else cpu")
+    parser.add_argument("--calls", type=int, default=200_000, help="timed calls per measurement")
+    parser.add_argument("--chunk", type=int, default=200, help="calls between synchronisations")
+    parser.add_argument("--width", type=int, default=128, help="hidden size (tokens: 1)")
+    args = parser.parse_args()
+
+    have_cuda = torch is not None and torch.cuda.is_available()
+    device = args.device or ("cuda" if have_cuda else "cpu")
+    if device == "cuda" and not have_cuda:
+        sys.exit("py_overhead: --device cuda needs torch with a CUDA device")
+
+    reg = kreg.open(args.manifest)
+    rmsnorm = reg.op("layernorm.rmsnorm")
+    silu = reg.op("activation.silu_and_mul")
+    h = args.width
+    rows = []
+
+    if torch is not None:
+        dt = torch.bfloat16 if device == "cuda" else torch.float32
+        x = torch.randn(1, h, dtype=dt, device=device)
+        w = torch.ones(h, dtype=dt, device=device)
+        out = torch.empty_like(x)
+        x2 = torch.randn(1, 2 * h, dtype=dt, device=device)
+        out2 = torch.empty(1, h, dtype=dt, device=device)
+        a, b, c = torch.randn(1, h, dtype=dt, device=device), torch.randn(1, h, dtype=dt, device=device), torch.empty(1, h, dtype=dt, device=device)
+        sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+        kind = f"torch {device} {str(dt).replace('torch.', '')}"
+        rows.append((f"kreg layernorm.rmsnorm(x, w, out)      1x{h}", lambda: rmsnorm(x, w, out)))
+        rows.append((f"kreg layernorm.rmsnorm(..., eps=1e-6)  1x{h}", lambda: rmsnorm(x, w, out, eps=1e-6)))
+        rows.append((f"kreg activation.silu_and_mul(x, out)   1x{h}", lambda: silu(x2, out2)))
+        rows.append((f"kreg reg.ops.layernorm.rmsnorm(...)    1x{h}", lambda: reg.ops.layernorm.rmsnorm(x, w, out)))
+        rows.append((f"torch.add(a, b, out=c)                 1x{h}", lambda: torch.add(a, b, out=c)))
+        rows.append((f"torch.nn.functional.silu(a)            1x{h}", lambda: torch.nn.functional.silu(a)))
+        # The pieces of the kreg path, for reading the figures above.
+        rows.append(("  piece: x.__dlpack__() (torch's Python exporter)", lambda: x.__dlpack__()))
+        rows.append(("  piece: torch._C._to_dlpack(x) (what kreg uses)", lambda: torch._C._to_dlpack(x)))
+        if device == "cuda":
+            raw = torch._C._cuda_getCurrentRawStream
+            rows.append(("  piece: torch._C._cuda_getCurrentRawStream(0)", lambda: raw(0)))
+            rows.append(("  piece: torch.cuda.current_stream().cuda_stream", lambda: torch.cuda.current_stream().cuda_stream))
+    else:
+        import numpy as np
+
+        kind = "numpy cpu f32"
+        x = np.random.randn(1, h).astype(np.float32)
+        w = np.ones(h, np.float32)
+        out = np.empty_like(x)
+        x2 = np.random.randn(1, 2 * h).astype(np.float32)
+        out2 = np.empty((1, h), np.float32)
+        a, b, c = x.copy(), x.copy(), np.empty_like(x)
+        sync = lambda: None  # noqa: E731
+        rows.append((f"kreg layernorm.rmsnorm(x, w, out)      1x{h}", lambda: rmsnorm(x, w, out)))
+        rows.append((f"kreg activation.silu_and_mul(x, out)   1x{h}", lambda: silu(x2, out2)))
+        rows.append((f"numpy.add(a, b, out=c)                 1x{h}", lambda: np.add(a, b, out=c)))
+        rows.append(("  piece: x.__dlpack__()", lambda: x.__dlpack__()))
+        rows.append(("  piece: x.__dlpack_device__()", lambda: x.__dlpack_device__()))
+
+    rows.append(("  piece: an empty Python lambda call", lambda: None))
+    print(f"Python call overhead, {kind}, {args.calls} calls, median over chunks of {args.chunk} "
+          f"(python {sys.version.split()[0]}{', torch ' + torch.__version__ if torch else ''})")
+    if device == "cuda":
+        print(f"device: {torch.cuda.get_device_name()}")
+    for label, fn in rows:
+        us = per_call_us(fn, args.calls, args.chunk, sync)
+        print(f"{label:<55} {us:8.3f} us/call")
+    print(f"resolved: rmsnorm -> {rmsnorm.resolved_backend}, silu_and_mul -> {silu.resolved_backend}")
+
+
+if __name__ == "__main__":
+    main()
