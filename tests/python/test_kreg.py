@@ -341,6 +341,8 @@ def bad_call_cases(kind):
         ("bool for float", (x, w, out), {"eps": True}, TypeError, "'eps' must be float"),
         ("not a tensor", (x, 3.0, out), {}, TypeError, "argument 2 \\(weight\\)"),
         ("None tensor", (None, w, out), {}, TypeError, "argument 1 \\(x\\)"),
+        # None is an omitted optional tensor ('Tensor?'); weight is required.
+        ("None for a required tensor", (x, None, out), {}, kreg.InvalidArgument, "weight"),
         ("a list", (x, w, [1.0] * 16), {}, TypeError, "argument 3 \\(out\\)"),
         ("wrong dtype", (x64, kind.tensor(randn((16,)).astype(np.float64)), out), {},
          kreg.InvalidArgument, "dtype f64"),

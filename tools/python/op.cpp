@@ -403,6 +403,11 @@ PyObject* op_vectorcall(PyObject* self, PyObject* const* args, size_t nargsf, Py
   for (int i = 0; i < s.num_tensors; ++i) {
     if (exported[i]) continue;
     PyObject* obj = args[i];
+    if (obj == Py_None) {
+      // An omitted optional tensor ('Tensor?'): the core checks that this one may be null.
+      tensors[i] = nullptr;
+      continue;
+    }
     if (torch_fast &&
         PyObject_TypeCheck(obj, reinterpret_cast<PyTypeObject*>(torch->tensor_type)) &&
         torch_export(i)) {
