@@ -138,7 +138,8 @@ Result<KernelSpec> make_kernel_spec(const kreg_kernel_desc& d, const Provenance&
   std::string have = d.arg_kinds ? d.arg_kinds : "";
   if (want != have) {
     return fail("signature declares argument kinds '" + want + "' but the bound function takes '" +
-                have + "' (T tensor, i int, f float, b bool, s str)");
+                have +
+                "' (T tensor, O optional tensor as a pointer, i int, f float, b bool, s str)");
   }
   if (s.signature.name != s.name()) {
     return fail("signature names the op '" + s.signature.name + "', expected '" +

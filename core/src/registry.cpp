@@ -81,6 +81,7 @@ std::unique_ptr<Impl> make_impl(const KernelSpec& spec) {
   int ti = 0, ai = 0;
   for (const Param& p : sig.params) {
     if (p.kind == ArgKind::kTensor) {
+      if (p.optional) plan.optional_mask |= 1u << ti;
       detail::TensorRule& r = plan.tensors[ti++];
       r.dtypes = p.dtypes;
       r.ndim = p.ranked ? static_cast<int8_t>(p.dims.size()) : int8_t{-1};
@@ -107,37 +108,44 @@ std::unique_ptr<Impl> make_impl(const KernelSpec& spec) {
   struct FirstUse {
     int tensor = -1, dim = 0, coef = 1;
   } first[kMaxSymbols];
-  for (int i = 0; i < plan.num_tensors; ++i) {
-    const detail::TensorRule& r = plan.tensors[i];
-    plan.fast[i].ndim = r.ndim;
-    plan.fast[i].dtypes = r.dtypes;
-    if (r.dtypes == 0 && plan.first_shared < 0) plan.first_shared = static_cast<int8_t>(i);
-    for (int k = 0; k < r.ndim; ++k) {
-      const DimExpr& e = r.dims[k];
-      if (e.symbol >= 0 && first[e.symbol].tensor < 0) {
-        first[e.symbol] = {i, k, e.coef};
-        if (e.coef != 1) {
-          detail::DimDivisor& d = plan.divisors[plan.num_divisors++];
-          d.tensor = static_cast<uint8_t>(i);
-          d.dim = static_cast<uint8_t>(k);
-          d.coef = e.coef;
-          d.mask = (e.coef & (e.coef - 1)) == 0 ? e.coef - 1 : 0;
+  // Required tensors first: they bind every symbol (the schema guarantees it), so the
+  // steps of optional tensors only ever compare with required ones and can be skipped.
+  for (int pass = 0; pass < 2; ++pass) {
+    for (int i = 0; i < plan.num_tensors; ++i) {
+      const bool optional = (plan.optional_mask >> i) & 1u;
+      if (optional != (pass == 1)) continue;
+      const detail::TensorRule& r = plan.tensors[i];
+      plan.fast[i].ndim = r.ndim;
+      plan.fast[i].dtypes = r.dtypes;
+      if (r.dtypes == 0 && plan.first_shared < 0) plan.first_shared = static_cast<int8_t>(i);
+      for (int k = 0; k < r.ndim; ++k) {
+        const DimExpr& e = r.dims[k];
+        if (e.symbol >= 0 && first[e.symbol].tensor < 0) {
+          first[e.symbol] = {i, k, e.coef};
+          if (e.coef != 1) {
+            detail::DimDivisor& d = plan.divisors[plan.num_divisors++];
+            d.tensor = static_cast<uint8_t>(i);
+            d.dim = static_cast<uint8_t>(k);
+            d.coef = e.coef;
+            d.mask = (e.coef & (e.coef - 1)) == 0 ? e.coef - 1 : 0;
+          }
+          continue;
         }
-        continue;
+        detail::DimPair& p = plan.pairs[plan.num_pairs + plan.num_opt_pairs];
+        (optional ? plan.num_opt_pairs : plan.num_pairs)++;
+        p.ta = static_cast<uint8_t>(i);
+        p.da = static_cast<uint8_t>(k);
+        if (e.symbol < 0) {
+          p.tb = detail::DimPair::kLiteral;
+          p.literal = e.literal;
+          continue;
+        }
+        const FirstUse& f = first[e.symbol];
+        p.tb = static_cast<uint8_t>(f.tensor);
+        p.db = static_cast<uint8_t>(f.dim);
+        p.ca = e.coef;
+        p.cb = f.coef;
       }
-      detail::DimPair& p = plan.pairs[plan.num_pairs++];
-      p.ta = static_cast<uint8_t>(i);
-      p.da = static_cast<uint8_t>(k);
-      if (e.symbol < 0) {
-        p.tb = detail::DimPair::kLiteral;
-        p.literal = e.literal;
-        continue;
-      }
-      const FirstUse& f = first[e.symbol];
-      p.tb = static_cast<uint8_t>(f.tensor);
-      p.db = static_cast<uint8_t>(f.dim);
-      p.ca = e.coef;
-      p.cb = f.coef;
     }
   }
   // Point string defaults at storage only now: the vector no longer moves.
@@ -184,7 +192,10 @@ CheckResult CheckPlan::diagnose(std::span<DLTensor* const> t, std::span<const kr
   for (int i = 0; i < num_tensors; ++i) {
     const DLTensor* x = t[static_cast<size_t>(i)];
     const auto arg = static_cast<int8_t>(i);
-    if (x == nullptr) return {CheckFailure::kNullTensor, arg};
+    if (x == nullptr) {
+      if ((optional_mask >> i) & 1u) continue;
+      return {CheckFailure::kNullTensor, arg};
+    }
     if (x->device.device_type != device_type) return {CheckFailure::kDevice, arg};
     if (i == 0) {
       device_id = x->device.device_id;

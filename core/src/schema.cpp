@@ -40,7 +40,7 @@ char arg_kind_code(ArgKind k) {
 
 std::string Signature::arg_kinds() const {
   std::string s;
-  for (const Param& p : params) s += arg_kind_code(p.kind);
+  for (const Param& p : params) s += p.optional ? 'O' : arg_kind_code(p.kind);
   return s;
 }
 
@@ -93,6 +93,7 @@ class SchemaParser {
     if (!ident(&sig.name)) return error("an op name");
     if (!expect('(')) return error("'(' after the op name");
     skip_ws();
+    std::vector<bool> bound;  // per symbol: used by a required tensor
     if (!peek(')')) {
       do {
         Param p;
@@ -102,6 +103,12 @@ class SchemaParser {
           if (q.name == p.name) return fail("duplicate parameter name '" + p.name + "'");
         }
         if (p.kind == ArgKind::kTensor) {
+          if (!p.optional) {
+            bound.resize(sig.symbols.size());
+            for (const DimExpr& d : p.dims) {
+              if (d.symbol >= 0) bound[static_cast<size_t>(d.symbol)] = true;
+            }
+          }
           ++sig.num_tensors;
         } else {
           ++sig.num_attrs;
@@ -110,6 +117,16 @@ class SchemaParser {
       } while (accept(','));
     }
     if (!expect(')')) return error("',' or ')'");
+    for (const Param& q : sig.params) {
+      if (!q.optional) continue;
+      for (const DimExpr& d : q.dims) {
+        const auto s = static_cast<size_t>(d.symbol);
+        if (d.symbol >= 0 && (s >= bound.size() || !bound[s])) {
+          return fail("dimension '" + sig.symbols[static_cast<size_t>(d.symbol)] +
+                      "' of optional tensor '" + q.name + "' is not used by any required tensor");
+        }
+      }
+    }
     if (!expect('-') || !expect('>')) return error("'->' after the parameter list");
     if (!expect('(') || !expect(')')) {
       return error("'()' as the return (outputs are passed as Tensor(a!) parameters)");
@@ -125,6 +142,10 @@ class SchemaParser {
     if (!ident(&type)) return error("a parameter type (Tensor, int, float, bool, str)");
     if (type == "Tensor") {
       p->kind = ArgKind::kTensor;
+      p->optional = accept('?');
+      if (p->optional && sig.num_tensors == 0) {
+        return fail("the first tensor cannot be optional (it decides the call's device)");
+      }
       if (accept('<')) {
         do {
           std::string dt;

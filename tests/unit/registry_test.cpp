@@ -328,6 +328,44 @@ TEST_F(CheckTest, NamedAttributes) {
   EXPECT_NE(wrong.status().message().find("attribute 'k' must be int"), std::string::npos);
 }
 
+// out = x * alpha (+ bias when given): an optional tensor arrives as a pointer.
+KernelStatus scale_bias(Context&, const DLTensor& x, const DLTensor* bias, DLTensor& out,
+                        double alpha) {
+  for (int64_t i = 0; i < numel(x); ++i) {
+    const float b = bias ? data_ptr<float>(*bias)[i % bias->shape[0]] : 0.0f;
+    data_ptr<float>(out)[i] = static_cast<float>(alpha) * data_ptr<float>(x)[i] + b;
+  }
+  return kOk;
+}
+
+TEST_F(RegistryTest, OptionalTensorsMayBeNullAndAreCheckedWhenGiven) {
+  ASSERT_TRUE(reg.add(spec("g.scale", "cpu", bind<&scale_bias>, 0,
+                           "scale(Tensor[N,H] x, Tensor?[H] bias, Tensor(a!)[N,H] out, "
+                           "float alpha=2.0) -> ()",
+                           "f32"))
+                  .ok());
+  Vec x({2, 4}), bias({4}), out({2, 4}), bad_bias({3});
+  bias.data_[1] = 10.0f;
+  DLTensor* with[] = {&x.t, &bias.t, &out.t};
+  DLTensor* without[] = {&x.t, nullptr, &out.t};
+  auto h = reg.resolve("g.scale", without);
+  ASSERT_TRUE(h.ok()) << h.status().message();
+  ASSERT_TRUE(h->call(without).ok());
+  EXPECT_FLOAT_EQ(out.data_[1], 3.0f);
+  ASSERT_TRUE(h->call(with).ok());
+  EXPECT_FLOAT_EQ(out.data_[1], 3.0f + 10.0f);
+  EXPECT_FLOAT_EQ(out.data_[5], 3.0f + 10.0f);
+  DLTensor* wrong[] = {&x.t, &bad_bias.t, &out.t};
+  Status st = h->call(wrong);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("'bias'"), std::string::npos) << st.message();
+  // A required tensor is still required.
+  DLTensor* no_out[] = {&x.t, &bias.t, nullptr};
+  st = h->call(no_out);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("'out'"), std::string::npos) << st.message();
+}
+
 TEST_F(RegistryTest, KernelErrorsCarryOpAndMessage) {
   ASSERT_TRUE(reg.add(spec("g.fail", "cpu", bind<&failing>)).ok());
   Vec x({8}), out({8});

@@ -80,6 +80,15 @@ TEST(Schema, EmptyParameterList) {
   EXPECT_EQ(sig->params.size(), 0u);
 }
 
+TEST(Schema, OptionalTensors) {
+  auto sig = parse_signature("f(Tensor[T,E] x, Tensor?<f32>[E] bias, Tensor(a!)[T] out) -> ()");
+  ASSERT_TRUE(sig.ok()) << sig.status().message();
+  EXPECT_EQ(sig->arg_kinds(), "TOT");
+  EXPECT_TRUE(sig->params[1].optional);
+  EXPECT_FALSE(sig->params[0].optional);
+  EXPECT_EQ(sig->params[1].dtypes, mask_of(DType::kF32));
+}
+
 struct BadCase {
   const char* text;
   const char* expect;  // substring of the error
@@ -113,7 +122,10 @@ INSTANTIATE_TEST_SUITE_P(
                       BadCase{"f(bool b=yes) -> ()", "must be true or false"},
                       BadCase{"f(str s=abc) -> ()", "quoted string default"},
                       BadCase{"f(Tensor x) -> () extra", "expected the end of the signature"},
-                      BadCase{"f(Tensor[T,H x) -> ()", "expected ',' or ']'"}));
+                      BadCase{"f(Tensor[T,H x) -> ()", "expected ',' or ']'"},
+                      BadCase{"f(Tensor? x, Tensor y) -> ()", "first tensor cannot be optional"},
+                      BadCase{"f(Tensor[T] x, Tensor?[E] b) -> ()",
+                              "dimension 'E' of optional tensor 'b' is not used by any"}));
 
 }  // namespace
 }  // namespace kreg

@@ -5,7 +5,8 @@
  * - A MAJOR change (KREG_ABI_MAJOR) removes, retypes or reorders a field of any struct
  *   below, or changes the meaning of a value. The core refuses a plugin whose major
  *   differs from its own, with a message naming both.
- * - A MINOR change (KREG_ABI_MINOR) only appends fields at the end of a struct. Every
+ * - A MINOR change (KREG_ABI_MINOR) only appends fields at the end of a struct, or adds
+ *   a meaning an older peer refuses cleanly (1.1: optional tensors, arg kind 'O'). Every
  *   struct starts with `struct_size`; a reader uses a field only when
  *   `struct_size >= offsetof(field) + sizeof(field)` (see KREG_STRUCT_HAS), so a newer
  *   core reads an older plugin and the reverse.
@@ -33,7 +34,7 @@ extern "C" {
 #endif
 
 #define KREG_ABI_MAJOR 1
-#define KREG_ABI_MINOR 0
+#define KREG_ABI_MINOR 1
 
 /* The one symbol every plugin exports (a function returning its descriptor). */
 #define KREG_PLUGIN_ENTRY_SYMBOL "kreg_plugin_entry"
@@ -91,7 +92,8 @@ typedef struct kreg_attr {
 /* One call. Tensors and attributes appear in the order of the signature; every
  * attribute is present (the core fills in defaults). `stream` is the device stream the
  * kernel enqueues on (cudaStream_t for CUDA; NULL means the legacy default stream) and
- * is ignored by CPU kernels, which run synchronously. */
+ * is ignored by CPU kernels, which run synchronously. A tensor the signature marks
+ * optional ('Tensor?', ABI 1.1) is NULL when the caller omitted it. */
 typedef struct kreg_call_frame {
   size_t struct_size;
   DLTensor* const* tensors;

@@ -112,6 +112,15 @@ template <>
 struct ArgKind<const DLTensor&> {
   static constexpr char kind = 'T';
 };
+// Optional tensors ('Tensor?' in the signature): null when the caller omitted them.
+template <>
+struct ArgKind<DLTensor*> {
+  static constexpr char kind = 'O';
+};
+template <>
+struct ArgKind<const DLTensor*> {
+  static constexpr char kind = 'O';
+};
 template <>
 struct ArgKind<int64_t> {
   static constexpr char kind = 'i';
@@ -153,9 +162,10 @@ struct FnTraits<KernelStatus (*)(Context&, Ps...)> {
 // Index of parameter I among the tensors (if a tensor) or among the attributes.
 template <size_t I, size_t N>
 constexpr int index_among(const char (&kinds)[N]) {
-  const bool tensor = kinds[I] == 'T';
+  auto is_tensor = [](char k) { return k == 'T' || k == 'O'; };
+  const bool tensor = is_tensor(kinds[I]);
   int n = 0;
-  for (size_t j = 0; j < I; ++j) n += ((kinds[j] == 'T') == tensor) ? 1 : 0;
+  for (size_t j = 0; j < I; ++j) n += (is_tensor(kinds[j]) == tensor) ? 1 : 0;
   return n;
 }
 
@@ -163,6 +173,8 @@ template <typename P, char K>
 inline P decode(const kreg_call_frame* f, int idx) {
   if constexpr (K == 'T') {
     return *f->tensors[idx];
+  } else if constexpr (K == 'O') {
+    return f->tensors[idx];
   } else if constexpr (K == 'i') {
     return static_cast<P>(f->attrs[idx].value.i);
   } else if constexpr (K == 'f') {

@@ -109,6 +109,7 @@ struct CheckPlan {
   int8_t num_attrs = 0;
   int8_t num_required_attrs = 0;  // attributes up to the last one without a default
   int8_t num_symbols = 0;
+  uint32_t optional_mask = 0;  // bit i: tensor i may be null ('Tensor?')
   TensorRule tensors[kMaxTensors];
   int32_t attr_types[kMaxAttrs] = {};
   kreg_attr defaults[kMaxAttrs] = {};
@@ -116,7 +117,8 @@ struct CheckPlan {
   // packed DLPack dtypes the shared variable admits, and the shape steps.
   int8_t first_shared = -1;
   uint8_t num_shared_words = 0;
-  uint8_t num_pairs = 0;
+  uint8_t num_pairs = 0;      // shape steps between required tensors
+  uint8_t num_opt_pairs = 0;  // then steps from optional tensors (skipped when null)
   uint8_t num_divisors = 0;
   uint32_t shared_words[static_cast<int>(DType::kCount)] = {};
   FastTensor fast[kMaxTensors];
@@ -246,7 +248,11 @@ inline bool CheckPlan::accepts(std::span<DLTensor* const> t, std::span<const kre
     }
     for (size_t i = 0; i < n; ++i) {
       const DLTensor* x = t[i];
-      if (x == nullptr || device_word(x->device) != dev0) [[unlikely]]
+      if (x == nullptr) [[unlikely]] {
+        if ((optional_mask >> i) & 1u) continue;
+        return false;
+      }
+      if (device_word(x->device) != dev0) [[unlikely]]
         return false;
       const FastTensor& f = fast[i];
       if (f.dtypes == 0) {
@@ -271,6 +277,14 @@ inline bool CheckPlan::accepts(std::span<DLTensor* const> t, std::span<const kre
     }
     for (int i = 0; i < num_pairs; ++i) {
       const DimPair& p = pairs[i];
+      const int64_t lhs = t[p.ta]->shape[p.da] * p.cb;
+      const int64_t rhs = p.tb == DimPair::kLiteral ? p.literal : t[p.tb]->shape[p.db] * p.ca;
+      if (lhs != rhs) [[unlikely]]
+        return false;
+    }
+    for (int i = num_pairs; i < num_pairs + num_opt_pairs; ++i) {
+      const DimPair& p = pairs[i];
+      if (t[p.ta] == nullptr) continue;
       const int64_t lhs = t[p.ta]->shape[p.da] * p.cb;
       const int64_t rhs = p.tb == DimPair::kLiteral ? p.literal : t[p.tb]->shape[p.db] * p.ca;
       if (lhs != rhs) [[unlikely]]

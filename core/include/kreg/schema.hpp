@@ -6,7 +6,7 @@
 // Grammar (whitespace is free):
 //   signature := NAME '(' [param (',' param)*] ')' '->' '(' ')'
 //   param     := tensor | attr
-//   tensor    := 'Tensor' ['<' DTYPE ('|' DTYPE)* '>'] ['(' ALIAS ['!'] ')']
+//   tensor    := 'Tensor' ['?'] ['<' DTYPE ('|' DTYPE)* '>'] ['(' ALIAS ['!'] ')']
 //                ['[' dim (',' dim)* ']'] NAME
 //   dim       := INT | [INT '*'] SYMBOL          e.g. 4096, H, 2*D
 //   attr      := ('int' | 'float' | 'bool' | 'str') NAME ['=' LITERAL]
@@ -16,6 +16,10 @@
 // with "out" is write-only (PyTorch's out= convention), any other is read and written in
 // place (tools count bytes and build inputs from this). Attributes with a default may be
 // omitted by callers; all attributes follow all tensors they relate to in any order.
+// 'Tensor?' is an optional tensor: callers pass a null DLTensor* to omit it, and the
+// kernel's typed parameter is a pointer (`const DLTensor*`, null when absent). An
+// optional tensor is never the first tensor, and its named dimensions must be bound by a
+// required tensor (so a call's shape check never depends on what was omitted).
 #pragma once
 
 #include <cstdint>
@@ -45,10 +49,11 @@ struct Param {
   std::string name;
   ArgKind kind = ArgKind::kTensor;
   // Tensors.
-  DTypeMask dtypes = 0;  // 0: the implementation's shared dtype
-  std::string alias;     // "a" in Tensor(a!)
-  bool mutated = false;  // '!'
-  bool ranked = false;   // dims given
+  DTypeMask dtypes = 0;   // 0: the implementation's shared dtype
+  std::string alias;      // "a" in Tensor(a!)
+  bool mutated = false;   // '!'
+  bool optional = false;  // 'Tensor?': may be passed as null
+  bool ranked = false;    // dims given
   std::vector<DimExpr> dims;
   // Attributes.
   bool has_default = false;
@@ -68,7 +73,7 @@ struct Signature {
   int num_attrs = 0;
   std::string text;  // as registered
 
-  std::string arg_kinds() const;  // e.g. "TTTf"
+  std::string arg_kinds() const;  // e.g. "TTTf"; an optional tensor is 'O'
   const Param* find(std::string_view name) const;
   // Index of the n-th tensor / attribute parameter in params.
   const Param& tensor(int n) const;
