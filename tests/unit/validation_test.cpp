@@ -432,8 +432,9 @@ INSTANTIATE_TEST_SUITE_P(
         PluginCase{"crash_abort_init", "library-loads", {"killed by SIGABRT", "in its init hook"}},
         PluginCase{"crash_throw_static",
                    "library-loads",
-                   {"a static initializer threw an exception",
-                    "crash fixture: the lookup table could not be built"}},
+                   // Where the plugin's libstdc++ is not the core's, the child's
+                   // terminate handler does not see the throw: a plain SIGABRT then.
+                   {"static initializer", "crash fixture: the lookup table could not be built"}},
         PluginCase{
             "crash_exit_init", "library-loads", {"exited with status 3", "in its init hook"}},
         PluginCase{"crash_hang_static",

@@ -41,6 +41,7 @@ CASES_DIR = pathlib.Path(__file__).resolve().parent / "cases"
 sys.path.insert(0, str(ROOT / "build" / "python"))
 
 import torch  # noqa: E402
+import torch._dynamo  # noqa: E402
 
 SMALL_SETS = 4  # input sets rotated inside a captured graph
 MAX_SETS = 64
@@ -221,8 +222,6 @@ def run_case(reg, case, args, copy_gbps):
     us_compile, note = None, ""
     if not args.no_compile:
         try:
-            import torch._dynamo
-
             torch._dynamo.reset()  # cases share their lambdas' code objects: no recompile limit
             compiled = torch.compile(torch_fn, mode="default", dynamic=False)
             cgot = tuple(compiled(clone_set(sets[0])))
