@@ -59,7 +59,7 @@ class TorchKind:
         self.cuda = device == "cuda"
 
     def tensor(self, a):
-        return torch.from_numpy(np.ascontiguousarray(a)).to(self.device)
+        return torch.from_numpy(np.array(a, order="C", copy=True)).to(self.device)  # a copy: in-place ops must not change the caller's inputs
 
     def empty(self, shape, dtype):
         dt = {np.float32: torch.float32, np.float16: torch.float16}[np.dtype(dtype).type]
