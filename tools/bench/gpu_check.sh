@@ -20,6 +20,9 @@ echo "ctest: $(tail -n 3 "$out/ctest.log" | head -n 1)"
 grep -E "Failed|SKIPPED|Skipped" "$out/ctest.log" | head -20
 
 ./build/tools/host/kreg-host | tee "$out/host.log" | tail -n 6
+# Hot swapping on the GPU: the in-flight swap test's figures, then the developer loop.
+./build/tests/unit/reload_gpu_test 2>&1 | grep -E "GPU hot swap|OK|FAILED"
+tools/bench/hot_swap_demo.sh build 4 2>&1 | tee "$out/hot_swap.log" | grep -vE "^    " | tail -n 25
 
 kreg=./build/tools/kreg
 bench() { "$kreg" bench "$@" --reps 200 2>&1 | tee -a "$out/bench.log"; }

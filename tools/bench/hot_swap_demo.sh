@@ -15,7 +15,7 @@ build=${1:-build}
 threads=${2:-4}
 plugins=$build/plugins
 log=$(mktemp)
-"$build/tools/host/kreg-host" --watch --stress "$threads" --duration 30 >"$log" 2>&1 &
+"$build/tools/host/kreg-host" --watch --stress "$threads" --duration 40 >"$log" 2>&1 &
 host=$!
 sleep 3
 
