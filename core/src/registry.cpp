@@ -82,6 +82,7 @@ std::unique_ptr<Impl> make_impl(const KernelSpec& spec) {
   for (const Param& p : sig.params) {
     if (p.kind == ArgKind::kTensor) {
       if (p.optional) plan.optional_mask |= 1u << ti;
+      if (p.host_ok) plan.host_ok_mask |= 1u << ti;
       detail::TensorRule& r = plan.tensors[ti++];
       r.dtypes = p.dtypes;
       r.ndim = p.ranked ? static_cast<int8_t>(p.dims.size()) : int8_t{-1};
@@ -196,11 +197,14 @@ CheckResult CheckPlan::diagnose(std::span<DLTensor* const> t, std::span<const kr
       if ((optional_mask >> i) & 1u) continue;
       return {CheckFailure::kNullTensor, arg};
     }
-    if (x->device.device_type != device_type) return {CheckFailure::kDevice, arg};
-    if (i == 0) {
-      device_id = x->device.device_id;
-    } else if (x->device.device_id != device_id) {
-      return {CheckFailure::kDeviceMismatch, arg};
+    const bool host = ((host_ok_mask >> i) & 1u) && is_host_memory(x->device);
+    if (!host) {
+      if (x->device.device_type != device_type) return {CheckFailure::kDevice, arg};
+      if (i == 0) {
+        device_id = x->device.device_id;
+      } else if (x->device.device_id != device_id) {
+        return {CheckFailure::kDeviceMismatch, arg};
+      }
     }
     const TensorRule& r = tensors[i];
     if (r.dtypes == 0) {

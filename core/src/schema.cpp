@@ -146,6 +146,14 @@ class SchemaParser {
       if (p->optional && sig.num_tensors == 0) {
         return fail("the first tensor cannot be optional (it decides the call's device)");
       }
+      if (accept('@')) {
+        std::string where;
+        if (!ident(&where) || where != "host") return error("'host' after '@'");
+        if (sig.num_tensors == 0) {
+          return fail("the first tensor cannot be Tensor@host (it decides the call's device)");
+        }
+        p->host_ok = true;
+      }
       if (accept('<')) {
         do {
           std::string dt;

@@ -366,6 +366,35 @@ TEST_F(RegistryTest, OptionalTensorsMayBeNullAndAreCheckedWhenGiven) {
   EXPECT_NE(st.message().find("'out'"), std::string::npos) << st.message();
 }
 
+// out = x + (bias when given), where only the optional bias takes the shared dtype.
+KernelStatus add_bias(Context&, const DLTensor& x, const DLTensor* bias, DLTensor& out) {
+  for (int64_t i = 0; i < numel(x); ++i) {
+    data_ptr<float>(out)[i] = data_ptr<float>(x)[i] + (bias ? data_ptr<float>(*bias)[i] : 0.0f);
+  }
+  return kOk;
+}
+
+TEST_F(RegistryTest, AnOmittedOptionalTensorMayBeTheOnlyOneOfTheSharedDtype) {
+  ASSERT_TRUE(
+      reg.add(spec("g.addb", "cpu", bind<&add_bias>, 0,
+                   "addb(Tensor<f32>[N] x, Tensor?[N] bias, Tensor<f32>(a!)[N] out) -> ()", "f32"))
+          .ok());
+  Vec x({4}), bias({4}), out({4});
+  DLTensor* without[] = {&x.t, nullptr, &out.t};
+  auto h = reg.resolve("g.addb", without);
+  ASSERT_TRUE(h.ok()) << h.status().message();
+  Status st = h->call(without);
+  EXPECT_TRUE(st.ok()) << st.message();
+  EXPECT_FLOAT_EQ(out.data_[0], 1.5f);
+  DLTensor* with[] = {&x.t, &bias.t, &out.t};
+  ASSERT_TRUE(h->call(with).ok());
+  EXPECT_FLOAT_EQ(out.data_[0], 3.0f);
+  Vec f64({4}, DLDataType{kDLFloat, 64, 1});
+  DLTensor* wrong[] = {&x.t, &f64.t, &out.t};
+  st = h->call(wrong);
+  EXPECT_NE(st.message().find("'bias'"), std::string::npos) << st.message();
+}
+
 TEST_F(RegistryTest, KernelErrorsCarryOpAndMessage) {
   ASSERT_TRUE(reg.add(spec("g.fail", "cpu", bind<&failing>)).ok());
   Vec x({8}), out({8});

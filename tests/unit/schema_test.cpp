@@ -89,6 +89,15 @@ TEST(Schema, OptionalTensors) {
   EXPECT_EQ(sig->params[1].dtypes, mask_of(DType::kF32));
 }
 
+TEST(Schema, HostMemoryTensors) {
+  auto sig =
+      parse_signature("f(Tensor<i64>[N] idx, Tensor@host[M,R] src, Tensor(a!)[M,R] dst) -> ()");
+  ASSERT_TRUE(sig.ok()) << sig.status().message();
+  EXPECT_TRUE(sig->params[1].host_ok);
+  EXPECT_FALSE(sig->params[2].host_ok);
+  EXPECT_EQ(sig->arg_kinds(), "TTT");
+}
+
 struct BadCase {
   const char* text;
   const char* expect;  // substring of the error
@@ -124,6 +133,8 @@ INSTANTIATE_TEST_SUITE_P(
                       BadCase{"f(Tensor x) -> () extra", "expected the end of the signature"},
                       BadCase{"f(Tensor[T,H x) -> ()", "expected ',' or ']'"},
                       BadCase{"f(Tensor? x, Tensor y) -> ()", "first tensor cannot be optional"},
+                      BadCase{"f(Tensor@host x) -> ()", "first tensor cannot be Tensor@host"},
+                      BadCase{"f(Tensor x, Tensor@device y) -> ()", "expected 'host' after '@'"},
                       BadCase{"f(Tensor[T] x, Tensor?[E] b) -> ()",
                               "dimension 'E' of optional tensor 'b' is not used by any"}));
 

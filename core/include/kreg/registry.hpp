@@ -110,6 +110,7 @@ struct CheckPlan {
   int8_t num_required_attrs = 0;  // attributes up to the last one without a default
   int8_t num_symbols = 0;
   uint32_t optional_mask = 0;  // bit i: tensor i may be null ('Tensor?')
+  uint32_t host_ok_mask = 0;   // bit i: tensor i may be in host memory ('Tensor@host')
   TensorRule tensors[kMaxTensors];
   int32_t attr_types[kMaxAttrs] = {};
   kreg_attr defaults[kMaxAttrs] = {};
@@ -224,6 +225,12 @@ inline uint64_t rank_dtype_word(int32_t ndim, uint32_t dtype) {
   return static_cast<uint32_t>(ndim) | (uint64_t{dtype} << 32);
 }
 
+// Host memory a device may read: page-locked (kDLCUDAHost) or plain CPU as PyTorch
+// exports pinned tensors (the kernel verifies the pointer is page-locked).
+inline bool is_host_memory(DLDevice d) {
+  return d.device_type == kDLCUDAHost || d.device_type == kDLCPU;
+}
+
 inline bool CheckPlan::accepts(std::span<DLTensor* const> t, std::span<const kreg_attr> a) const {
   const size_t n = t.size();
   if (n != static_cast<size_t>(num_tensors) || a.size() > static_cast<size_t>(num_attrs) ||
@@ -238,13 +245,21 @@ inline bool CheckPlan::accepts(std::span<DLTensor* const> t, std::span<const kre
     uint32_t shared = 0;
     if (first_shared >= 0) {
       const DLTensor* s = t[static_cast<size_t>(first_shared)];
-      if (s == nullptr) [[unlikely]]
-        return false;
-      shared = pack_dtype(s->dtype);
-      int k = 0;
-      while (k < num_shared_words && shared_words[k] != shared) ++k;
-      if (k == num_shared_words) [[unlikely]]
-        return false;
+      if (s == nullptr) [[unlikely]] {
+        // Only optional tensors take the shared dtype: the first one given decides.
+        for (size_t i = static_cast<size_t>(first_shared) + 1; s == nullptr && i < n; ++i) {
+          if (fast[i].dtypes == 0) s = t[i];
+        }
+      }
+      if (s != nullptr) [[likely]] {
+        shared = pack_dtype(s->dtype);
+        int k = 0;
+        while (k < num_shared_words && shared_words[k] != shared) ++k;
+        if (k == num_shared_words) [[unlikely]]
+          return false;
+      } else if (!((optional_mask >> first_shared) & 1u)) {
+        return false;  // a required tensor is null
+      }                // else every tensor of the shared dtype was omitted: nothing to agree on
     }
     for (size_t i = 0; i < n; ++i) {
       const DLTensor* x = t[i];
@@ -252,8 +267,9 @@ inline bool CheckPlan::accepts(std::span<DLTensor* const> t, std::span<const kre
         if ((optional_mask >> i) & 1u) continue;
         return false;
       }
-      if (device_word(x->device) != dev0) [[unlikely]]
-        return false;
+      if (device_word(x->device) != dev0) [[unlikely]] {
+        if (!((host_ok_mask >> i) & 1u) || !is_host_memory(x->device)) return false;
+      }
       const FastTensor& f = fast[i];
       if (f.dtypes == 0) {
         const uint64_t word = rank_dtype_word(*x);

@@ -6,7 +6,7 @@
 // Grammar (whitespace is free):
 //   signature := NAME '(' [param (',' param)*] ')' '->' '(' ')'
 //   param     := tensor | attr
-//   tensor    := 'Tensor' ['?'] ['<' DTYPE ('|' DTYPE)* '>'] ['(' ALIAS ['!'] ')']
+//   tensor    := 'Tensor' ['?'] ['@' 'host'] ['<' DTYPE ('|' DTYPE)* '>'] ['(' ALIAS ['!'] ')']
 //                ['[' dim (',' dim)* ']'] NAME
 //   dim       := INT | [INT '*'] SYMBOL          e.g. 4096, H, 2*D
 //   attr      := ('int' | 'float' | 'bool' | 'str') NAME ['=' LITERAL]
@@ -20,6 +20,10 @@
 // kernel's typed parameter is a pointer (`const DLTensor*`, null when absent). An
 // optional tensor is never the first tensor, and its named dimensions must be bound by a
 // required tensor (so a call's shape check never depends on what was omitted).
+// 'Tensor@host' may also live in host memory while the call runs on a device: page-locked
+// memory the device reads directly (DLPack kDLCUDAHost, or kDLCPU as PyTorch exports
+// pinned tensors; the kernel must check that the pointer is really page-locked). Never
+// the first tensor, which decides the call's device.
 #pragma once
 
 #include <cstdint>
@@ -53,6 +57,7 @@ struct Param {
   std::string alias;      // "a" in Tensor(a!)
   bool mutated = false;   // '!'
   bool optional = false;  // 'Tensor?': may be passed as null
+  bool host_ok = false;   // 'Tensor@host': may be in (page-locked) host memory
   bool ranked = false;    // dims given
   std::vector<DimExpr> dims;
   // Attributes.
