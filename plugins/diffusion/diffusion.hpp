@@ -64,9 +64,10 @@ KREG_DIFFUSION_HOST_DEVICE inline float timestep_frequency(const TimestepEmbeddi
 KernelStatus timestep_embedding_cpu(Context& ctx, const DLTensor& t, DLTensor& out, int64_t dim,
                                     bool flip_sin_to_cos, double downscale_freq_shift, double scale,
                                     int64_t max_period);
+// weight, bias: optional [H] tensors (null when omitted).
 KernelStatus norm_scale_shift_cpu(Context& ctx, const DLTensor& x, const DLTensor& scale,
-                                  const DLTensor& shift, const DLTensor& weight,
-                                  const DLTensor& bias, DLTensor& out, double eps, bool affine);
+                                  const DLTensor& shift, const DLTensor* weight,
+                                  const DLTensor* bias, DLTensor& out, double eps);
 KernelStatus residual_gate_add_cpu(Context& ctx, const DLTensor& residual, const DLTensor& x,
                                    const DLTensor& gate, DLTensor& out);
 KernelStatus group_norm_silu_cpu(Context& ctx, const DLTensor& x, const DLTensor& weight,
@@ -80,8 +81,8 @@ KernelStatus timestep_embedding_cuda(Context& ctx, const DLTensor& t, DLTensor& 
                                      bool flip_sin_to_cos, double downscale_freq_shift,
                                      double scale, int64_t max_period);
 KernelStatus norm_scale_shift_cuda(Context& ctx, const DLTensor& x, const DLTensor& scale,
-                                   const DLTensor& shift, const DLTensor& weight,
-                                   const DLTensor& bias, DLTensor& out, double eps, bool affine);
+                                   const DLTensor& shift, const DLTensor* weight,
+                                   const DLTensor* bias, DLTensor& out, double eps);
 KernelStatus residual_gate_add_cuda(Context& ctx, const DLTensor& residual, const DLTensor& x,
                                     const DLTensor& gate, DLTensor& out);
 KernelStatus group_norm_silu_cuda(Context& ctx, const DLTensor& x, const DLTensor& weight,

@@ -1,21 +1,21 @@
 // CUDA norm_scale_shift (adaLN modulation): out = layernorm(x) * (1 + scale) +
-// shift on rows of H elements, with an optional affine weight/bias applied to
-// the norm first.
+// shift on rows of H elements, with an optional weight and bias applied to the
+// norm first.
 //
-// Launch shape (layernorm's rmsnorm): a block row of blockDim.x threads owns
-// one row of x; each thread loads the same kItems vectors of kVec elements (16
-// bytes when H and every pointer allow) and keeps them in registers, in the
-// storage type, across two block reductions: the mean, then the sum of squared
-// deviations from it (two passes over registers, no cancellation). The
-// modulation rows (and the affine weight/bias) are loaded only for the final
-// pass, so they do not cost registers across the barriers; a [B,H] scale/shift
-// is re-read by S rows from L2. Rows longer than the register window (kItems *
-// blockDim.x vectors) re-read the remainder from L2 in each later pass. Short
-// rows stack blockDim.y rows into 256-thread blocks with a warp-only reduction.
-//
-// At B*S = 65536 rows of H = 3072 bf16: 384 threads a block (one 16-byte vector
-// each), 65536 blocks; every byte of x, out and a per-token scale/shift moves
-// once.
+// Launch shape. Each row is read from DRAM once and held in registers, in the
+// storage type, across two reductions (the mean, then the sum of squared
+// deviations from it: a true two-pass variance, no cancellation). Only then are
+// the modulation rows (and weight/bias) loaded, through the read-only path: a
+// [B,H] scale/shift row is shared by the S rows of its batch and comes from L1
+// or L2. The output is stored with an evict-first hint.
+//  - Rows of up to 512 16-byte vectors (H <= 4096 in bf16/f16, 2048 in f32): a
+//    warp (or an aligned group of 2..32 lanes for short rows) per row, kItems in
+//    {1, 2, 4, 8, 12, 16} vectors a lane, shuffle-only reductions (no barrier, no
+//    shared memory), four rows per 128-thread block. H = 3072 bf16 is 12 vectors
+//    a lane: 6 KB of loads in flight per warp, ~20+ warps per SM.
+//  - Longer rows and narrow vectors (odd H, misaligned views): blockDim.x lanes
+//    per row (up to 1024) with kItems vectors each and block reductions; the
+//    part of a row beyond the register window is re-read (from L2) per pass.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -23,6 +23,7 @@
 #include <cstdint>
 
 #include "diffusion.hpp"
+#include "kreg/device/fast_divisor.cuh"
 #include "kreg/device/reduce.cuh"
 #include "kreg/device/vec.cuh"
 #include "kreg/dtype.hpp"
@@ -30,17 +31,19 @@
 namespace kreg::diffusion {
 namespace {
 
+using device::FastDivisor;
 using device::vec_t;
 
 constexpr int kMaxThreadsPerRow = 1024;
-constexpr int kShortRowBlockThreads = 256;
+constexpr int kWarpRowBlockThreads = 128;             // rows of at most one warp: 4+ rows a block
+constexpr int kWarpRowVecs = 16 * device::kWarpSize;  // the longest warp-per-row row
 
 struct NormArgs {
   const void* x;
   const void* scale;
   const void* shift;
-  const void* weight;
-  const void* bias;
+  const void* weight;  // null: omitted
+  const void* bias;    // null: omitted
   void* out;
   int64_t rows;    // B * S
   int64_t tokens;  // S
@@ -48,29 +51,30 @@ struct NormArgs {
   float eps;
   bool scale_per_token;
   bool shift_per_token;
-  bool affine;
 };
 
-template <typename T, int kVec, int kItems>
-__global__ void __launch_bounds__(kMaxThreadsPerRow)
+// blockDim.x lanes per row (a power of two up to 32, or a multiple of 32),
+// blockDim.y rows per block; kItems vectors of kVec elements held per lane.
+template <typename T, int kVec, int kItems, int kMaxThreads>
+__global__ void __launch_bounds__(kMaxThreads)
     norm_scale_shift_kernel(const T* __restrict__ x, const T* __restrict__ scale,
                             const T* __restrict__ shift, const T* __restrict__ weight,
-                            const T* __restrict__ bias, T* __restrict__ out, int64_t rows,
-                            int64_t tokens, int vecs_per_row, float eps, bool scale_per_token,
-                            bool shift_per_token, bool affine) {
+                            const T* __restrict__ bias, T* __restrict__ out, int rows,
+                            FastDivisor tokens, int vecs_per_row, float eps, bool scale_per_token,
+                            bool shift_per_token) {
   // One scratch per reduction: the second needs no barrier before it reuses the
-  // first's.
+  // first's. Unused when a row is at most a warp (shuffle-only reductions).
   __shared__ float scratch_mean[device::kWarpSize];
   __shared__ float scratch_var[device::kWarpSize];
 
   const int tid = static_cast<int>(threadIdx.x);
   const int step = static_cast<int>(blockDim.x);
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
+  const int row = static_cast<int>(blockIdx.x * blockDim.y + threadIdx.y);
   // No early return for a row past the end: every thread takes part in the
-  // reductions.
+  // reductions (block-wide ones have a barrier, shuffles name all 32 lanes).
   const bool live = row < rows;
   const int64_t hidden = static_cast<int64_t>(vecs_per_row) * kVec;
-  const T* xr = x + row * hidden;
+  const T* xr = x + static_cast<int64_t>(live ? row : 0) * hidden;
 
   auto sum_of = [](const vec_t<T, kVec>& v) {
     float acc = 0.0f;
@@ -88,19 +92,22 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow)
     return acc;
   };
 
+  // All loads of the window first (kItems vectors in flight), then the sums.
   vec_t<T, kVec> held[kItems];
+#pragma unroll
+  for (int k = 0; k < kItems; ++k) {
+    const int v = tid + k * step;
+    if (live && v < vecs_per_row) held[k].load_nc(xr + static_cast<int64_t>(v) * kVec);
+  }
   float sum = 0.0f;
 #pragma unroll
   for (int k = 0; k < kItems; ++k) {
     const int v = tid + k * step;
-    if (live && v < vecs_per_row) {
-      held[k].load(xr + v * kVec);
-      sum += sum_of(held[k]);
-    }
+    if (live && v < vecs_per_row) sum += sum_of(held[k]);
   }
   for (int v = tid + kItems * step; live && v < vecs_per_row; v += step) {
     vec_t<T, kVec> t;
-    t.load(xr + v * kVec);
+    t.load_nc(xr + static_cast<int64_t>(v) * kVec);
     sum += sum_of(t);
   }
   const float mean = device::block_row_sum(sum, scratch_mean) / static_cast<float>(hidden);
@@ -113,33 +120,48 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow)
   }
   for (int v = tid + kItems * step; live && v < vecs_per_row; v += step) {
     vec_t<T, kVec> t;
-    t.load(xr + v * kVec);
+    t.load_nc(xr + static_cast<int64_t>(v) * kVec);
     sq += sq_dev_of(t, mean);
   }
   const float var = device::block_row_sum(sq, scratch_var) / static_cast<float>(hidden);
   const float rstd = rsqrtf(var + eps);
   if (!live) return;  // past the last barrier
 
-  const int64_t batch = row / tokens;
+  const int64_t batch = tokens.div(static_cast<uint32_t>(row));
   const T* scale_row = scale + (scale_per_token ? row : batch) * hidden;
   const T* shift_row = shift + (shift_per_token ? row : batch) * hidden;
-  T* out_row = out + row * hidden;
+  T* out_row = out + static_cast<int64_t>(row) * hidden;
   auto modulate_store = [&](int v, const vec_t<T, kVec>& xv) {
+    const int64_t at = static_cast<int64_t>(v) * kVec;
+    vec_t<T, kVec> sc_raw, sh_raw;
+    sc_raw.load_nc(scale_row + at);
+    sh_raw.load_nc(shift_row + at);
     vec_t<float, kVec> sc, sh, y;
-    sc.cast_load(scale_row + v * kVec);
-    sh.cast_load(shift_row + v * kVec);
+    sc.cast_from(sc_raw);
+    sh.cast_from(sh_raw);
 #pragma unroll
     for (int j = 0; j < kVec; ++j) y[j] = (device::to_float_again(xv[j]) - mean) * rstd;
-    if (affine) {
-      vec_t<float, kVec> w, b;
-      w.cast_load(weight + v * kVec);
-      b.cast_load(bias + v * kVec);
+    if (weight != nullptr) {
+      vec_t<T, kVec> w_raw;
+      w_raw.load_nc(weight + at);
+      vec_t<float, kVec> w;
+      w.cast_from(w_raw);
 #pragma unroll
-      for (int j = 0; j < kVec; ++j) y[j] = y[j] * w[j] + b[j];
+      for (int j = 0; j < kVec; ++j) y[j] = y[j] * w[j];
+    }
+    if (bias != nullptr) {
+      vec_t<T, kVec> b_raw;
+      b_raw.load_nc(bias + at);
+      vec_t<float, kVec> b;
+      b.cast_from(b_raw);
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) y[j] = y[j] + b[j];
     }
 #pragma unroll
     for (int j = 0; j < kVec; ++j) y[j] = y[j] * (1.0f + sc[j]) + sh[j];
-    y.cast_store(out_row + v * kVec);
+    vec_t<T, kVec> o;
+    o.cast_from(y);
+    o.store_stream(out_row + at);
   };
 #pragma unroll
   for (int k = 0; k < kItems; ++k) {
@@ -148,14 +170,14 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow)
   }
   for (int v = tid + kItems * step; v < vecs_per_row; v += step) {
     vec_t<T, kVec> t;
-    t.load(xr + v * kVec);
+    t.load_nc(xr + static_cast<int64_t>(v) * kVec);
     modulate_store(v, t);
   }
 }
 
 int round_up(int n, int m) { return (n + m - 1) / m * m; }
 
-template <typename T, int kVec, int kItems>
+template <typename T, int kVec, int kItems, int kMaxThreads>
 cudaError_t launch(const NormArgs& a, cudaStream_t stream) {
   const int vecs = static_cast<int>(a.hidden / kVec);
   const int threads_per_row = (vecs + kItems - 1) / kItems;
@@ -166,33 +188,47 @@ cudaError_t launch(const NormArgs& a, cudaStream_t stream) {
     block.x = static_cast<unsigned>(
         std::min(kMaxThreadsPerRow, round_up(threads_per_row, device::kWarpSize)));
   }
-  block.y = std::max(1u, kShortRowBlockThreads / block.x);
-  block.y = static_cast<unsigned>(std::min<int64_t>(block.y, a.rows));
+  // Rows of at most a warp: 128-thread blocks, or single-warp blocks when the
+  // call is small (a few hundred rows spread over more SMs). Blocks are always
+  // whole warps: the shuffles name all 32 lanes (rows past the end idle).
+  unsigned rows_per_block = 1;
+  if (block.x <= device::kWarpSize) {
+    const unsigned per_warp = device::kWarpSize / block.x;
+    const unsigned per_block = kWarpRowBlockThreads / block.x;
+    rows_per_block = a.rows >= 16 * int64_t{per_block} * 132 ? per_block : per_warp;
+  }
+  block.y = rows_per_block;
   const dim3 grid(static_cast<unsigned>((a.rows + block.y - 1) / block.y));
-  norm_scale_shift_kernel<T, kVec, kItems><<<grid, block, 0, stream>>>(
+  norm_scale_shift_kernel<T, kVec, kItems, kMaxThreads><<<grid, block, 0, stream>>>(
       static_cast<const T*>(a.x), static_cast<const T*>(a.scale), static_cast<const T*>(a.shift),
       static_cast<const T*>(a.weight), static_cast<const T*>(a.bias), static_cast<T*>(a.out),
-      a.rows, a.tokens, vecs, a.eps, a.scale_per_token, a.shift_per_token, a.affine);
+      static_cast<int>(a.rows), FastDivisor(static_cast<uint32_t>(a.tokens)), vecs, a.eps,
+      a.scale_per_token, a.shift_per_token);
   return cudaGetLastError();
 }
 
-// Full-width vectors hold one vector per thread up to 1024 vectors a row (H <=
-// 8192 in 16-bit types), two up to 2048, else four (and re-read the rest);
-// narrow vectors (odd H or misaligned views) always hold four.
+// 16-byte vectors: a warp per row up to 512 vectors (kItems = the smallest of
+// 1, 2, 4, 8, 12, 16 that covers the row), else up to 1024 lanes of 8 vectors.
+// Narrow vectors (odd H or misaligned views) always hold four.
 template <typename T, int kVec>
 cudaError_t launch_with_vec(const NormArgs& a, cudaStream_t stream) {
   const int64_t vecs = a.hidden / kVec;
   if constexpr (kVec * sizeof(T) == 16) {
-    if (vecs <= kMaxThreadsPerRow) return launch<T, kVec, 1>(a, stream);
-    if (vecs <= 2 * kMaxThreadsPerRow) return launch<T, kVec, 2>(a, stream);
+    constexpr int kW = device::kWarpSize;
+    static_assert(kWarpRowVecs == 16 * kW);
+    if (vecs <= 1 * kW) return launch<T, kVec, 1, kWarpRowBlockThreads>(a, stream);
+    if (vecs <= 2 * kW) return launch<T, kVec, 2, kWarpRowBlockThreads>(a, stream);
+    if (vecs <= 4 * kW) return launch<T, kVec, 4, kWarpRowBlockThreads>(a, stream);
+    if (vecs <= 8 * kW) return launch<T, kVec, 8, kWarpRowBlockThreads>(a, stream);
+    if (vecs <= 12 * kW) return launch<T, kVec, 12, kWarpRowBlockThreads>(a, stream);
+    if (vecs <= 16 * kW) return launch<T, kVec, 16, kWarpRowBlockThreads>(a, stream);
+    return launch<T, kVec, 8, kMaxThreadsPerRow>(a, stream);
   }
-  return launch<T, kVec, 4>(a, stream);
+  return launch<T, kVec, 4, kMaxThreadsPerRow>(a, stream);
 }
 
 template <typename T>
 cudaError_t launch_typed(const NormArgs& a, cudaStream_t stream) {
-  // Unused weight/bias (affine off) still count: they are real [H] tensors of
-  // the call.
   switch (device::max_vec_elems<T>(a.hidden, static_cast<const T*>(a.x),
                                    static_cast<const T*>(a.scale), static_cast<const T*>(a.shift),
                                    static_cast<const T*>(a.weight), static_cast<const T*>(a.bias),
@@ -213,27 +249,27 @@ cudaError_t launch_typed(const NormArgs& a, cudaStream_t stream) {
 }  // namespace
 
 KernelStatus norm_scale_shift_cuda(Context& ctx, const DLTensor& x, const DLTensor& scale,
-                                   const DLTensor& shift, const DLTensor& weight,
-                                   const DLTensor& bias, DLTensor& out, double eps, bool affine) {
+                                   const DLTensor& shift, const DLTensor* weight,
+                                   const DLTensor* bias, DLTensor& out, double eps) {
   constexpr const char* kOp = "diffusion.norm_scale_shift";
   NormArgs a{.x = data_ptr<const void>(x),
              .scale = data_ptr<const void>(scale),
              .shift = data_ptr<const void>(shift),
-             .weight = data_ptr<const void>(weight),
-             .bias = data_ptr<const void>(bias),
+             .weight = weight ? data_ptr<const void>(*weight) : nullptr,
+             .bias = bias ? data_ptr<const void>(*bias) : nullptr,
              .out = data_ptr<void>(out),
              .rows = x.shape[0] * x.shape[1],
              .tokens = x.shape[1],
              .hidden = x.shape[2],
              .eps = static_cast<float>(eps),
              .scale_per_token = false,
-             .shift_per_token = false,
-             .affine = affine};
+             .shift_per_token = false};
   if (KernelStatus st = modulation_layout(ctx, kOp, "scale", scale, x, a.scale_per_token); !st.ok())
     return st;
   if (KernelStatus st = modulation_layout(ctx, kOp, "shift", shift, x, a.shift_per_token); !st.ok())
     return st;
   if (a.rows == 0 || a.hidden == 0) return kOk;
+  // 32-bit rows, vector indices and the FastDivisor range.
   if (a.hidden > INT32_MAX || a.rows > INT32_MAX) {
     return ctx.fail(KREG_INVALID_ARGUMENT, "%s: B*S = %lld rows of H = %lld are too many", kOp,
                     static_cast<long long>(a.rows), static_cast<long long>(a.hidden));

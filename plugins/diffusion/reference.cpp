@@ -65,8 +65,8 @@ KernelStatus timestep_embedding_cpu(Context& ctx, const DLTensor& t, DLTensor& o
 }
 
 KernelStatus norm_scale_shift_cpu(Context& ctx, const DLTensor& x, const DLTensor& scale,
-                                  const DLTensor& shift, const DLTensor& weight,
-                                  const DLTensor& bias, DLTensor& out, double eps, bool affine) {
+                                  const DLTensor& shift, const DLTensor* weight,
+                                  const DLTensor* bias, DLTensor& out, double eps) {
   constexpr const char* kOp = "diffusion.norm_scale_shift";
   bool scale_per_token = false, shift_per_token = false;
   if (KernelStatus st = modulation_layout(ctx, kOp, "scale", scale, x, scale_per_token); !st.ok())
@@ -80,8 +80,8 @@ KernelStatus norm_scale_shift_cpu(Context& ctx, const DLTensor& x, const DLTenso
     const T* xp = data_ptr<const T>(x);
     const T* scp = data_ptr<const T>(scale);
     const T* shp = data_ptr<const T>(shift);
-    const T* wp = data_ptr<const T>(weight);
-    const T* bp = data_ptr<const T>(bias);
+    const T* wp = weight ? data_ptr<const T>(*weight) : nullptr;
+    const T* bp = bias ? data_ptr<const T>(*bias) : nullptr;
     T* op = data_ptr<T>(out);
     for (int64_t b = 0; b < batch; ++b) {
       for (int64_t s = 0; s < tokens; ++s) {
@@ -102,7 +102,8 @@ KernelStatus norm_scale_shift_cpu(Context& ctx, const DLTensor& x, const DLTenso
             1.0f / std::sqrt(static_cast<float>(sq / static_cast<double>(hidden)) + feps);
         for (int64_t h = 0; h < hidden; ++h) {
           float y = (load_as_float(xr[h]) - fmean) * rstd;
-          if (affine) y = y * load_as_float(wp[h]) + load_as_float(bp[h]);
+          if (wp) y = y * load_as_float(wp[h]);
+          if (bp) y = y + load_as_float(bp[h]);
           y = y * (1.0f + load_as_float(scr[h])) + load_as_float(shr[h]);
           op[row * hidden + h] = store_from_float<T>(y);
         }

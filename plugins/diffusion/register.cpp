@@ -11,10 +11,8 @@ constexpr const char* kTimestepEmbedding =
     "scale=1.0, "
     "int max_period=10000) -> ()";
 constexpr const char* kNormScaleShift =
-    "norm_scale_shift(Tensor[B,S,H] x, Tensor scale, Tensor shift, Tensor[H] "
-    "weight, "
-    "Tensor[H] bias, Tensor(a!)[B,S,H] out, float eps=1e-6, bool affine=false) "
-    "-> ()";
+    "norm_scale_shift(Tensor[B,S,H] x, Tensor scale, Tensor shift, Tensor?[H] weight, "
+    "Tensor?[H] bias, Tensor(a!)[B,S,H] out, float eps=1e-6) -> ()";
 constexpr const char* kResidualGateAdd =
     "residual_gate_add(Tensor[B,S,H] residual, Tensor[B,S,H] x, Tensor gate, "
     "Tensor(a!)[B,S,H] out) -> ()";
@@ -40,10 +38,8 @@ constexpr const char* kNormScaleShiftContract =
     "adaLN modulate: out = layernorm(x) * (1 + scale) + shift over H (biased "
     "variance, eps); "
     "x, out [B,S,H]; scale, shift each [B,H] (broadcast over S) or [B,S,H]; "
-    "affine: "
-    "layernorm(x) * weight + bias first (weight, bias [H], ignored otherwise); "
-    "one dtype, fp32 "
-    "math, one rounding";
+    "optional weight [H] and bias [H] (each may be omitted): layernorm(x) * weight + bias "
+    "first; one dtype, fp32 math, one rounding";
 constexpr const char* kResidualGateAddContract =
     "out = residual + gate * x; residual, x, out [B,S,H]; gate [B,H] "
     "(broadcast over S) or "
@@ -117,10 +113,10 @@ constexpr KernelDef kKernels[] = {
      .dtypes = kDtypes,
      .traits = kCudaTraits,
      .priority = 100,
-     .description = "adaLN modulate, one block row per token, x held in "
-                    "registers across a "
-                    "two-pass mean/variance reduction. Same contract as the "
-                    "cpu reference.",
+     .description = "adaLN modulate: a warp per row up to 512 16-byte vectors (12 per "
+                    "lane at H = 3072 bf16), several warps beyond; the row held in "
+                    "registers across a two-pass mean/variance reduction. Same contract as "
+                    "the cpu reference.",
      .impl = bind<&norm_scale_shift_cuda>,
      .source = "norm_scale_shift.cu"},
     {.op = "diffusion.residual_gate_add",

@@ -57,6 +57,7 @@ struct Arg {
   std::optional<DType> dtype;  // unset: the call's dtype
   bool output = false;
   std::vector<double> fixed;  // input values to use instead of random ones
+  bool omitted = false;       // an optional tensor left out: the call gets a null pointer
 };
 
 // Writes the expected value of every output element into out[i] (sized like in[i]) and,
@@ -89,19 +90,24 @@ Built build(const Case& c, DType dt, uint64_t seed) {
     EXPECT_TRUE(st.ok()) << st.message();
     b.buffers.push_back(std::move(buf).value());
   }
-  for (Buffer& x : b.buffers) b.tensors.push_back(x.tensor());
+  for (size_t i = 0; i < c.args.size(); ++i) {
+    b.tensors.push_back(c.args[i].omitted ? nullptr : b.buffers[i].tensor());
+  }
   return b;
 }
 
 Built to_device(const Built& host) {
   Built d;
-  for (const Buffer& h : host.buffers) {
+  for (size_t i = 0; i < host.buffers.size(); ++i) {
+    const Buffer& h = host.buffers[i];
     auto buf = Buffer::make(kGpuDevice, h.dtype(), h.shape());
     EXPECT_TRUE(buf.ok());
     EXPECT_TRUE(buf->copy_from(h).ok());
     d.buffers.push_back(std::move(buf).value());
   }
-  for (Buffer& x : d.buffers) d.tensors.push_back(x.tensor());
+  for (size_t i = 0; i < d.buffers.size(); ++i) {
+    d.tensors.push_back(host.tensors[i] == nullptr ? nullptr : d.buffers[i].tensor());
+  }
   return d;
 }
 
@@ -161,22 +167,24 @@ Case residual_gate_add_case(int64_t B, int64_t S, int64_t H, bool per_token) {
   return c;
 }
 
+// affine: bit 0 passes weight, bit 1 passes bias (each optional, omitted otherwise).
 Case norm_scale_shift_case(int64_t B, int64_t S, int64_t H, bool scale_per_token,
-                           bool shift_per_token, bool affine, double eps = 1e-6) {
+                           bool shift_per_token, int affine, double eps = 1e-6) {
+  const bool with_weight = (affine & 1) != 0, with_bias = (affine & 2) != 0;
   Case c;
   c.op = "diffusion.norm_scale_shift";
   c.label = "B=" + std::to_string(B) + " S=" + std::to_string(S) + " H=" + std::to_string(H) +
             (scale_per_token ? " scale[B,S,H]" : " scale[B,H]") +
-            (shift_per_token ? " shift[B,S,H]" : " shift[B,H]") + (affine ? " affine" : "") +
-            " eps=" + std::to_string(eps);
+            (shift_per_token ? " shift[B,S,H]" : " shift[B,H]") + (with_weight ? " weight" : "") +
+            (with_bias ? " bias" : "") + " eps=" + std::to_string(eps);
   const std::vector<int64_t> bsh{B, S, H}, bh{B, H};
   c.args = {{"x", bsh},
             {"scale", scale_per_token ? bsh : bh},
             {"shift", shift_per_token ? bsh : bh},
-            {"weight", {H}},
-            {"bias", {H}},
+            {"weight", {H}, std::nullopt, false, {}, !with_weight},
+            {"bias", {H}, std::nullopt, false, {}, !with_bias},
             {"out", bsh, std::nullopt, true}};
-  c.attrs = {{"eps", eps}, {"affine", affine}};
+  c.attrs = {{"eps", eps}};
   c.oracle = [=](const Values& in, Values& out, Values&) {
     for (int64_t b = 0; b < B; ++b)
       for (int64_t s = 0; s < S; ++s) {
@@ -191,7 +199,8 @@ Case norm_scale_shift_case(int64_t B, int64_t S, int64_t H, bool scale_per_token
         var /= static_cast<double>(H);
         for (int64_t h = 0; h < H; ++h) {
           double y = (in[0][at(row * H + h)] - mean) / std::sqrt(var + eps);
-          if (affine) y = y * in[3][at(h)] + in[4][at(h)];
+          if (with_weight) y *= in[3][at(h)];
+          if (with_bias) y += in[4][at(h)];
           const double sc = in[1][at(mod_row(scale_per_token, b, s, S) * H + h)];
           const double sh = in[2][at(mod_row(shift_per_token, b, s, S) * H + h)];
           out[5][at(row * H + h)] = y * (1 + sc) + sh;
@@ -283,20 +292,22 @@ Case group_norm_silu_case(std::vector<int64_t> shape, int64_t groups, double eps
 std::vector<Case> cases(bool gpu) {
   std::vector<Case> out;
   const std::vector<std::array<int64_t, 3>> bsh =
-      gpu ? std::vector<std::array<int64_t, 3>>{{1, 1, 1},     {2, 3, 7},    {1, 5, 64},
-                                                {3, 2, 100},   {1, 4, 4097}, {2, 2, 3072},
-                                                {2, 64, 3072}, {1, 3, 8},    {4, 17, 1000},
-                                                {1, 2, 16384}, {1, 1, 36864}}
+      gpu ? std::vector<std::array<int64_t, 3>>{{1, 1, 1},     {2, 3, 7},     {1, 5, 64},
+                                                {3, 2, 100},   {1, 4, 4097},  {2, 2, 3072},
+                                                {2, 64, 3072}, {1, 3, 8},     {4, 17, 1000},
+                                                {1, 2, 16384}, {1, 1, 36864}, {2, 4401, 768},
+                                                {3, 12001, 40}}
           : std::vector<std::array<int64_t, 3>>{{1, 1, 1},   {2, 3, 7},    {1, 5, 64},
                                                 {3, 2, 100}, {1, 4, 4097}, {2, 2, 3072}};
   for (auto [b, s, h] : bsh) {
     for (bool per_token : {false, true}) out.push_back(residual_gate_add_case(b, s, h, per_token));
-    // Each layout combination somewhere in the sweep, affine on every other shape.
-    const bool affine = (h % 2) == 0;
-    out.push_back(norm_scale_shift_case(b, s, h, false, false, affine));
-    out.push_back(norm_scale_shift_case(b, s, h, true, false, !affine, 1e-5));
-    out.push_back(norm_scale_shift_case(b, s, h, false, true, affine));
-    out.push_back(norm_scale_shift_case(b, s, h, true, true, !affine));
+    // Each layout combination somewhere in the sweep, and each of none / weight / bias /
+    // both of the optional affine tensors.
+    const bool even = (h % 2) == 0;
+    out.push_back(norm_scale_shift_case(b, s, h, false, false, even ? 3 : 0));
+    out.push_back(norm_scale_shift_case(b, s, h, true, false, even ? 0 : 3, 1e-5));
+    out.push_back(norm_scale_shift_case(b, s, h, false, true, even ? 1 : 2));
+    out.push_back(norm_scale_shift_case(b, s, h, true, true, even ? 2 : 1));
   }
   const std::vector<std::pair<int64_t, int64_t>> n_dim =
       gpu ? std::vector<std::pair<int64_t, int64_t>>{{1, 1},   {3, 2},    {2, 3},
@@ -320,6 +331,13 @@ std::vector<Case> cases(bool gpu) {
     gn.push_back({{3, 320, 32, 32}, 32});
     gn.push_back({{1, 8, 3, 1001}, 1});
     gn.push_back({{4, 128, 1}, 32});
+    // Resident path: a cluster of 8 per group (64 groups of 256K elements), a group split
+    // unevenly over 2 blocks, 4 vectors a thread; the two-pass fallback for groups above
+    // the resident limit (512K elements).
+    gn.push_back({{2, 128, 256, 256}, 32});
+    gn.push_back({{1, 3, 1000, 8}, 1});
+    gn.push_back({{3, 24, 40, 40}, 3});
+    gn.push_back({{1, 2, 512, 512}, 1});
   }
   for (auto& [shape, g] : gn) out.push_back(group_norm_silu_case(shape, g));
   return out;
@@ -409,7 +427,9 @@ TEST_F(GpuDiffusionKernels, MatchTheCpuReferenceOverAShapeSweep) {
 TEST_F(GpuDiffusionKernels, MisalignedViews) {
   // Every tensor one element into its allocation: no 16-byte vectors anywhere.
   for (const Case& c :
-       {residual_gate_add_case(2, 3, 4096, false), residual_gate_add_case(2, 3, 4096, true)}) {
+       {residual_gate_add_case(2, 3, 4096, false), residual_gate_add_case(2, 3, 4096, true),
+        norm_scale_shift_case(2, 3, 3072, false, true, 1), group_norm_silu_case({2, 64, 8, 8}, 32),
+        timestep_embedding_case(5, 1024, true, 0.0, 1.0, 10000, true)}) {
     SCOPED_TRACE(c.op + " " + c.label + " misaligned");
     const DType dt = DType::kBF16;
     auto cuda = resolve(c.op, kGpuDevice, dt);
@@ -432,7 +452,9 @@ TEST_F(GpuDiffusionKernels, MisalignedViews) {
       padded.push_back(std::move(p).value());
     }
     std::vector<DLTensor*> ptrs;
-    for (DLTensor& t : views) ptrs.push_back(&t);
+    for (size_t i = 0; i < views.size(); ++i) {
+      ptrs.push_back(host.tensors[i] == nullptr ? nullptr : &views[i]);
+    }
     auto attrs = cuda->attrs(c.attrs);
     ASSERT_TRUE(attrs.ok());
     ASSERT_TRUE(cuda->call(ptrs, attrs->view()).ok());
@@ -500,18 +522,18 @@ TEST(DiffusionKernels, BadArgumentsAreRejected) {
     expect_refused(c, DType::kF32, "'x'");
   }
   {
-    Case c = norm_scale_shift_case(2, 3, 8, false, false, false);
+    Case c = norm_scale_shift_case(2, 3, 8, false, false, 0);
     c.args[1].shape = {2, 3};
     expect_refused(c, DType::kBF16,
                    "argument 'scale' has shape [2,3], expected [B,H] = [2,8] or [B,S,H]");
   }
   {
-    Case c = norm_scale_shift_case(2, 3, 8, true, true, true);
+    Case c = norm_scale_shift_case(2, 3, 8, true, true, 3);
     c.args[2].shape = {1, 2, 3, 8};
     expect_refused(c, DType::kBF16, "argument 'shift' has shape [1,2,3,8]");
   }
   {
-    Case c = norm_scale_shift_case(2, 3, 8, true, true, true);
+    Case c = norm_scale_shift_case(2, 3, 8, true, true, 3);
     c.args[3].shape = {9};
     expect_refused(c, DType::kF16, "'weight'");
   }

@@ -84,8 +84,10 @@ def _norm_scale_shift(b, s, h, per_token, affine, dtype, small, eps=1e-6):
                f"{' affine' if affine else ''} {dtype}").replace("torch.", ""),
         small=small,
         make=make,
-        kreg=lambda op, t: op(t["x"], t["scale"], t["shift"], t["weight"], t["bias"], t["out"],
-                              eps=eps, affine=affine),
+        # weight and bias are optional tensors: None omits them.
+        kreg=lambda op, t: op(t["x"], t["scale"], t["shift"],
+                              t["weight"] if affine else None, t["bias"] if affine else None,
+                              t["out"], eps=eps),
         torch=ref,
         check=lambda t: (t["out"],),
         tol=(2e-2, 2e-2),

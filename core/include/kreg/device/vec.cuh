@@ -130,6 +130,15 @@ struct vec_t {
     }
   }
 
+  // load through the read-only (non-coherent) path, ld.global.nc: for inputs no thread of
+  // the kernel writes (a row shared by many blocks, say, that should stay in L1/L2).
+  __device__ __forceinline__ void load_nc(const T* ptr) {
+#pragma unroll
+    for (int w = 0; w < kWords; ++w) {
+      reinterpret_cast<Word*>(data)[w] = __ldg(reinterpret_cast<const Word*>(ptr) + w);
+    }
+  }
+
   // load/store with an evict-first hint (ld/st.global.cs), for data a kernel touches once.
   __device__ __forceinline__ void load_stream(const T* ptr) {
 #pragma unroll
