@@ -6,7 +6,12 @@
 // in double, rounded to fp32, bit-identical to the CPU reference's) and kept in
 // registers while it walks rows n = blockIdx.y, blockIdx.y + gridDim.y, ...;
 // per row it writes its 4 sines and 4 cosines, as two float4 stores when dim %
-// 8 == 0 and out is 16-byte aligned. The argument is rounded exactly as
+// 8 == 0 and out is 16-byte aligned (evict-first: the output is written once).
+// gridDim.y is about rows / 32 (at least min(rows, 1024), at most 65535): a
+// block walks up to ~32 rows, so the
+// double-precision exp of the frequencies is amortized over them (with one row
+// per block it cost as much as the sines); N = 65536, dim = 1024 is 2048 blocks
+// of 128 threads, one wave of 16 blocks per SM. The argument is rounded exactly as
 // diffusers' fp32 code rounds it ((t * freq) * scale); the sine and cosine come
 // from sincosf (full-range argument reduction, no fast-math).
 #include <cuda_runtime.h>
@@ -24,6 +29,7 @@ namespace {
 constexpr int kMaxThreads = 256;
 constexpr int kFreqsPerThread = 4;
 constexpr int64_t kMaxRowBlocks = 65535;
+constexpr int64_t kRowsPerBlock = 32;  // rows a block walks, about
 
 template <typename T, bool kFloat4>
 __global__ void __launch_bounds__(kMaxThreads)
@@ -51,8 +57,8 @@ __global__ void __launch_bounds__(kMaxThreads)
     if constexpr (kFloat4) {
       // half % 4 == 0: a thread's 4 frequencies are all in range or all out.
       if (i0 < e.half) {
-        *reinterpret_cast<float4*>(row + sin_col + i0) = make_float4(s[0], s[1], s[2], s[3]);
-        *reinterpret_cast<float4*>(row + cos_col + i0) = make_float4(c[0], c[1], c[2], c[3]);
+        __stcs(reinterpret_cast<float4*>(row + sin_col + i0), make_float4(s[0], s[1], s[2], s[3]));
+        __stcs(reinterpret_cast<float4*>(row + cos_col + i0), make_float4(c[0], c[1], c[2], c[3]));
       }
     } else {
 #pragma unroll
@@ -75,8 +81,12 @@ cudaError_t launch(const DLTensor& t, DLTensor& out, const TimestepEmbedding& e,
   const int64_t threads_needed =
       std::max<int64_t>(1, (e.half + kFreqsPerThread - 1) / kFreqsPerThread);
   const int64_t threads = std::min<int64_t>(kMaxThreads, (threads_needed + 31) / 32 * 32);
+  // Small calls keep one row per block (latency); large ones ~32 rows a block.
+  const int64_t row_blocks =
+      std::min(std::max((rows + kRowsPerBlock - 1) / kRowsPerBlock, std::min<int64_t>(rows, 1024)),
+               kMaxRowBlocks);
   const dim3 grid(static_cast<unsigned>((threads_needed + threads - 1) / threads),
-                  static_cast<unsigned>(std::min(rows, kMaxRowBlocks)));
+                  static_cast<unsigned>(row_blocks));
   const T* tp = data_ptr<const T>(t);
   float* op = data_ptr<float>(out);
   const bool float4_ok = dim % 8 == 0 && reinterpret_cast<uintptr_t>(op) % 16 == 0;
