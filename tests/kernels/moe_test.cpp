@@ -1,0 +1,779 @@
+// The moe group: every CPU reference against an independent double-precision oracle
+// written here, every CUDA implementation against its CPU reference over shape sweeps with
+// awkward sizes (skipped without a GPU), and bad arguments rejected with clear messages.
+//
+// Routing inputs are distinct multiples of 1/64 (exact in bf16, f16 and f32), so the
+// expert ids have one right answer and are compared exactly. Index inputs
+// (align_block_size's topk_ids) are generated valid.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+
+#include "harness.hpp"
+#include "kreg/numeric.hpp"
+#include "kreg/registry.hpp"
+
+namespace fs = std::filesystem;
+
+namespace kreg {
+namespace {
+
+using harness::Buffer;
+
+Registry& registry() {
+  static std::unique_ptr<Registry> reg = [] {
+    auto m = load_manifest(fs::path(KREG_SOURCE_DIR) / "registry.yaml",
+                           ManifestOptions{fs::path(KREG_PLUGIN_DIR), true});
+    EXPECT_TRUE(m.ok()) << m.status().message();
+    auto r = Registry::open(*m);
+    EXPECT_TRUE(r.ok()) << r.status().message();
+    return std::move(r).value();
+  }();
+  return *reg;
+}
+
+const DLDevice kCpuDev{kDLCPU, 0};
+const DLDevice kGpuDev{kDLCUDA, 0};
+
+// One tensor argument: values to upload, or none for an output (poisoned: NaN for
+// floats, -77 for integers, so unwritten elements show up).
+struct Arg {
+  DType dtype;
+  std::vector<int64_t> shape;
+  std::vector<double> values;
+};
+
+using Values = std::vector<std::vector<double>>;
+
+int64_t count(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+bool is_float_dtype(DType d) { return d == DType::kF32 || d == DType::kF16 || d == DType::kBF16; }
+
+// Runs `op` on `backend` and returns every tensor's values afterwards.
+Result<Values> run_op(const std::string& op, const std::string& backend,
+                      const std::vector<Arg>& args, const std::vector<NamedAttr>& attrs) {
+  const DLDevice dev = backend == "cuda" ? kGpuDev : kCpuDev;
+  auto h = registry().resolve(op, Target{dev, args[0].dtype}, {backend});
+  if (!h) return h.status();
+  std::vector<Buffer> bufs;
+  std::vector<DLTensor*> ptrs;
+  for (const Arg& a : args) {
+    auto b = Buffer::make(dev, a.dtype, a.shape);
+    if (!b) return b.status();
+    std::vector<double> v = a.values;
+    if (v.empty() && count(a.shape) > 0) {
+      v.assign(static_cast<size_t>(count(a.shape)), is_float_dtype(a.dtype) ? std::nan("") : -77.0);
+    }
+    if (Status st = b->from_doubles(v); !st.ok()) return st;
+    bufs.push_back(std::move(b).value());
+  }
+  for (Buffer& b : bufs) ptrs.push_back(b.tensor());
+  auto al = h->attrs(attrs);
+  if (!al) return al.status();
+  if (Status st = h->call(ptrs, al->view()); !st.ok()) return st;
+  if (Status st = harness::device_synchronize(); !st.ok()) return st;
+  Values out;
+  for (const Buffer& b : bufs) {
+    auto v = b.to_doubles();
+    if (!v) return v.status();
+    out.push_back(std::move(v).value());
+  }
+  return out;
+}
+
+std::vector<double> rounded(std::vector<double> v, DType dt) {
+  for (double& x : v) {
+    if (dt == DType::kBF16) x = to_float(to_bf16(static_cast<float>(x)));
+    if (dt == DType::kF16) x = to_float(to_f16(static_cast<float>(x)));
+    if (dt == DType::kF32) x = static_cast<float>(x);
+  }
+  return v;
+}
+
+void expect_close(const std::string& what, const std::vector<double>& got,
+                  const std::vector<double>& want, harness::Tolerance tol) {
+  auto cmp = harness::compare_values(what, got, want, tol);
+  EXPECT_TRUE(cmp.ok()) << what << ": " << cmp.mismatches << "/" << cmp.count
+                        << " mismatches, max_abs " << cmp.max_abs << ", max_rel " << cmp.max_rel;
+}
+
+void expect_equal(const std::string& what, const std::vector<double>& got,
+                  const std::vector<double>& want) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  size_t bad = 0, first = got.size();
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (got[i] != want[i]) {
+      if (bad++ == 0) first = i;
+    }
+  }
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << "/" << got.size() << " differ; first at " << first
+                     << ": got " << (first < got.size() ? got[first] : 0) << ", want "
+                     << (first < got.size() ? want[first] : 0);
+}
+
+const harness::Tolerance kWeightTol{1e-5, 1e-4};  // f32 weights, fp32 math
+
+// ---- moe.sum ----
+
+std::vector<double> sum_oracle(const std::vector<double>& x, int64_t T, int64_t K, int64_t H,
+                               double scale) {
+  std::vector<double> out(static_cast<size_t>(T * H));
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t h = 0; h < H; ++h) {
+      double acc = 0;
+      for (int64_t j = 0; j < K; ++j) acc += x[static_cast<size_t>((t * K + j) * H + h)];
+      out[static_cast<size_t>(t * H + h)] = acc * scale;
+    }
+  }
+  return out;
+}
+
+std::vector<double> random_nonzero(size_t n, std::mt19937_64& rng) {
+  std::uniform_real_distribution<double> mag(0.05, 2.0);
+  std::vector<double> v(n);
+  for (double& x : v) x = (rng() & 1 ? 1 : -1) * mag(rng);
+  return v;
+}
+
+// ---- routing oracles (double) ----
+
+// Distinct logits: E different multiples of 1/64 in [-4, 4), exact in every float dtype.
+std::vector<double> distinct_logits(int64_t T, int64_t E, std::mt19937_64& rng) {
+  std::vector<double> g;
+  std::vector<int> pool(512);
+  std::iota(pool.begin(), pool.end(), -256);
+  for (int64_t t = 0; t < T; ++t) {
+    std::shuffle(pool.begin(), pool.end(), rng);
+    for (int64_t e = 0; e < E; ++e) g.push_back(pool[static_cast<size_t>(e)] / 64.0);
+  }
+  return g;
+}
+
+std::vector<double> random_bias(int64_t E, std::mt19937_64& rng) {
+  std::uniform_int_distribution<int> d(-300, 300);
+  std::vector<double> b(static_cast<size_t>(E));
+  for (double& x : b) x = d(rng) / 1024.0;
+  return b;
+}
+
+double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+
+// The k indices with the largest keys among `allowed`, descending, ties to the lower index.
+std::vector<int> top_indices(const std::vector<double>& key, const std::vector<bool>& allowed,
+                             int k) {
+  std::vector<int> idx;
+  for (int e = 0; e < static_cast<int>(key.size()); ++e) {
+    if (allowed[static_cast<size_t>(e)]) idx.push_back(e);
+  }
+  std::stable_sort(idx.begin(), idx.end(), [&](int a, int b) { return key[a] > key[b]; });
+  idx.resize(static_cast<size_t>(k));
+  return idx;
+}
+
+struct RouteSpec {
+  std::string method;  // a moe.route method, or "topk_softmax"
+  bool renormalize = false;
+  double softcap = 0;
+  bool use_bias = false;
+  int n_group = 1, topk_group = 1;
+  double scale = 1.0;
+};
+
+// Weights and ids ([T*K] each) of one routing call, in double from the rounded inputs.
+std::pair<std::vector<double>, std::vector<double>> route_oracle(const std::vector<double>& g,
+                                                                 const std::vector<double>& bias,
+                                                                 int64_t T, int64_t E, int K,
+                                                                 const RouteSpec& s) {
+  std::vector<double> w, ids;
+  for (int64_t t = 0; t < T; ++t) {
+    std::vector<double> l(g.begin() + t * E, g.begin() + (t + 1) * E);
+    if (s.softcap > 0) {
+      for (double& x : l) x = s.softcap * std::tanh(x / s.softcap);
+    }
+    std::vector<double> soft(l.size()), sig(l.size());
+    const double m = *std::max_element(l.begin(), l.end());
+    double z = 0;
+    for (double x : l) z += std::exp(x - m);
+    for (size_t e = 0; e < l.size(); ++e) {
+      soft[e] = std::exp(l[e] - m) / z;
+      sig[e] = sigmoid(l[e]);
+    }
+    std::vector<bool> allowed(l.size(), true);
+    std::vector<double> key = l;
+    std::vector<double> weight;  // per expert, before post-processing
+    bool renorm = false;
+    const std::string& M = s.method;
+    if (M == "topk_softmax") {
+      if (s.use_bias) {
+        for (size_t e = 0; e < l.size(); ++e) key[e] = l[e] + bias[e];
+      }
+      weight = soft;
+      renorm = s.renormalize;
+    } else if (M == "grouped" || M == "DeepSeekV3") {
+      for (size_t e = 0; e < l.size(); ++e) key[e] = sig[e] + bias[e];
+      const int64_t gsize = E / s.n_group;
+      std::vector<double> gscore(static_cast<size_t>(s.n_group));
+      for (int grp = 0; grp < s.n_group; ++grp) {
+        std::vector<double> v(key.begin() + grp * gsize, key.begin() + (grp + 1) * gsize);
+        std::sort(v.rbegin(), v.rend());
+        gscore[static_cast<size_t>(grp)] = v[0] + (gsize >= 2 ? v[1] : 0.0);
+      }
+      std::vector<int> kept =
+          top_indices(gscore, std::vector<bool>(gscore.size(), true), s.topk_group);
+      std::fill(allowed.begin(), allowed.end(), false);
+      for (int grp : kept) {
+        for (int64_t i = 0; i < gsize; ++i) allowed[static_cast<size_t>(grp * gsize + i)] = true;
+      }
+      weight = sig;
+      renorm = M == "DeepSeekV3" || s.renormalize;
+    } else if (M == "Default") {
+      weight = soft;
+    } else if (M == "Renormalize") {
+      weight = l;  // softmax over the picks below
+    } else if (M == "Llama4" || M == "Sigmoid") {
+      weight = sig;
+    } else if (M == "RenormalizeNaive") {
+      weight = soft;
+      renorm = true;
+    } else if (M == "TopK") {
+      weight = l;
+    } else if (M == "SigmoidRenorm") {
+      weight = sig;
+      renorm = true;
+    } else if (M == "MiniMax2") {
+      for (size_t e = 0; e < l.size(); ++e) key[e] = sig[e] + bias[e];
+      weight = sig;
+      renorm = true;
+    } else {
+      ADD_FAILURE() << "no oracle for method " << M;
+    }
+    const std::vector<int> picks = top_indices(key, allowed, K);
+    std::vector<double> pw;
+    for (int e : picks) pw.push_back(weight[static_cast<size_t>(e)]);
+    if (M == "Renormalize") {
+      const double top = pw[0];
+      for (double& x : pw) x = std::exp(x - top);
+      renorm = true;
+    }
+    double sum = 0;
+    for (double x : pw) sum += x;
+    for (size_t j = 0; j < pw.size(); ++j) {
+      w.push_back((renorm ? pw[j] / sum : pw[j]) * s.scale);
+      ids.push_back(picks[j]);
+    }
+  }
+  return {w, ids};
+}
+
+// The op and attributes for a RouteSpec.
+std::pair<std::string, std::vector<NamedAttr>> route_call(const RouteSpec& s) {
+  if (s.method == "topk_softmax") {
+    return {"moe.topk_softmax",
+            {{"renormalize", s.renormalize},
+             {"softcapping", s.softcap},
+             {"use_correction_bias", s.use_bias}}};
+  }
+  if (s.method == "grouped") {
+    return {"moe.grouped_topk",
+            {{"n_group", int64_t{s.n_group}},
+             {"topk_group", int64_t{s.topk_group}},
+             {"renormalize", s.renormalize},
+             {"routed_scaling_factor", s.scale}}};
+  }
+  return {"moe.route",
+          {{"method", s.method},
+           {"n_group", int64_t{s.n_group}},
+           {"topk_group", int64_t{s.topk_group}},
+           {"routed_scaling_factor", s.scale}}};
+}
+
+struct RouteShape {
+  int64_t T, E;
+  int K;
+  int n_group = 1, topk_group = 1;
+};
+
+// Every routing configuration the sweeps run, with shapes that fit it.
+std::vector<std::pair<RouteSpec, std::vector<RouteShape>>> route_sweep() {
+  const std::vector<RouteShape> plain = {{1, 1, 1},     {3, 7, 2},   {5, 64, 6},   {2, 100, 8},
+                                         {17, 256, 8},  {4, 384, 5}, {3, 512, 16}, {2, 96, 40},
+                                         {1, 512, 512}, {9, 160, 1}, {0, 64, 4}};
+  const std::vector<RouteShape> grouped = {
+      {1, 256, 8, 8, 4},  {33, 256, 8, 8, 4}, {3, 16, 3, 4, 2},    {5, 64, 6, 8, 3},
+      {2, 12, 4, 3, 2},   {2, 8, 3, 8, 3},    {4, 160, 10, 32, 5}, {7, 512, 8, 16, 4},
+      {2, 128, 40, 4, 2}, {3, 60, 6, 1, 1},   {0, 256, 8, 8, 4}};
+  std::vector<RouteShape> top1;
+  for (const RouteShape& s : plain) top1.push_back({s.T, s.E, 1});
+  std::vector<std::pair<RouteSpec, std::vector<RouteShape>>> out;
+  for (bool renorm : {false, true}) {
+    for (double cap : {0.0, 3.0}) {
+      for (bool bias : {false, true}) out.push_back({{"topk_softmax", renorm, cap, bias}, plain});
+    }
+  }
+  out.push_back({{"grouped", true, 0, true, 0, 0, 2.5}, grouped});
+  out.push_back({{"grouped", false, 0, true, 0, 0, 1.0}, grouped});
+  for (const char* m : {"Default", "Renormalize", "RenormalizeNaive", "TopK", "SigmoidRenorm",
+                        "MiniMax2", "Sigmoid"}) {
+    out.push_back({{m, false, 0, false, 1, 1, 1.5}, plain});
+  }
+  out.push_back({{"Llama4", false, 0, false, 1, 1, 1.0}, top1});
+  out.push_back({{"DeepSeekV3", false, 0, true, 0, 0, 2.5}, grouped});
+  return out;
+}
+
+// Runs one routing case on `backend`; returns (weights, ids).
+Result<std::pair<std::vector<double>, std::vector<double>>> run_route(
+    const std::string& backend, RouteSpec spec, const RouteShape& sh, DType dt,
+    const std::vector<double>& g, const std::vector<double>& bias) {
+  if (spec.n_group == 0) {
+    spec.n_group = sh.n_group;
+    spec.topk_group = sh.topk_group;
+  }
+  auto [op, attrs] = route_call(spec);
+  auto r = run_op(op, backend,
+                  {{dt, {sh.T, sh.E}, g},
+                   {DType::kF32, {sh.E}, bias},
+                   {DType::kF32, {sh.T, sh.K}, {}},
+                   {DType::kI32, {sh.T, sh.K}, {}}},
+                  attrs);
+  if (!r) return r.status();
+  return std::make_pair((*r)[2], (*r)[3]);
+}
+
+// ---- align_block_size oracle ----
+
+struct AlignResult {
+  std::vector<double> sorted, blocks, total;
+};
+
+AlignResult align_oracle(const std::vector<double>& ids, int64_t E, int64_t bs, int64_t P,
+                         int64_t B) {
+  const auto n = static_cast<int64_t>(ids.size());
+  AlignResult r;
+  r.sorted.assign(static_cast<size_t>(P), static_cast<double>(n));
+  r.blocks.assign(static_cast<size_t>(B), -1.0);
+  int64_t pos = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    int64_t c = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      if (ids[static_cast<size_t>(i)] == static_cast<double>(e)) {
+        r.sorted[static_cast<size_t>(pos + c++)] = static_cast<double>(i);
+      }
+    }
+    const int64_t nblocks = (c + bs - 1) / bs;
+    for (int64_t b = 0; b < nblocks; ++b) r.blocks[static_cast<size_t>(pos / bs + b)] = e;
+    pos += nblocks * bs;
+  }
+  r.total = {static_cast<double>(pos)};
+  return r;
+}
+
+struct AlignShape {
+  int64_t T, K, E, bs;
+  int64_t extra = 0;  // output elements beyond the minimum
+};
+
+std::vector<AlignShape> align_shapes() {
+  return {{1, 1, 1, 1},       {1, 8, 256, 16},     {3, 2, 5, 4, 7}, {7, 3, 16, 3},
+          {64, 8, 256, 64},   {100, 6, 60, 16},    {0, 8, 32, 16},  {257, 8, 256, 128, 3},
+          {4096, 8, 256, 64}, {1000, 4, 2048, 32}, {33, 5, 700, 1}, {2048, 2, 8, 256}};
+}
+
+// topk_ids for an align case: each token's k experts distinct when k <= E (as routing
+// produces), skewed so some experts get many slots and others none.
+std::vector<double> align_ids(const AlignShape& s, std::mt19937_64& rng) {
+  std::vector<double> ids;
+  std::vector<int64_t> pool(static_cast<size_t>(s.E));
+  std::iota(pool.begin(), pool.end(), 0);
+  for (int64_t t = 0; t < s.T; ++t) {
+    std::shuffle(pool.begin(), pool.begin() + std::min<int64_t>(s.E, 4 * s.K + 3), rng);
+    for (int64_t j = 0; j < s.K; ++j) ids.push_back(static_cast<double>(pool[j % s.E]));
+  }
+  return ids;
+}
+
+std::pair<int64_t, int64_t> align_sizes(const AlignShape& s) {
+  const int64_t P = s.T * s.K + s.E * (s.bs - 1);
+  return {P + s.extra, (P + s.bs - 1) / s.bs + s.extra};
+}
+
+Result<Values> run_align(const std::string& backend, const AlignShape& s,
+                         const std::vector<double>& ids, bool ignore_invalid) {
+  auto [P, B] = align_sizes(s);
+  return run_op("moe.align_block_size", backend,
+                {{DType::kI32, {s.T, s.K}, ids},
+                 {DType::kI32, {P}, {}},
+                 {DType::kI32, {B}, {}},
+                 {DType::kI32, {1}, {}}},
+                {{"num_experts", s.E}, {"block_size", s.bs}, {"ignore_invalid", ignore_invalid}});
+}
+
+// ---- Tests ----
+
+TEST(MoeKernels, EveryShippedOpHasAnOracleHere) {
+  std::vector<std::string> covered = {"moe.align_block_size", "moe.grouped_topk", "moe.route",
+                                      "moe.sum", "moe.topk_softmax"};
+  std::vector<std::string> shipped;
+  for (const std::string& id : registry().op_ids()) {
+    if (id.starts_with("moe.")) shipped.push_back(id);
+  }
+  std::sort(shipped.begin(), shipped.end());
+  EXPECT_EQ(shipped, covered) << "a new moe op needs an oracle in this file";
+}
+
+const DType kFloatDtypes[] = {DType::kF32, DType::kBF16, DType::kF16};
+
+TEST(MoeKernels, SumReferenceMatchesTheOracle) {
+  std::mt19937_64 rng(5);
+  const int64_t shapes[][3] = {{1, 1, 1},    {3, 2, 7},    {2, 8, 64},
+                               {5, 3, 1000}, {1, 9, 4097}, {0, 8, 16}};
+  for (DType dt : kFloatDtypes) {
+    for (auto& s : shapes) {
+      for (double scale : {1.0, 2.5}) {
+        SCOPED_TRACE(std::string(dtype_name(dt)) + " T=" + std::to_string(s[0]) +
+                     " K=" + std::to_string(s[1]) + " H=" + std::to_string(s[2]));
+        auto x = rounded(random_nonzero(static_cast<size_t>(s[0] * s[1] * s[2]), rng), dt);
+        auto r = run_op("moe.sum", "cpu", {{dt, {s[0], s[1], s[2]}, x}, {dt, {s[0], s[2]}, {}}},
+                        {{"routed_scaling_factor", scale}});
+        ASSERT_TRUE(r.ok()) << r.status().message();
+        expect_close("out", (*r)[1], sum_oracle(x, s[0], s[1], s[2], scale),
+                     harness::tolerance_for(dt));
+      }
+    }
+  }
+}
+
+TEST(MoeKernels, RoutingReferencesMatchTheOracle) {
+  std::mt19937_64 rng(9);
+  for (const auto& [spec, shapes] : route_sweep()) {
+    for (DType dt : kFloatDtypes) {
+      for (const RouteShape& sh : shapes) {
+        SCOPED_TRACE(spec.method + " renorm=" + std::to_string(spec.renormalize) + " cap=" +
+                     std::to_string(spec.softcap) + " bias=" + std::to_string(spec.use_bias) + " " +
+                     std::string(dtype_name(dt)) + " T=" + std::to_string(sh.T) +
+                     " E=" + std::to_string(sh.E) + " K=" + std::to_string(sh.K) +
+                     " groups=" + std::to_string(sh.n_group) + "/" + std::to_string(sh.topk_group));
+        const auto g = distinct_logits(sh.T, sh.E, rng);
+        const auto bias = random_bias(sh.E, rng);
+        RouteSpec full = spec;
+        if (full.n_group == 0) {
+          full.n_group = sh.n_group;
+          full.topk_group = sh.topk_group;
+        }
+        auto got = run_route("cpu", spec, sh, dt, g, bias);
+        ASSERT_TRUE(got.ok()) << got.status().message();
+        auto [w, ids] = route_oracle(g, bias, sh.T, sh.E, sh.K, full);
+        expect_equal("out_ids", got->second, ids);
+        expect_close("out_weights", got->first, w, kWeightTol);
+      }
+    }
+  }
+}
+
+TEST(MoeKernels, AlignReferenceMatchesTheOracle) {
+  std::mt19937_64 rng(3);
+  for (const AlignShape& s : align_shapes()) {
+    SCOPED_TRACE("T=" + std::to_string(s.T) + " K=" + std::to_string(s.K) +
+                 " E=" + std::to_string(s.E) + " bs=" + std::to_string(s.bs));
+    const auto ids = align_ids(s, rng);
+    auto r = run_align("cpu", s, ids, false);
+    ASSERT_TRUE(r.ok()) << r.status().message();
+    auto [P, B] = align_sizes(s);
+    const AlignResult want = align_oracle(ids, s.E, s.bs, P, B);
+    expect_equal("out_sorted_token_ids", (*r)[1], want.sorted);
+    expect_equal("out_expert_ids", (*r)[2], want.blocks);
+    expect_equal("out_num_tokens_post_pad", (*r)[3], want.total);
+  }
+  // Invalid ids: skipped with ignore_invalid, an error naming the slot without.
+  const AlignShape s{2, 3, 4, 2};
+  const std::vector<double> ids = {0, 4, 1, -1, 3, 0};
+  auto r = run_align("cpu", s, ids, true);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  auto [P, B] = align_sizes(s);
+  const AlignResult want = align_oracle(ids, s.E, s.bs, P, B);
+  expect_equal("out_sorted_token_ids", (*r)[1], want.sorted);
+  expect_equal("out_expert_ids", (*r)[2], want.blocks);
+  auto bad = run_align("cpu", s, ids, false);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("holds expert 4 at slot 1"), std::string::npos)
+      << bad.status().message();
+}
+
+class MoeGpu : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!harness::gpu_available()) {
+      GTEST_SKIP() << "no CUDA device on this machine: GPU kernel tests skipped "
+                      "(run ctest on a GPU machine to exercise them)";
+    }
+  }
+};
+
+TEST_F(MoeGpu, SumMatchesTheCpuReference) {
+  std::mt19937_64 rng(21);
+  const int64_t tokens[] = {1, 3, 64, 257};
+  const int64_t ks[] = {1, 2, 3, 8, 9};
+  const int64_t widths[] = {1, 7, 8, 64, 100, 4096, 4097};
+  for (DType dt : kFloatDtypes) {
+    for (int64_t T : tokens) {
+      for (int64_t K : ks) {
+        for (int64_t H : widths) {
+          SCOPED_TRACE(std::string(dtype_name(dt)) + " T=" + std::to_string(T) +
+                       " K=" + std::to_string(K) + " H=" + std::to_string(H));
+          auto x = rounded(random_nonzero(static_cast<size_t>(T * K * H), rng), dt);
+          const std::vector<Arg> args = {{dt, {T, K, H}, x}, {dt, {T, H}, {}}};
+          const std::vector<NamedAttr> attrs = {{"routed_scaling_factor", 2.5}};
+          auto gpu = run_op("moe.sum", "cuda", args, attrs);
+          auto cpu = run_op("moe.sum", "cpu", args, attrs);
+          ASSERT_TRUE(gpu.ok()) << gpu.status().message();
+          ASSERT_TRUE(cpu.ok()) << cpu.status().message();
+          // Same fp32 operations in the same order: equal up to the final rounding.
+          expect_close("out", (*gpu)[1], (*cpu)[1], harness::tolerance_for(dt));
+        }
+      }
+    }
+  }
+}
+
+TEST_F(MoeGpu, RoutingMatchesTheCpuReference) {
+  std::mt19937_64 rng(23);
+  for (const auto& [spec, shapes] : route_sweep()) {
+    for (DType dt : kFloatDtypes) {
+      for (const RouteShape& sh : shapes) {
+        SCOPED_TRACE(spec.method + " renorm=" + std::to_string(spec.renormalize) + " cap=" +
+                     std::to_string(spec.softcap) + " bias=" + std::to_string(spec.use_bias) + " " +
+                     std::string(dtype_name(dt)) + " T=" + std::to_string(sh.T) +
+                     " E=" + std::to_string(sh.E) + " K=" + std::to_string(sh.K) +
+                     " groups=" + std::to_string(sh.n_group) + "/" + std::to_string(sh.topk_group));
+        const auto g = distinct_logits(sh.T, sh.E, rng);
+        const auto bias = random_bias(sh.E, rng);
+        auto gpu = run_route("cuda", spec, sh, dt, g, bias);
+        auto cpu = run_route("cpu", spec, sh, dt, g, bias);
+        ASSERT_TRUE(gpu.ok()) << gpu.status().message();
+        ASSERT_TRUE(cpu.ok()) << cpu.status().message();
+        expect_equal("out_ids", gpu->second, cpu->second);
+        expect_close("out_weights", gpu->first, cpu->first, kWeightTol);
+      }
+    }
+  }
+}
+
+TEST_F(MoeGpu, RoutingWithMisalignedGatingAndManyTokens) {
+  // A view one element into its allocation defeats vector loads; 3000 tokens fill many
+  // blocks. DeepSeek-V3 and Mixtral-like shapes.
+  std::mt19937_64 rng(29);
+  for (DType dt : kFloatDtypes) {
+    for (const RouteShape& sh : {RouteShape{3000, 256, 8, 8, 4}, RouteShape{3000, 8, 2}}) {
+      const auto g = distinct_logits(sh.T, sh.E, rng);
+      const auto bias = random_bias(sh.E, rng);
+      const RouteSpec spec = sh.n_group > 1 ? RouteSpec{"grouped", true, 0, true, 0, 0, 2.5}
+                                            : RouteSpec{"topk_softmax", true};
+      auto cpu = run_route("cpu", spec, sh, dt, g, bias);
+      ASSERT_TRUE(cpu.ok()) << cpu.status().message();
+      auto aligned = run_route("cuda", spec, sh, dt, g, bias);
+      ASSERT_TRUE(aligned.ok()) << aligned.status().message();
+      expect_equal("out_ids", aligned->second, cpu->second);
+      expect_close("out_weights", aligned->first, cpu->first, kWeightTol);
+
+      auto [op, named] = route_call(RouteSpec{spec.method, spec.renormalize, 0, spec.use_bias,
+                                              sh.n_group, sh.topk_group, spec.scale});
+      auto h = registry().resolve(op, Target{kGpuDev, dt}, {std::string("cuda")});
+      ASSERT_TRUE(h.ok());
+      auto padded = Buffer::make(kGpuDev, dt, {sh.T * sh.E + 1});
+      auto gv = g;
+      gv.insert(gv.begin(), 0.5);
+      ASSERT_TRUE(padded->from_doubles(gv).ok());
+      DLTensor view = *padded->tensor();
+      int64_t shape[2] = {sh.T, sh.E};
+      view.ndim = 2;
+      view.shape = shape;
+      view.strides = nullptr;
+      view.byte_offset = dtype_size(dt);
+      auto b = Buffer::make(kGpuDev, DType::kF32, {sh.E});
+      ASSERT_TRUE(b->from_doubles(bias).ok());
+      auto w = Buffer::make(kGpuDev, DType::kF32, {sh.T, sh.K});
+      auto ids = Buffer::make(kGpuDev, DType::kI32, {sh.T, sh.K});
+      ASSERT_TRUE(w->poison().ok());
+      ASSERT_TRUE(ids->poison().ok());
+      DLTensor* args[] = {&view, b->tensor(), w->tensor(), ids->tensor()};
+      auto al = h->attrs(named);
+      ASSERT_TRUE(al.ok()) << al.status().message();
+      ASSERT_TRUE(h->call(args, al->view()).ok());
+      ASSERT_TRUE(harness::device_synchronize().ok());
+      expect_equal("out_ids (misaligned)", *ids->to_doubles(), cpu->second);
+      expect_close("out_weights (misaligned)", *w->to_doubles(), cpu->first, kWeightTol);
+    }
+  }
+}
+
+TEST_F(MoeGpu, AlignMatchesTheCpuReference) {
+  std::mt19937_64 rng(31);
+  for (const AlignShape& s : align_shapes()) {
+    SCOPED_TRACE("T=" + std::to_string(s.T) + " K=" + std::to_string(s.K) +
+                 " E=" + std::to_string(s.E) + " bs=" + std::to_string(s.bs));
+    const auto ids = align_ids(s, rng);
+    auto gpu = run_align("cuda", s, ids, false);
+    auto cpu = run_align("cpu", s, ids, false);
+    ASSERT_TRUE(gpu.ok()) << gpu.status().message();
+    ASSERT_TRUE(cpu.ok()) << cpu.status().message();
+    for (size_t i = 1; i < 4; ++i)
+      expect_equal("output " + std::to_string(i), (*gpu)[i], (*cpu)[i]);
+  }
+  // Invalid ids are skipped on the GPU with or without ignore_invalid.
+  const AlignShape s{2, 3, 4, 2};
+  const std::vector<double> ids = {0, 4, 1, -1, 3, 0};
+  auto cpu = run_align("cpu", s, ids, true);
+  ASSERT_TRUE(cpu.ok());
+  for (bool ignore : {true, false}) {
+    auto gpu = run_align("cuda", s, ids, ignore);
+    ASSERT_TRUE(gpu.ok()) << gpu.status().message();
+    for (size_t i = 1; i < 4; ++i)
+      expect_equal("output " + std::to_string(i), (*gpu)[i], (*cpu)[i]);
+  }
+}
+
+TEST_F(MoeGpu, CpuTensorsToTheCudaPathAreRefused) {
+  auto h = registry().resolve("moe.sum", Target{kGpuDev, DType::kBF16}, {std::string("cuda")});
+  ASSERT_TRUE(h.ok());
+  auto x = Buffer::make(kCpuDev, DType::kBF16, {2, 2, 8});
+  auto out = Buffer::make(kCpuDev, DType::kBF16, {2, 8});
+  DLTensor* args[] = {x->tensor(), out->tensor()};
+  Status st = h->call(args);
+  EXPECT_EQ(st.code(), KREG_INVALID_ARGUMENT);
+  EXPECT_NE(st.message().find("backend cuda runs on cuda tensors"), std::string::npos)
+      << st.message();
+}
+
+// ---- Bad arguments (CPU: the same host checks guard both backends) ----
+
+Status route_status(const std::string& op, int64_t T, int64_t E, int64_t K,
+                    const std::vector<NamedAttr>& attrs, DType gating = DType::kF32,
+                    DType ids = DType::kI32) {
+  std::mt19937_64 rng(1);
+  auto r = run_op(op, "cpu",
+                  {{gating, {T, E}, distinct_logits(T, std::min<int64_t>(E, 512), rng)},
+                   {DType::kF32, {E}, std::vector<double>(static_cast<size_t>(E), 0.0)},
+                   {DType::kF32, {T, K}, {}},
+                   {ids, {T, K}, {}}},
+                  attrs);
+  return r.ok() ? OkStatus() : r.status();
+}
+
+void expect_error(const Status& st, const std::string& text) {
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find(text), std::string::npos) << st.message();
+}
+
+TEST(MoeKernels, BadArgumentsAreRejected) {
+  // k > E, E > 512.
+  expect_error(route_status("moe.topk_softmax", 2, 4, 5, {}), "top-k = 5");
+  expect_error(route_status("moe.topk_softmax", 2, 4, 5, {}), "between 1 and E = 4");
+  // (E > 512 needs more distinct logits than the generator makes: build by hand.)
+  {
+    auto r = run_op("moe.topk_softmax", "cpu",
+                    {{DType::kF32, {1, 513}, std::vector<double>(513, 0.5)},
+                     {DType::kF32, {513}, std::vector<double>(513, 0.0)},
+                     {DType::kF32, {1, 2}, {}},
+                     {DType::kI32, {1, 2}, {}}},
+                    {});
+    ASSERT_FALSE(r.ok());
+    expect_error(r.status(), "argument 'gating' has E = 513 experts; supported: 1 to 512");
+  }
+  expect_error(route_status("moe.topk_softmax", 2, 8, 2, {{"softcapping", -1.0}}),
+               "attribute 'softcapping'");
+  // Wrong dtypes and shapes, named by the core.
+  expect_error(route_status("moe.topk_softmax", 2, 8, 2, {}, DType::kF32, DType::kI64),
+               "argument 'out_ids'");
+  expect_error(route_status("moe.topk_softmax", 2, 8, 2, {}, DType::kF64),
+               "dtype f64 not supported (f32|f16|bf16)");
+  {
+    auto r = run_op("moe.topk_softmax", "cpu",
+                    {{DType::kF32, {2, 8}, std::vector<double>(16, 0.5)},
+                     {DType::kF32, {7}, std::vector<double>(7, 0.0)},
+                     {DType::kF32, {2, 2}, {}},
+                     {DType::kI32, {2, 2}, {}}},
+                    {});
+    ASSERT_FALSE(r.ok());
+    expect_error(r.status(), "argument 'correction_bias'");
+  }
+  // Groups.
+  expect_error(route_status("moe.grouped_topk", 2, 256, 8,
+                            {{"n_group", int64_t{7}}, {"topk_group", int64_t{4}}}),
+               "attribute 'n_group' = 7");
+  expect_error(route_status("moe.grouped_topk", 2, 256, 8,
+                            {{"n_group", int64_t{8}}, {"topk_group", int64_t{9}}}),
+               "attribute 'topk_group' = 9");
+  expect_error(route_status("moe.grouped_topk", 2, 256, 40,
+                            {{"n_group", int64_t{8}}, {"topk_group", int64_t{1}}}),
+               "top-k = 40 exceeds the 32 experts");
+  expect_error(route_status("moe.grouped_topk", 2, 64, 2,
+                            {{"n_group", int64_t{64}}, {"topk_group", int64_t{1}}}),
+               "attribute 'n_group' = 64");
+  // Methods.
+  expect_error(route_status("moe.route", 2, 8, 2, {{"method", std::string("Softmax")}}),
+               "unknown method 'Softmax'; valid methods: Default, Renormalize, DeepSeekV3, Llama4, "
+               "RenormalizeNaive, TopK, SigmoidRenorm, MiniMax2, Sigmoid");
+  expect_error(route_status("moe.route", 2, 8, 2, {{"method", std::string("Llama4")}}),
+               "method 'Llama4' routes each token to one expert");
+  expect_error(
+      route_status("moe.route", 2, 8, 2,
+                   {{"method", std::string("Default")}, {"routed_scaling_factor", std::nan("")}}),
+      "attribute 'routed_scaling_factor'");
+  // moe.sum.
+  {
+    auto r = run_op(
+        "moe.sum", "cpu",
+        {{DType::kF32, {2, 3, 8}, std::vector<double>(48, 1.0)}, {DType::kF32, {2, 9}, {}}}, {});
+    ASSERT_FALSE(r.ok());
+    expect_error(r.status(), "argument 'out'");
+  }
+  // align_block_size: sizes and attributes.
+  {
+    const AlignShape s{4, 2, 8, 4};
+    const std::vector<double> ids(8, 1.0);
+    auto [P, B] = align_sizes(s);
+    auto small = run_op("moe.align_block_size", "cpu",
+                        {{DType::kI32, {4, 2}, ids},
+                         {DType::kI32, {P - 1}, {}},
+                         {DType::kI32, {B}, {}},
+                         {DType::kI32, {1}, {}}},
+                        {{"num_experts", int64_t{8}}, {"block_size", int64_t{4}}});
+    ASSERT_FALSE(small.ok());
+    expect_error(small.status(),
+                 "argument 'out_sorted_token_ids' has 31 elements; it needs at least");
+    auto few_blocks = run_op("moe.align_block_size", "cpu",
+                             {{DType::kI32, {4, 2}, ids},
+                              {DType::kI32, {P}, {}},
+                              {DType::kI32, {B - 1}, {}},
+                              {DType::kI32, {1}, {}}},
+                             {{"num_experts", int64_t{8}}, {"block_size", int64_t{4}}});
+    ASSERT_FALSE(few_blocks.ok());
+    expect_error(few_blocks.status(), "argument 'out_expert_ids'");
+    auto zero_bs = run_op("moe.align_block_size", "cpu",
+                          {{DType::kI32, {4, 2}, ids},
+                           {DType::kI32, {P}, {}},
+                           {DType::kI32, {B}, {}},
+                           {DType::kI32, {1}, {}}},
+                          {{"num_experts", int64_t{8}}, {"block_size", int64_t{0}}});
+    ASSERT_FALSE(zero_bs.ok());
+    expect_error(zero_bs.status(), "attribute 'block_size' = 0");
+    auto many = run_op("moe.align_block_size", "cpu",
+                       {{DType::kI32, {4, 2}, ids},
+                        {DType::kI32, {P}, {}},
+                        {DType::kI32, {B}, {}},
+                        {DType::kI32, {1}, {}}},
+                       {{"num_experts", int64_t{4096}}, {"block_size", int64_t{4}}});
+    ASSERT_FALSE(many.ok());
+    expect_error(many.status(), "attribute 'num_experts' = 4096");
+  }
+}
+
+}  // namespace
+}  // namespace kreg
