@@ -16,13 +16,13 @@ namespace kreg::moe {
 
 // CPU references (reference.cpp).
 KernelStatus sum_cpu(Context& ctx, const DLTensor& x, DLTensor& out, double routed_scaling_factor);
-KernelStatus topk_softmax_cpu(Context& ctx, const DLTensor& gating, const DLTensor& correction_bias,
+KernelStatus topk_softmax_cpu(Context& ctx, const DLTensor& gating, const DLTensor* correction_bias,
                               DLTensor& out_weights, DLTensor& out_ids, bool renormalize,
-                              double softcapping, bool use_correction_bias);
+                              double softcapping);
 KernelStatus grouped_topk_cpu(Context& ctx, const DLTensor& gating, const DLTensor& correction_bias,
                               DLTensor& out_weights, DLTensor& out_ids, int64_t n_group,
                               int64_t topk_group, bool renormalize, double routed_scaling_factor);
-KernelStatus route_cpu(Context& ctx, const DLTensor& gating, const DLTensor& correction_bias,
+KernelStatus route_cpu(Context& ctx, const DLTensor& gating, const DLTensor* correction_bias,
                        DLTensor& out_weights, DLTensor& out_ids, std::string_view method,
                        int64_t n_group, int64_t topk_group, double routed_scaling_factor);
 KernelStatus align_block_size_cpu(Context& ctx, const DLTensor& topk_ids,
@@ -36,14 +36,13 @@ KernelStatus sum_cuda(Context& ctx, const DLTensor& x, DLTensor& out,
                       double routed_scaling_factor);  // sum.cu
 // routing.cu
 KernelStatus topk_softmax_cuda(Context& ctx, const DLTensor& gating,
-                               const DLTensor& correction_bias, DLTensor& out_weights,
-                               DLTensor& out_ids, bool renormalize, double softcapping,
-                               bool use_correction_bias);
+                               const DLTensor* correction_bias, DLTensor& out_weights,
+                               DLTensor& out_ids, bool renormalize, double softcapping);
 KernelStatus grouped_topk_cuda(Context& ctx, const DLTensor& gating,
                                const DLTensor& correction_bias, DLTensor& out_weights,
                                DLTensor& out_ids, int64_t n_group, int64_t topk_group,
                                bool renormalize, double routed_scaling_factor);
-KernelStatus route_cuda(Context& ctx, const DLTensor& gating, const DLTensor& correction_bias,
+KernelStatus route_cuda(Context& ctx, const DLTensor& gating, const DLTensor* correction_bias,
                         DLTensor& out_weights, DLTensor& out_ids, std::string_view method,
                         int64_t n_group, int64_t topk_group, double routed_scaling_factor);
 // align.cu

@@ -164,12 +164,12 @@ KernelStatus sum_cpu(Context& ctx, const DLTensor& x, DLTensor& out, double rout
   }
 }
 
-KernelStatus topk_softmax_cpu(Context& ctx, const DLTensor& gating, const DLTensor& correction_bias,
+KernelStatus topk_softmax_cpu(Context& ctx, const DLTensor& gating, const DLTensor* correction_bias,
                               DLTensor& out_weights, DLTensor& out_ids, bool renormalize,
-                              double softcapping, bool use_correction_bias) {
+                              double softcapping) {
   RoutingParams p;
   if (KernelStatus st = topk_softmax_params(ctx, gating, correction_bias, out_weights, renormalize,
-                                            softcapping, use_correction_bias, p);
+                                            softcapping, p);
       !st.ok()) {
     return st;
   }
@@ -188,7 +188,7 @@ KernelStatus grouped_topk_cpu(Context& ctx, const DLTensor& gating, const DLTens
   return route_typed(ctx, "moe.grouped_topk", gating, out_weights, out_ids, p);
 }
 
-KernelStatus route_cpu(Context& ctx, const DLTensor& gating, const DLTensor& correction_bias,
+KernelStatus route_cpu(Context& ctx, const DLTensor& gating, const DLTensor* correction_bias,
                        DLTensor& out_weights, DLTensor& out_ids, std::string_view method,
                        int64_t n_group, int64_t topk_group, double routed_scaling_factor) {
   RoutingParams p;

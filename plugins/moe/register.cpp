@@ -7,15 +7,15 @@ namespace {
 constexpr const char* kSum =
     "sum(Tensor[T,K,H] x, Tensor(a!)[T,H] out, float routed_scaling_factor=1.0) -> ()";
 constexpr const char* kTopkSoftmax =
-    "topk_softmax(Tensor[T,E] gating, Tensor<f32>[E] correction_bias, "
+    "topk_softmax(Tensor[T,E] gating, Tensor?<f32>[E] correction_bias, "
     "Tensor<f32>(a!)[T,K] out_weights, Tensor<i32>(b!)[T,K] out_ids, bool renormalize=false, "
-    "float softcapping=0.0, bool use_correction_bias=false) -> ()";
+    "float softcapping=0.0) -> ()";
 constexpr const char* kGroupedTopk =
     "grouped_topk(Tensor[T,E] gating, Tensor<f32>[E] correction_bias, "
     "Tensor<f32>(a!)[T,K] out_weights, Tensor<i32>(b!)[T,K] out_ids, int n_group, "
     "int topk_group, bool renormalize=true, float routed_scaling_factor=1.0) -> ()";
 constexpr const char* kRoute =
-    "route(Tensor[T,E] gating, Tensor<f32>[E] correction_bias, Tensor<f32>(a!)[T,K] out_weights, "
+    "route(Tensor[T,E] gating, Tensor?<f32>[E] correction_bias, Tensor<f32>(a!)[T,K] out_weights, "
     "Tensor<i32>(b!)[T,K] out_ids, str method=\"Default\", int n_group=1, int topk_group=1, "
     "float routed_scaling_factor=1.0) -> ()";
 constexpr const char* kAlign =
@@ -33,7 +33,7 @@ constexpr uint32_t kCudaTraits = KREG_TRAIT_GRAPH_SAFE | KREG_TRAIT_DETERMINISTI
 #define KREG_MOE_TOPK_SOFTMAX_DOC                                                               \
   "Softmax routing, E <= 512, 1 <= K <= E. l = float(gating), l = c*tanh(l/c) if "              \
   "softcapping c > 0; weights = softmax(l) of the K experts with the largest selection keys, "  \
-  "key = l + correction_bias when use_correction_bias (the bias steers SELECTION only; the "    \
+  "key = l + correction_bias when given (the bias steers SELECTION only; the "                  \
   "weights come from the unbiased softmax) else l; picks in descending key order, ties to the " \
   "lower index; renormalize divides the K weights by their fp32 sum"
 #define KREG_MOE_GROUPED_TOPK_DOC                                                               \
@@ -50,7 +50,8 @@ constexpr uint32_t kCudaTraits = KREG_TRAIT_GRAPH_SAFE | KREG_TRAIT_DETERMINISTI
   "RenormalizeNaive: key l, w = softmax(l) / its sum over the picks; TopK: key l, w = l; "        \
   "SigmoidRenorm: key l, w = sigmoid(l) / its sum over the picks; MiniMax2: key sigmoid(l) + "    \
   "correction_bias, w = sigmoid(l) / its sum over the picks; Sigmoid: key l, w = sigmoid(l). "    \
-  "correction_bias is read by DeepSeekV3 and MiniMax2 only; n_group/topk_group by DeepSeekV3 "    \
+  "correction_bias (optional) is required by DeepSeekV3 and MiniMax2, ignored by the others; "    \
+  "n_group/topk_group by DeepSeekV3 "                                                             \
   "only. An unknown method is an error listing the valid ones"
 #define KREG_MOE_ALIGN_DOC                                                                        \
   "Sorts the N = T*K token slots (flat indices into topk_ids) by expert: expert e's slots, in "   \

@@ -68,11 +68,18 @@ KernelStatus group_params(Context& ctx, const char* op, int64_t n_group, int64_t
   return kOk;
 }
 
+KernelStatus missing_bias(Context& ctx, const char* op, const char* method) {
+  return ctx.fail(KREG_INVALID_ARGUMENT,
+                  "%s: method '%s' selects by score + correction_bias: argument "
+                  "'correction_bias' is required",
+                  op, method);
+}
+
 }  // namespace
 
-KernelStatus topk_softmax_params(Context& ctx, const DLTensor& gating, const DLTensor& bias,
+KernelStatus topk_softmax_params(Context& ctx, const DLTensor& gating, const DLTensor* bias,
                                  const DLTensor& out_weights, bool renormalize, double softcapping,
-                                 bool use_correction_bias, RoutingParams& p) {
+                                 RoutingParams& p) {
   const char* op = "moe.topk_softmax";
   if (KernelStatus st = common_params(ctx, op, gating, out_weights, p); !st.ok()) return st;
   if (!(softcapping >= 0) || !std::isfinite(softcapping)) {
@@ -82,7 +89,7 @@ KernelStatus topk_softmax_params(Context& ctx, const DLTensor& gating, const DLT
   p.score = Score::kSoftmax;
   p.renormalize = renormalize;
   p.softcap = static_cast<float>(softcapping);
-  p.bias = use_correction_bias ? data_ptr<const float>(bias) : nullptr;
+  p.bias = bias != nullptr ? data_ptr<const float>(*bias) : nullptr;
   return kOk;
 }
 
@@ -100,7 +107,7 @@ KernelStatus grouped_topk_params(Context& ctx, const DLTensor& gating, const DLT
   return kOk;
 }
 
-KernelStatus route_params(Context& ctx, const DLTensor& gating, const DLTensor& bias,
+KernelStatus route_params(Context& ctx, const DLTensor& gating, const DLTensor* bias,
                           const DLTensor& out_weights, std::string_view method, int64_t n_group,
                           int64_t topk_group, double routed_scaling_factor, RoutingParams& p) {
   const char* op = "moe.route";
@@ -116,7 +123,8 @@ KernelStatus route_params(Context& ctx, const DLTensor& gating, const DLTensor& 
     p.score = Score::kSigmoid;
     p.key_on_score = true;
     p.renormalize = true;
-    p.bias = data_ptr<const float>(bias);
+    if (bias == nullptr) return missing_bias(ctx, op, "DeepSeekV3");
+    p.bias = data_ptr<const float>(*bias);
   } else if (method == "Llama4") {
     if (p.k != 1) {
       return ctx.fail(KREG_INVALID_ARGUMENT,
@@ -135,7 +143,8 @@ KernelStatus route_params(Context& ctx, const DLTensor& gating, const DLTensor& 
     p.score = Score::kSigmoid;
     p.key_on_score = true;
     p.renormalize = true;
-    p.bias = data_ptr<const float>(bias);
+    if (bias == nullptr) return missing_bias(ctx, op, "MiniMax2");
+    p.bias = data_ptr<const float>(*bias);
   } else if (method == "Sigmoid") {
     p.score = Score::kSigmoid;
   } else {

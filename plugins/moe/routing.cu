@@ -291,12 +291,11 @@ KernelStatus route_launch(Context& ctx, const char* op, const DLTensor& gating, 
 }  // namespace
 
 KernelStatus topk_softmax_cuda(Context& ctx, const DLTensor& gating,
-                               const DLTensor& correction_bias, DLTensor& out_weights,
-                               DLTensor& out_ids, bool renormalize, double softcapping,
-                               bool use_correction_bias) {
+                               const DLTensor* correction_bias, DLTensor& out_weights,
+                               DLTensor& out_ids, bool renormalize, double softcapping) {
   RoutingParams p;
   if (KernelStatus st = topk_softmax_params(ctx, gating, correction_bias, out_weights, renormalize,
-                                            softcapping, use_correction_bias, p);
+                                            softcapping, p);
       !st.ok()) {
     return st;
   }
@@ -316,7 +315,7 @@ KernelStatus grouped_topk_cuda(Context& ctx, const DLTensor& gating,
   return route_launch(ctx, "moe.grouped_topk", gating, out_weights, out_ids, p);
 }
 
-KernelStatus route_cuda(Context& ctx, const DLTensor& gating, const DLTensor& correction_bias,
+KernelStatus route_cuda(Context& ctx, const DLTensor& gating, const DLTensor* correction_bias,
                         DLTensor& out_weights, DLTensor& out_ids, std::string_view method,
                         int64_t n_group, int64_t topk_group, double routed_scaling_factor) {
   RoutingParams p;

@@ -49,13 +49,13 @@ inline constexpr const char* kRouteMethods =
 
 // Each checks what the signature cannot (k <= E, E <= 512, attribute ranges, the method)
 // and fills `p`; on a bad call it returns ctx.fail(...) naming the op and the argument.
-KernelStatus topk_softmax_params(Context& ctx, const DLTensor& gating, const DLTensor& bias,
+KernelStatus topk_softmax_params(Context& ctx, const DLTensor& gating, const DLTensor* bias,
                                  const DLTensor& out_weights, bool renormalize, double softcapping,
-                                 bool use_correction_bias, RoutingParams& p);
+                                 RoutingParams& p);
 KernelStatus grouped_topk_params(Context& ctx, const DLTensor& gating, const DLTensor& bias,
                                  const DLTensor& out_weights, int64_t n_group, int64_t topk_group,
                                  bool renormalize, double routed_scaling_factor, RoutingParams& p);
-KernelStatus route_params(Context& ctx, const DLTensor& gating, const DLTensor& bias,
+KernelStatus route_params(Context& ctx, const DLTensor& gating, const DLTensor* bias,
                           const DLTensor& out_weights, std::string_view method, int64_t n_group,
                           int64_t topk_group, double routed_scaling_factor, RoutingParams& p);
 

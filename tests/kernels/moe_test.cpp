@@ -44,6 +44,7 @@ struct Arg {
   DType dtype;
   std::vector<int64_t> shape;
   std::vector<double> values;
+  bool absent = false;  // an omitted optional tensor (null)
 };
 
 using Values = std::vector<std::vector<double>>;
@@ -74,7 +75,8 @@ Result<Values> run_op(const std::string& op, const std::string& backend,
     if (Status st = b->from_doubles(v); !st.ok()) return st;
     bufs.push_back(std::move(b).value());
   }
-  for (Buffer& b : bufs) ptrs.push_back(b.tensor());
+  for (size_t i = 0; i < bufs.size(); ++i)
+    ptrs.push_back(args[i].absent ? nullptr : bufs[i].tensor());
   auto al = h->attrs(attrs);
   if (!al) return al.status();
   if (Status st = h->call(ptrs, al->view()); !st.ok()) return st;
@@ -86,6 +88,12 @@ Result<Values> run_op(const std::string& op, const std::string& backend,
     out.push_back(std::move(v).value());
   }
   return out;
+}
+
+// Whether a routing configuration passes correction_bias (else it is omitted: null).
+bool passes_bias(const std::string& method, bool use_bias) {
+  return method == "grouped" || method == "DeepSeekV3" || method == "MiniMax2" ||
+         (method == "topk_softmax" && use_bias);
 }
 
 std::vector<double> rounded(std::vector<double> v, DType dt) {
@@ -275,10 +283,7 @@ std::pair<std::vector<double>, std::vector<double>> route_oracle(const std::vect
 // The op and attributes for a RouteSpec.
 std::pair<std::string, std::vector<NamedAttr>> route_call(const RouteSpec& s) {
   if (s.method == "topk_softmax") {
-    return {"moe.topk_softmax",
-            {{"renormalize", s.renormalize},
-             {"softcapping", s.softcap},
-             {"use_correction_bias", s.use_bias}}};
+    return {"moe.topk_softmax", {{"renormalize", s.renormalize}, {"softcapping", s.softcap}}};
   }
   if (s.method == "grouped") {
     return {"moe.grouped_topk",
@@ -339,7 +344,7 @@ Result<std::pair<std::vector<double>, std::vector<double>>> run_route(
   auto [op, attrs] = route_call(spec);
   auto r = run_op(op, backend,
                   {{dt, {sh.T, sh.E}, g},
-                   {DType::kF32, {sh.E}, bias},
+                   {DType::kF32, {sh.E}, bias, !passes_bias(spec.method, spec.use_bias)},
                    {DType::kF32, {sh.T, sh.K}, {}},
                    {DType::kI32, {sh.T, sh.K}, {}}},
                   attrs);
@@ -602,7 +607,8 @@ TEST_F(MoeGpu, RoutingWithMisalignedGatingAndManyTokens) {
       auto ids = Buffer::make(kGpuDev, DType::kI32, {sh.T, sh.K});
       ASSERT_TRUE(w->poison().ok());
       ASSERT_TRUE(ids->poison().ok());
-      DLTensor* args[] = {&view, b->tensor(), w->tensor(), ids->tensor()};
+      DLTensor* args[] = {&view, passes_bias(spec.method, spec.use_bias) ? b->tensor() : nullptr,
+                          w->tensor(), ids->tensor()};
       auto al = h->attrs(named);
       ASSERT_TRUE(al.ok()) << al.status().message();
       ASSERT_TRUE(h->call(args, al->view()).ok());
@@ -720,6 +726,19 @@ TEST(MoeKernels, BadArgumentsAreRejected) {
   expect_error(route_status("moe.route", 2, 8, 2, {{"method", std::string("Softmax")}}),
                "unknown method 'Softmax'; valid methods: Default, Renormalize, DeepSeekV3, Llama4, "
                "RenormalizeNaive, TopK, SigmoidRenorm, MiniMax2, Sigmoid");
+  {
+    std::mt19937_64 rng(2);
+    auto r = run_op("moe.route", "cpu",
+                    {{DType::kF32, {2, 8}, distinct_logits(2, 8, rng)},
+                     {DType::kF32, {8}, {}, true},
+                     {DType::kF32, {2, 2}, {}},
+                     {DType::kI32, {2, 2}, {}}},
+                    {{"method", std::string("DeepSeekV3")}});
+    ASSERT_FALSE(r.ok());
+    expect_error(r.status(),
+                 "method 'DeepSeekV3' selects by score + correction_bias: argument "
+                 "'correction_bias' is required");
+  }
   expect_error(route_status("moe.route", 2, 8, 2, {{"method", std::string("Llama4")}}),
                "method 'Llama4' routes each token to one expert");
   expect_error(
