@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <numeric>
 #include <random>
 
@@ -511,6 +512,101 @@ TEST(MoeKernels, AlignReferenceMatchesTheOracle) {
       << bad.status().message();
 }
 
+// The selection keys (and, with a group limit, the group scores) of one row, in double:
+// where the GPU and the CPU reference pick differently, the test accepts it only when
+// these say the two picks were tied to within fp32 rounding of a transcendental function
+// (CUDA's expf/tanhf and the host libm's may differ by an ulp or two).
+struct RowKeys {
+  std::vector<double> key;
+  bool group_boundary_tie = false;
+};
+
+RowKeys row_keys(const RouteSpec& s, const std::vector<double>& g, int64_t t, int64_t E,
+                 const std::vector<double>& bias) {
+  RowKeys rk;
+  for (int64_t e = 0; e < E; ++e) {
+    double l = g[static_cast<size_t>(t * E + e)];
+    if (s.softcap > 0) l = s.softcap * std::tanh(l / s.softcap);
+    const bool on_sigmoid =
+        s.method == "grouped" || s.method == "DeepSeekV3" || s.method == "MiniMax2";
+    double k = on_sigmoid ? sigmoid(l) : l;
+    if (passes_bias(s.method, s.use_bias)) k += bias[static_cast<size_t>(e)];
+    rk.key.push_back(k);
+  }
+  if (s.n_group > 1) {
+    const int64_t gsize = E / s.n_group;
+    std::vector<double> gs;
+    for (int grp = 0; grp < s.n_group; ++grp) {
+      std::vector<double> v(rk.key.begin() + grp * gsize, rk.key.begin() + (grp + 1) * gsize);
+      std::sort(v.rbegin(), v.rend());
+      gs.push_back(v[0] + (gsize >= 2 ? v[1] : 0.0));
+    }
+    std::sort(gs.rbegin(), gs.rend());
+    if (s.topk_group < s.n_group) {
+      rk.group_boundary_tie = std::abs(gs[static_cast<size_t>(s.topk_group - 1)] -
+                                       gs[static_cast<size_t>(s.topk_group)]) < 1e-5;
+    }
+  }
+  return rk;
+}
+
+// GPU vs CPU routing results: ids equal, except rows whose differences are all near ties
+// (reported, and left out of the weight comparison); weights within fp32 tolerance.
+void expect_same_routing(RouteSpec spec, const RouteShape& sh, const std::vector<double>& g,
+                         const std::vector<double>& bias,
+                         const std::pair<std::vector<double>, std::vector<double>>& gpu,
+                         const std::pair<std::vector<double>, std::vector<double>>& cpu) {
+  if (spec.n_group == 0) {
+    spec.n_group = sh.n_group;
+    spec.topk_group = sh.topk_group;
+  }
+  ASSERT_EQ(gpu.second.size(), cpu.second.size());
+  std::vector<double> gw, cw;
+  size_t tie_rows = 0, bad_rows = 0;
+  std::string first_bad;
+  for (int64_t t = 0; t < sh.T; ++t) {
+    const size_t row = static_cast<size_t>(t * sh.K);
+    bool same = true;
+    for (int j = 0; j < sh.K; ++j) same = same && gpu.second[row + j] == cpu.second[row + j];
+    if (same) {
+      gw.insert(gw.end(), gpu.first.begin() + row, gpu.first.begin() + row + sh.K);
+      cw.insert(cw.end(), cpu.first.begin() + row, cpu.first.begin() + row + sh.K);
+      continue;
+    }
+    const RowKeys rk = row_keys(spec, g, t, sh.E, bias);
+    bool explained = true;
+    for (int j = 0; j < sh.K && explained; ++j) {
+      const double a = gpu.second[row + j], b = cpu.second[row + j];
+      if (a == b) continue;
+      if (!(a >= 0 && a < sh.E)) {
+        explained = false;
+        break;
+      }
+      const double ka = rk.key[static_cast<size_t>(a)], kb = rk.key[static_cast<size_t>(b)];
+      explained = std::abs(ka - kb) <= 1e-5 * std::max(1.0, std::abs(kb)) || rk.group_boundary_tie;
+    }
+    if (explained) {
+      ++tie_rows;
+    } else if (bad_rows++ == 0) {
+      first_bad = "token " + std::to_string(t) + ": gpu ids";
+      for (int j = 0; j < sh.K; ++j)
+        first_bad += " " + std::to_string(static_cast<int64_t>(gpu.second[row + j]));
+      first_bad += ", cpu ids";
+      for (int j = 0; j < sh.K; ++j)
+        first_bad += " " + std::to_string(static_cast<int64_t>(cpu.second[row + j]));
+    }
+  }
+  EXPECT_EQ(bad_rows, 0u) << "out_ids differ beyond near ties in " << bad_rows << " of " << sh.T
+                          << " tokens; first: " << first_bad;
+  EXPECT_LE(tie_rows, static_cast<size_t>(std::max<int64_t>(2, sh.T / 100)))
+      << "too many near-tie rows";
+  if (tie_rows > 0) {
+    std::printf("note: %zu of %lld tokens differ only at near ties (fp32 exp/tanh rounding)\n",
+                tie_rows, static_cast<long long>(sh.T));
+  }
+  expect_close("out_weights", gw, cw, kWeightTol);
+}
+
 class MoeGpu : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -563,8 +659,7 @@ TEST_F(MoeGpu, RoutingMatchesTheCpuReference) {
         auto cpu = run_route("cpu", spec, sh, dt, g, bias);
         ASSERT_TRUE(gpu.ok()) << gpu.status().message();
         ASSERT_TRUE(cpu.ok()) << cpu.status().message();
-        expect_equal("out_ids", gpu->second, cpu->second);
-        expect_close("out_weights", gpu->first, cpu->first, kWeightTol);
+        expect_same_routing(spec, sh, g, bias, *gpu, *cpu);
       }
     }
   }
@@ -584,8 +679,7 @@ TEST_F(MoeGpu, RoutingWithMisalignedGatingAndManyTokens) {
       ASSERT_TRUE(cpu.ok()) << cpu.status().message();
       auto aligned = run_route("cuda", spec, sh, dt, g, bias);
       ASSERT_TRUE(aligned.ok()) << aligned.status().message();
-      expect_equal("out_ids", aligned->second, cpu->second);
-      expect_close("out_weights", aligned->first, cpu->first, kWeightTol);
+      expect_same_routing(spec, sh, g, bias, *aligned, *cpu);
 
       auto [op, named] = route_call(RouteSpec{spec.method, spec.renormalize, 0, spec.use_bias,
                                               sh.n_group, sh.topk_group, spec.scale});
@@ -613,8 +707,7 @@ TEST_F(MoeGpu, RoutingWithMisalignedGatingAndManyTokens) {
       ASSERT_TRUE(al.ok()) << al.status().message();
       ASSERT_TRUE(h->call(args, al->view()).ok());
       ASSERT_TRUE(harness::device_synchronize().ok());
-      expect_equal("out_ids (misaligned)", *ids->to_doubles(), cpu->second);
-      expect_close("out_weights (misaligned)", *w->to_doubles(), cpu->first, kWeightTol);
+      expect_same_routing(spec, sh, g, bias, {*w->to_doubles(), *ids->to_doubles()}, *cpu);
     }
   }
 }
