@@ -1,15 +1,12 @@
 // CUDA residual_gate_add: out = residual + gate * x on [B,S,H], gate [B,H] (broadcast over
 // S) or [B,S,H].
 //
-// Launch shape: each thread moves kUnroll = 2 vectors of kVec elements (16 bytes when H
-// and every pointer allow), at v = block * 512 + threadIdx.x + u * 256 (each a coalesced
-// 4 KB per block): all 4-6 loads issued before any math, ~96 B per thread in flight (the
-// 1-vector form left the H200 at 96.6% of copy bandwidth, 5% behind torch.compile).
-// 256 threads a block, one block per 512 vectors. A broadcast gate splits
-// the flat vector index into (row, column) and the row into (batch, token) with
-// multiply-high dividers; the per-token form needs no division. residual and x are
-// streamed (evict-first); a broadcast gate row is re-read by S rows and stays in L1/L2
-// (read-only path). Indices are
+// Launch shape (activation's act_and_mul, measured best for element-wise work on the
+// H200): one thread per vector of kVec elements (16 bytes when H and every pointer allow),
+// 256 threads a block, one block per 256 vectors. A broadcast gate splits the flat vector
+// index into (row, column) and the row into (batch, token) with multiply-high dividers;
+// the per-token form needs no division. residual and x are streamed (evict-first); a
+// broadcast gate row is re-read by S rows and stays in L2 with normal loads. Indices are
 // 32-bit: calls of 2^31 vectors or more are cut into several launches of whole rows.
 #include <cuda_runtime.h>
 
@@ -28,9 +25,6 @@ using device::FastDivisor;
 using device::vec_t;
 
 constexpr int kBlockThreads = 256;
-// Vectors per thread. 4 took the bf16 [B,H] form to 110 registers (2 blocks per SM) and
-// spilled when capped at 80; 2 keeps ~56 (4 blocks, 1024 threads, ~96 KB in flight).
-constexpr int kUnroll = 2;
 constexpr int64_t kMaxVecsPerLaunch = INT32_MAX;
 
 template <typename T, int kVec, bool kPerToken>
@@ -38,41 +32,35 @@ __global__ void __launch_bounds__(kBlockThreads)
     residual_gate_add_kernel(const T* residual, const T* x, const T* __restrict__ gate, T* out,
                              FastDivisor vecs_per_row, FastDivisor tokens, uint32_t first_row,
                              uint32_t total_vecs) {
-  // total_vecs < 2^31: no overflow below.
-  const uint32_t base = blockIdx.x * (kBlockThreads * kUnroll) + threadIdx.x;
+  const uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= total_vecs) return;
   // out may alias residual or x: each element is read before it is written, by the same
   // thread, so no __restrict__ on those three.
-  vec_t<T, kVec> r_raw[kUnroll], x_raw[kUnroll], g_raw[kUnroll];
-#pragma unroll
-  for (int u = 0; u < kUnroll; ++u) {
-    const uint32_t i = base + u * kBlockThreads;
-    if (i >= total_vecs) continue;
-    const int64_t at = static_cast<int64_t>(i) * kVec;
-    r_raw[u].load_stream(residual + at);
-    x_raw[u].load_stream(x + at);
-    if constexpr (kPerToken) {
-      g_raw[u].load_stream(gate + at);
-    } else {
-      const uint32_t local_row = vecs_per_row.div(i);
-      const uint32_t col = i - local_row * vecs_per_row.divisor;
-      const uint32_t batch = tokens.div(first_row + local_row);
-      g_raw[u].load_nc(gate + (static_cast<int64_t>(batch) * vecs_per_row.divisor + col) * kVec);
-    }
+  const int64_t at = static_cast<int64_t>(i) * kVec;
+  int64_t gate_at = at;
+  if constexpr (!kPerToken) {
+    const uint32_t local_row = vecs_per_row.div(i);
+    const uint32_t col = i - local_row * vecs_per_row.divisor;
+    const uint32_t batch = tokens.div(first_row + local_row);
+    gate_at = (static_cast<int64_t>(batch) * vecs_per_row.divisor + col) * kVec;
   }
-#pragma unroll
-  for (int u = 0; u < kUnroll; ++u) {
-    const uint32_t i = base + u * kBlockThreads;
-    if (i >= total_vecs) continue;
-    vec_t<float, kVec> r, xv, g;
-    r.cast_from(r_raw[u]);
-    xv.cast_from(x_raw[u]);
-    g.cast_from(g_raw[u]);
-#pragma unroll
-    for (int j = 0; j < kVec; ++j) r[j] += g[j] * xv[j];
-    vec_t<T, kVec> y;
-    y.cast_from(r);
-    y.store_stream(out + static_cast<int64_t>(i) * kVec);
+  vec_t<T, kVec> r_raw, x_raw, g_raw;
+  r_raw.load_stream(residual + at);
+  x_raw.load_stream(x + at);
+  if constexpr (kPerToken) {
+    g_raw.load_stream(gate + gate_at);
+  } else {
+    g_raw.load(gate + gate_at);
   }
+  vec_t<float, kVec> r, xv, g;
+  r.cast_from(r_raw);
+  xv.cast_from(x_raw);
+  g.cast_from(g_raw);
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) r[j] += g[j] * xv[j];
+  vec_t<T, kVec> y;
+  y.cast_from(r);
+  y.store_stream(out + at);
 }
 
 struct GateArgs {
@@ -99,8 +87,7 @@ cudaError_t launch(const GateArgs& a, cudaStream_t stream) {
   for (int64_t row = 0; row < a.rows; row += rows_per_launch) {
     const int64_t n = std::min(rows_per_launch, a.rows - row);
     const auto total = static_cast<uint32_t>(n * vecs_per_row);
-    constexpr int64_t kPerBlock = int64_t{kBlockThreads} * kUnroll;
-    const auto blocks = static_cast<unsigned>((total + kPerBlock - 1) / kPerBlock);
+    const auto blocks = static_cast<unsigned>((total + kBlockThreads - 1) / kBlockThreads);
     const int64_t offset = row * a.hidden;
     // A broadcast gate is indexed by batch, from the absolute row: pass the base gate.
     residual_gate_add_kernel<T, kVec, kPerToken><<<blocks, kBlockThreads, 0, stream>>>(
