@@ -434,7 +434,8 @@ INSTANTIATE_TEST_SUITE_P(
                    "library-loads",
                    // Where the plugin's libstdc++ is not the core's, the child's
                    // terminate handler does not see the throw: a plain SIGABRT then.
-                   {"static initializer", "crash fixture: the lookup table could not be built"}},
+                   // (what the child printed last varies with the toolchain).
+                   {"static initializer"}},
         PluginCase{
             "crash_exit_init", "library-loads", {"exited with status 3", "in its init hook"}},
         PluginCase{"crash_hang_static",
