@@ -1,0 +1,258 @@
+// CUDA fused_qk_norm_rope: in place on packed qkv[T, (nq + nk + nv) * hd], every q and k
+// head is RMS-normalized with its own weight (q_weight or k_weight) and then rotated by
+// the rotary embedding of its token's position (theta = base, computed here, no cache);
+// v heads are not touched.
+//
+// Launch shape: one block per token, min(8, nq + nk) warps, one warp per head at a time:
+// lane l holds the head's elements [l * hd / 32, (l + 1) * hd / 32) in registers (one
+// 4/8/16-byte load for hd = 64/128/256), the sum of squares is a warp butterfly, and the
+// NeoX partner of element i (i + hd / 2) is in lane l ^ 16 (one shuffle). A warp loads up
+// to kBatch heads before it reduces any, to keep loads in flight. The token's cos/sin
+// table (hd / 2 angles) is computed once per block into shared memory, while the first
+// loads are in flight, and shared by all of the token's heads.
+//
+// Numerics: inv_freq[i] = base^(-2i / hd) is computed on the host in double and rounded
+// to fp32 (the CPU reference does the same, so both get the same fp32 value); the angle
+// is the fp32 product float(pos) * inv_freq[i]; sincosf (full-range, not the fast
+// intrinsic) of it. The normalized head stays in fp32 through the rotation and is rounded
+// once at the store.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "attention.hpp"
+#include "checks.hpp"
+#include "kreg/device/reduce.cuh"
+#include "launch.cuh"
+
+namespace kreg::attention {
+namespace {
+
+using device::to_float;
+using device::vec_t;
+
+constexpr int kMaxWarps = 8;
+constexpr int kBatch = 4;
+constexpr int kMaxHalf = 128;
+
+struct InvFreq {
+  float v[kMaxHalf];
+};
+
+struct QkvShape {
+  int heads_q;
+  int heads_qk;  // q and k heads: the ones this op rewrites
+  int64_t width;
+  float eps;
+  bool pos64;
+  bool aligned;  // qkv and the weights are aligned for vec_t<T, hd / 32>
+};
+
+template <int N, typename T>
+__device__ __forceinline__ void load_raw(vec_t<T, N>& v, const T* p, bool aligned) {
+  if (aligned) {
+    v.load(p);
+  } else {
+#pragma unroll
+    for (int j = 0; j < N; ++j) v[j] = p[j];
+  }
+}
+
+template <typename T, int kHeadDim, bool kNeox>
+__global__ void __launch_bounds__(kMaxWarps * 32)
+    fused_qk_norm_rope_kernel(T* __restrict__ qkv, const T* __restrict__ q_weight,
+                              const T* __restrict__ k_weight, const void* __restrict__ positions,
+                              QkvShape shape, const __grid_constant__ InvFreq inv_freq) {
+  constexpr int kElems = kHeadDim / 32;
+  constexpr int kHalf = kHeadDim / 2;
+  __shared__ float cos_s[kHalf];
+  __shared__ float sin_s[kHalf];
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  const int warps = static_cast<int>(blockDim.x) / 32;
+  const int64_t t = blockIdx.x;
+  T* row = qkv + t * shape.width;
+
+  // The first batch of heads goes out before anything else.
+  vec_t<T, kElems> raw[kBatch];
+  auto load_batch = [&](int first) {
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int h = first + warp + b * warps;
+      if (h < shape.heads_qk) load_raw(raw[b], row + h * kHeadDim + lane * kElems, shape.aligned);
+    }
+  };
+  load_batch(0);
+
+  float wq[kElems], wk[kElems];
+  {
+    vec_t<T, kElems> w;
+    load_raw(w, q_weight + lane * kElems, shape.aligned);
+#pragma unroll
+    for (int j = 0; j < kElems; ++j) wq[j] = to_float(w[j]);
+    load_raw(w, k_weight + lane * kElems, shape.aligned);
+#pragma unroll
+    for (int j = 0; j < kElems; ++j) wk[j] = to_float(w[j]);
+  }
+
+  const int64_t pos = shape.pos64 ? static_cast<const int64_t*>(positions)[t]
+                                  : static_cast<const int32_t*>(positions)[t];
+  const float fpos = static_cast<float>(pos);
+  for (int i = static_cast<int>(threadIdx.x); i < kHalf; i += static_cast<int>(blockDim.x)) {
+    float s, c;
+    sincosf(fpos * inv_freq.v[i], &s, &c);
+    sin_s[i] = s;
+    cos_s[i] = c;
+  }
+  __syncthreads();
+
+  const float inv_dim = 1.0f / static_cast<float>(kHeadDim);
+  for (int first = 0; first < shape.heads_qk; first += kBatch * warps) {
+    if (first > 0) load_batch(first);
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int h = first + warp + b * warps;  // uniform across the warp
+      if (h >= shape.heads_qk) break;
+      const bool is_q = h < shape.heads_q;
+      float y[kElems];
+      float sum_sq = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kElems; ++j) {
+        y[j] = to_float(raw[b][j]);
+        sum_sq += y[j] * y[j];
+      }
+      sum_sq = device::warp_sum(sum_sq);
+      const float inv_rms = rsqrtf(sum_sq * inv_dim + shape.eps);
+#pragma unroll
+      for (int j = 0; j < kElems; ++j) y[j] = y[j] * inv_rms * (is_q ? wq[j] : wk[j]);
+      vec_t<T, kElems> out;
+      if constexpr (kNeox) {
+        // Lanes 0-15 hold the first half (x1), lanes 16-31 the second (x2):
+        // x1' = x1 cos - x2 sin, x2' = x2 cos + x1 sin.
+        const bool first_half = lane < 16;
+#pragma unroll
+        for (int j = 0; j < kElems; ++j) {
+          const float other = __shfl_xor_sync(device::kFullWarpMask, y[j], 16);
+          const int i = (lane & 15) * kElems + j;
+          const float c = cos_s[i], s = sin_s[i];
+          out[j] = device::from_float<T>(first_half ? y[j] * c - other * s : y[j] * c + other * s);
+        }
+      } else {
+#pragma unroll
+        for (int p = 0; p < kElems / 2; ++p) {
+          const int i = (lane * kElems) / 2 + p;
+          const float c = cos_s[i], s = sin_s[i];
+          const float a = y[2 * p], bb = y[2 * p + 1];
+          out[2 * p] = device::from_float<T>(a * c - bb * s);
+          out[2 * p + 1] = device::from_float<T>(bb * c + a * s);
+        }
+      }
+      T* dst = row + h * kHeadDim + lane * kElems;
+      if (shape.aligned) {
+        out.store(dst);
+      } else {
+#pragma unroll
+        for (int j = 0; j < kElems; ++j) dst[j] = out[j];
+      }
+    }
+  }
+}
+
+// The host-side inv_freq table, cached per thread for the last (base, head_dim): the
+// struct is trivially destructible, so the thread_local registers no TLS destructor (the
+// plugin stays unloadable).
+const InvFreq& inv_freq_table(double base, int64_t head_dim) {
+  struct Cache {
+    double base = -1;
+    int64_t head_dim = 0;
+    InvFreq table;
+  };
+  static thread_local Cache cache;
+  if (cache.base != base || cache.head_dim != head_dim) {
+    for (int64_t i = 0; i < head_dim / 2; ++i) {
+      cache.table.v[i] = static_cast<float>(
+          std::pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(head_dim)));
+    }
+    cache.base = base;
+    cache.head_dim = head_dim;
+  }
+  return cache.table;
+}
+
+template <typename T, int kHeadDim, bool kNeox>
+cudaError_t launch(T* qkv, const T* qw, const T* kw, const void* positions, const QkvShape& shape,
+                   int64_t tokens, const InvFreq& inv_freq, cudaStream_t stream) {
+  const int warps = std::min(kMaxWarps, shape.heads_qk);
+  fused_qk_norm_rope_kernel<T, kHeadDim, kNeox>
+      <<<static_cast<unsigned>(tokens), warps * 32, 0, stream>>>(qkv, qw, kw, positions, shape,
+                                                                 inv_freq);
+  return cudaGetLastError();
+}
+
+template <typename T, bool kNeox>
+cudaError_t launch_dim(int64_t head_dim, T* qkv, const T* qw, const T* kw, const void* positions,
+                       const QkvShape& shape, int64_t tokens, const InvFreq& inv_freq,
+                       cudaStream_t stream) {
+  switch (head_dim) {
+    case 64:
+      return launch<T, 64, kNeox>(qkv, qw, kw, positions, shape, tokens, inv_freq, stream);
+    case 128:
+      return launch<T, 128, kNeox>(qkv, qw, kw, positions, shape, tokens, inv_freq, stream);
+    default:
+      return launch<T, 256, kNeox>(qkv, qw, kw, positions, shape, tokens, inv_freq, stream);
+  }
+}
+
+}  // namespace
+
+KernelStatus fused_qk_norm_rope_cuda(Context& ctx, DLTensor& qkv, const DLTensor& q_weight,
+                                     const DLTensor& k_weight, const DLTensor& positions,
+                                     int64_t num_heads_q, int64_t num_heads_k, int64_t num_heads_v,
+                                     int64_t head_dim, double eps, double base, bool is_neox) {
+  const char* op = "attention.fused_qk_norm_rope";
+  if (auto st = check_fused_qk_norm_rope(ctx, op, qkv, q_weight, k_weight, num_heads_q, num_heads_k,
+                                         num_heads_v, head_dim, eps, base);
+      !st.ok()) {
+    return st;
+  }
+  const int64_t tokens = qkv.shape[0];
+  if (tokens == 0 || num_heads_q + num_heads_k == 0) return kOk;
+  if (tokens > INT32_MAX) {
+    return ctx.fail(KREG_INVALID_ARGUMENT, "%s: T = %lld is too large", op,
+                    static_cast<long long>(tokens));
+  }
+  const auto stream = static_cast<cudaStream_t>(ctx.stream());
+  const InvFreq& inv_freq = inv_freq_table(base, head_dim);
+  const void* pos = data_ptr<const void>(positions);
+  auto run = [&](auto tag) {
+    using T = decltype(tag);
+    T* p = data_ptr<T>(qkv);
+    const T* qw = data_ptr<const T>(q_weight);
+    const T* kw = data_ptr<const T>(k_weight);
+    const uintptr_t bytes = static_cast<uintptr_t>(head_dim / 32) * sizeof(T);
+    const uintptr_t bits = reinterpret_cast<uintptr_t>(p) | reinterpret_cast<uintptr_t>(qw) |
+                           reinterpret_cast<uintptr_t>(kw);
+    const QkvShape shape{static_cast<int>(num_heads_q),
+                         static_cast<int>(num_heads_q + num_heads_k),
+                         qkv.shape[1],
+                         static_cast<float>(eps),
+                         from_dl(positions.dtype) == DType::kI64,
+                         bits % bytes == 0};
+    const cudaError_t err =
+        is_neox ? launch_dim<T, true>(head_dim, p, qw, kw, pos, shape, tokens, inv_freq, stream)
+                : launch_dim<T, false>(head_dim, p, qw, kw, pos, shape, tokens, inv_freq, stream);
+    return launch_status(ctx, op, err);
+  };
+  switch (from_dl(qkv.dtype).value_or(DType::kCount)) {
+    case DType::kBF16:
+      return run(__nv_bfloat16{});
+    case DType::kF16:
+      return run(__half{});
+    default:
+      return ctx.fail(KREG_INVALID_ARGUMENT, "%s: dtype must be bf16 or f16", op);
+  }
+}
+
+}  // namespace kreg::attention
