@@ -169,7 +169,8 @@ __device__ void factor(const Lp& lp, const double* d, double* diag, double* w, d
         if (row >= k) wi[row - k] += dav * lp.csc_val[q];
       }
     }
-    diag[i] = acc > kTinyDiag ? acc : kSkippedPivot;
+    // Stored as the reciprocal: the solves multiply by it.
+    diag[i] = 1.0 / (acc > kTinyDiag ? acc : kSkippedPivot);
   }
   __syncthreads();
   // S[g][h], h <= g: a group of lanes per entry, lanes strided over the sums.
@@ -187,7 +188,7 @@ __device__ void factor(const Lp& lp, const double* d, double* diag, double* w, d
         acc += d[j] * lp.csr_val[p] * entry(lp, k + h, j);
       }
       double corr = 0;
-      for (int i = glane; i < k; i += kGroupLanes) corr += w[i * r + g] * w[i * r + h] / diag[i];
+      for (int i = glane; i < k; i += kGroupLanes) corr += w[i * r + g] * w[i * r + h] * diag[i];
       acc -= corr;
     }
     acc = group_sum(acc);
@@ -227,7 +228,7 @@ __device__ void solve_normal(const Lp& lp, const double* diag, const double* w, 
     const bool live = g < r;
     double acc = 0;
     if (live) {
-      for (int i = glane; i < k; i += kGroupLanes) acc += w[i * r + g] * rhs[i] / diag[i];
+      for (int i = glane; i < k; i += kGroupLanes) acc += w[i * r + g] * rhs[i] * diag[i];
     }
     acc = group_sum(acc);
     if (live && glane == 0) z[g] = rhs[k + g] - acc;
@@ -256,7 +257,7 @@ __device__ void solve_normal(const Lp& lp, const double* diag, const double* w, 
   for (int i = tid; i < k; i += kThreads) {
     double acc = rhs[i];
     for (int g = 0; g < r; ++g) acc -= w[i * r + g] * z[g];
-    dy[i] = acc / diag[i];
+    dy[i] = acc * diag[i];
   }
   __syncthreads();
 }

@@ -265,6 +265,83 @@ void expect_optimal(const Instance& in, const Solution& s, const std::string& wh
   for (int64_t j = 0; j < in.N(); ++j) EXPECT_GE(s.x[static_cast<size_t>(j)], 0.0) << what;
 }
 
+// A dense LP with a known optimum, built from KKT conditions: a basis of m columns with
+// x* > 0 there, s* > 0 elsewhere, any y*; b = A x*, c = A'y* + s*. Exercises the dense
+// Cholesky path (k = 1, r = m - 1).
+struct DenseLp {
+  int64_t m = 0, n = 0;
+  std::vector<double> A, b, c;
+  double objective = 0;
+};
+
+DenseLp dense_lp(std::mt19937_64& rng, int64_t m, int64_t n) {
+  DenseLp lp;
+  lp.m = m;
+  lp.n = n;
+  std::uniform_real_distribution<double> ua(-1.0, 1.0), pos(0.5, 2.0);
+  lp.A.resize(static_cast<size_t>(m * n));
+  for (auto& a : lp.A) a = static_cast<float>(ua(rng));
+  std::vector<int64_t> cols(static_cast<size_t>(n));
+  std::iota(cols.begin(), cols.end(), 0);
+  std::shuffle(cols.begin(), cols.end(), rng);
+  std::vector<double> x(static_cast<size_t>(n), 0.0), s(static_cast<size_t>(n), 0.0),
+      y(static_cast<size_t>(m));
+  for (int64_t j = 0; j < n; ++j) {
+    (j < m ? x : s)[static_cast<size_t>(cols[static_cast<size_t>(j)])] = pos(rng);
+  }
+  for (auto& v : y) v = ua(rng);
+  lp.b.assign(static_cast<size_t>(m), 0.0);
+  lp.c = s;
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      const double a = lp.A[static_cast<size_t>(i * n + j)];
+      lp.b[static_cast<size_t>(i)] += a * x[static_cast<size_t>(j)];
+      lp.c[static_cast<size_t>(j)] += a * y[static_cast<size_t>(i)];
+    }
+  }
+  for (auto& v : lp.b) v = static_cast<float>(v);
+  for (auto& v : lp.c) v = static_cast<float>(v);
+  for (int64_t j = 0; j < n; ++j)
+    lp.objective += lp.c[static_cast<size_t>(j)] * x[static_cast<size_t>(j)];
+  return lp;
+}
+
+std::vector<double> solve_dense(const DenseLp& lp, DLDevice dev, std::vector<double>* x_out) {
+  Buffer A = make(dev, DType::kF32, {lp.m, lp.n}, lp.A), b = make(dev, DType::kF32, {lp.m}, lp.b),
+         c = make(dev, DType::kF32, {lp.n}, lp.c), x = make(dev, DType::kF32, {lp.n}, {}),
+         st = make(dev, DType::kF32, {8}, {});
+  KernelHandle h = handle("lplb.solve", dev, DType::kF32);
+  DLTensor* args[] = {A.tensor(), b.tensor(), c.tensor(), x.tensor(), st.tensor()};
+  AttrList a = attrs(h, {{"max_iter", int64_t{60}}});
+  Status status = h.call(args, a.view());
+  EXPECT_TRUE(status.ok()) << status.message();
+  EXPECT_TRUE(harness::device_synchronize().ok());
+  if (x_out != nullptr) *x_out = values(x);
+  return values(st);
+}
+
+void check_dense_lps(DLDevice dev) {
+  std::mt19937_64 rng(31);
+  for (int t = 0; t < 60; ++t) {
+    const int64_t m = 1 + t % 20, n = m + 1 + (t * 7) % (m + 5);
+    const DenseLp lp = dense_lp(rng, m, n);
+    std::vector<double> x;
+    const std::vector<double> st = solve_dense(lp, dev, &x);
+    const std::string what =
+        "dense LP " + std::to_string(t) + " (" + std::to_string(m) + "x" + std::to_string(n) + ")";
+    EXPECT_EQ(st[0], 1.0) << what << ": reason " << st[6] << ", " << st[4] << " iterations";
+    EXPECT_NEAR(st[5], lp.objective, 1e-4 * (1 + std::fabs(lp.objective))) << what;
+    for (int64_t i = 0; i < m; ++i) {
+      double ax = 0;
+      for (int64_t j = 0; j < n; ++j)
+        ax += lp.A[static_cast<size_t>(i * n + j)] * x[static_cast<size_t>(j)];
+      EXPECT_NEAR(ax, lp.b[static_cast<size_t>(i)],
+                  1e-4 * (1 + std::fabs(lp.b[static_cast<size_t>(i)])))
+          << what << " row " << i;
+    }
+  }
+}
+
 // ---- Oracles for replica_probabilities and dispatch ----
 
 std::vector<double> oracle_probs(const Instance& in, const std::vector<double>& x, bool converged) {
@@ -358,6 +435,8 @@ TEST(Lplb, CpuSolveOfTheTargetSize) {
                 static_cast<unsigned long long>(seed), s.x[288], exact_max_load(in), s.status[4]);
   }
 }
+
+TEST(Lplb, CpuSolveReachesTheKnownOptimumOfDenseLps) { check_dense_lps(kCpu); }
 
 TEST(Lplb, CpuSolveReportsFailureWhenInfeasible) {
   // Expert 1 has tokens and no replica: no feasible x, the solve must not claim success.
@@ -593,6 +672,8 @@ TEST_F(LplbGpu, SolveReachesTheExactOptimumLikeTheCpuReference) {
     EXPECT_NEAR(gpu.status[5], cpu.status[5], 1e-4 * (1 + std::fabs(cpu.status[5]))) << what;
   }
 }
+
+TEST_F(LplbGpu, SolveReachesTheKnownOptimumOfDenseLps) { check_dense_lps(kGpu); }
 
 TEST_F(LplbGpu, SolveReportsInfeasibleAndIterationLimit) {
   Instance in;
