@@ -87,7 +87,7 @@ def _dispatch_case(T, k, small):
         log2phy, _, R = _topology(gen)
         weights = torch.randint(1, 17, (L, C), generator=gen).float()
         probs = torch.where(log2phy >= 0, weights / 64.0, torch.zeros(()))
-        topk = torch.stack([torch.randperm(L, generator=gen)[:k] for _ in range(T)]).int()
+        topk = torch.rand(T, L, generator=gen).argsort(-1)[:, :k].int()  # k distinct experts
         u = torch.rand(T, k, generator=gen)
         out = torch.full((T, k), -7, dtype=torch.int32)
         t = dict(topk_ids=topk, probs=probs, log2phy=log2phy, u=u, out=out)
