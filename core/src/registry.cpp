@@ -243,14 +243,8 @@ CheckResult CheckPlan::diagnose(std::span<DLTensor* const> t, std::span<const kr
         }
       }
     }
-    if (x->strides != nullptr) {
-      int64_t expect = 1;
-      for (int k = x->ndim - 1; k >= 0; --k) {
-        if (x->shape[k] != 1 && x->strides[k] != expect) {
-          return {CheckFailure::kContiguous, arg};
-        }
-        expect *= x->shape[k];
-      }
+    if (x->strides != nullptr && !strides_row_major(*x)) {
+      return {CheckFailure::kContiguous, arg};
     }
   }
   for (size_t j = 0; j < a.size(); ++j) {

@@ -299,6 +299,19 @@ TEST_F(CheckTest, DeviceNullAndContiguity) {
   EXPECT_TRUE(call({&x.t, &w.t, &out.t}).ok());
 }
 
+TEST_F(CheckTest, EmptyTensorsAreContiguousWhateverTheirStrides) {
+  Vec x({0, 6}), w({3}), out({0, 3});
+  int64_t zero_strides[2] = {0, 0};
+  x.t.strides = zero_strides;  // what NumPy and PyTorch export for [0, n]
+  EXPECT_TRUE(call({&x.t, &w.t, &out.t}).ok());
+  Vec y({2, 6});
+  int64_t transposed[2] = {1, 2};
+  y.t.strides = transposed;
+  Vec out2({2, 3});
+  Status st = call({&y.t, &w.t, &out2.t});
+  EXPECT_NE(st.message().find("is not contiguous"), std::string::npos) << st.message();
+}
+
 TEST_F(CheckTest, AttributeTypesAndCount) {
   Vec x({4, 6}), w({3}), out({4, 3});
   kreg_attr as_int{KREG_ATTR_INT, 0, {.i = 1}};

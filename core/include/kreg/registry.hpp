@@ -231,6 +231,24 @@ inline bool is_host_memory(DLDevice d) {
   return d.device_type == kDLCUDAHost || d.device_type == kDLCPU;
 }
 
+// Explicit strides that describe a row-major contiguous layout. Dimensions of size 1 may
+// have any stride, and an empty tensor (a zero dimension) is contiguous whatever its
+// strides say (exporters write 0 or anything there).
+inline bool strides_row_major(const DLTensor& x) {
+  int64_t expect = 1;
+  for (int k = x.ndim - 1; k >= 0; --k) {
+    if (x.shape[k] == 0) return true;
+    if (x.shape[k] != 1 && x.strides[k] != expect) {
+      for (int j = k - 1; j >= 0; --j) {
+        if (x.shape[j] == 0) return true;
+      }
+      return false;
+    }
+    expect *= x.shape[k];
+  }
+  return true;
+}
+
 inline bool CheckPlan::accepts(std::span<DLTensor* const> t, std::span<const kreg_attr> a) const {
   const size_t n = t.size();
   if (n != static_cast<size_t>(num_tensors) || a.size() > static_cast<size_t>(num_attrs) ||
@@ -283,13 +301,8 @@ inline bool CheckPlan::accepts(std::span<DLTensor* const> t, std::span<const kre
           return false;
         }
       }
-      if (x->strides != nullptr) [[unlikely]] {
-        int64_t expect = 1;
-        for (int k = x->ndim - 1; k >= 0; --k) {
-          if (x->shape[k] != 1 && x->strides[k] != expect) return false;
-          expect *= x->shape[k];
-        }
-      }
+      if (x->strides != nullptr && !strides_row_major(*x)) [[unlikely]]
+        return false;
     }
     for (int i = 0; i < num_pairs; ++i) {
       const DimPair& p = pairs[i];
