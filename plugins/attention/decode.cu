@@ -84,6 +84,7 @@ struct DecodeParams {
   int heads_k;
   int group;  // Hq / Hk
   int page_size;
+  FastDivisor page_div = FastDivisor(1);  // by page_size: token -> (page, slot)
   int max_pages;
   int num_splits;
   float scale_log2;  // scale * log2(e)
@@ -140,10 +141,12 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(DecodeParams<T> 
       const T* src_k = p.k_cache;
       const T* src_v = p.v_cache;
       if (ok) {
-        const int64_t page = table[tok / p.page_size];
+        const int page_index = static_cast<int>(p.page_div.div(static_cast<uint32_t>(tok)));
+        const int slot = tok - page_index * p.page_size;
+        const int64_t page = table[page_index];
         ok = page >= 0 && page < p.num_pages;
         if (ok) {
-          const int64_t row = (page * p.page_size + tok % p.page_size) * p.heads_k + kh;
+          const int64_t row = (page * p.page_size + slot) * p.heads_k + kh;
           src_k += row * kDim + dc * kVec;
           src_v += row * kDim + dc * kVec;
         }
@@ -333,6 +336,7 @@ KernelStatus run(Context& ctx, const char* op, const DLTensor& q, const DLTensor
   p.heads_k = static_cast<int>(heads_k);
   p.group = static_cast<int>(heads_q / heads_k);
   p.page_size = static_cast<int>(k_cache.shape[1]);
+  p.page_div = FastDivisor(static_cast<uint32_t>(p.page_size));
   p.max_pages = static_cast<int>(block_table.shape[1]);
   p.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
   if (!aligned16(p.q) || !aligned16(p.k_cache) || !aligned16(p.v_cache)) {

@@ -80,44 +80,53 @@ __global__ void __launch_bounds__(kBlockThreads)
   const int head = static_cast<int>(chunks_per_head.div(item));
   const int chunk = static_cast<int>(item - static_cast<uint32_t>(head) * chunks_per_head.divisor);
   const int64_t t = token_begin + local_token;
-  const int64_t pos = shape.pos64 ? static_cast<const int64_t*>(positions)[t]
-                                  : static_cast<const int32_t*>(positions)[t];
-  if (pos < 0 || pos >= shape.max_pos) return;
   T* x = head < shape.heads_q ? q + (t * shape.heads_q + head) * shape.head_dim
                               : k + (t * shape.heads_k + (head - shape.heads_q)) * shape.head_dim;
   const int half = shape.rotary_dim / 2;
+  // The head's elements are loaded before the position is known: the two loads overlap
+  // instead of the cache row waiting behind the position.
+  constexpr int kPairs = kNeox ? kVec : kVec / 2;
+  float a[kPairs], b[kPairs];
+  float e[kVec];
+  const int first = chunk * kVec;  // NeoX: first pair; GPT-J: first element
+  if constexpr (kNeox) {
+    load_floats<kVec, kAligned>(a, x + first);
+    load_floats<kVec, kAligned>(b, x + half + first);
+  } else {
+    load_floats<kVec, kAligned>(e, x + first);
+  }
+  const int64_t pos = shape.pos64 ? static_cast<const int64_t*>(positions)[t]
+                                  : static_cast<const int32_t*>(positions)[t];
+  if (pos < 0 || pos >= shape.max_pos) return;
   const float* cos_row = cache + pos * shape.rotary_dim;
   const float* sin_row = cos_row + half;
-  if constexpr (kNeox) {
-    const int i0 = chunk * kVec;
-    float a[kVec], b[kVec], c[kVec], s[kVec];
-    load_floats<kVec, kAligned>(a, x + i0);
-    load_floats<kVec, kAligned>(b, x + half + i0);
-    load_floats<kVec, kAligned>(c, cos_row + i0);
-    load_floats<kVec, kAligned>(s, sin_row + i0);
-    float ra[kVec], rb[kVec];
-#pragma unroll
-    for (int j = 0; j < kVec; ++j) {
-      ra[j] = a[j] * c[j] - b[j] * s[j];
-      rb[j] = b[j] * c[j] + a[j] * s[j];
-    }
-    store_floats<kVec, kAligned>(x + i0, ra);
-    store_floats<kVec, kAligned>(x + half + i0, rb);
-  } else {
-    constexpr int kPairs = kVec / 2;
-    const int e0 = chunk * kVec;
-    float e[kVec], c[kPairs], s[kPairs];
-    load_floats<kVec, kAligned>(e, x + e0);
-    load_floats<kPairs, kAligned>(c, cos_row + e0 / 2);
-    load_floats<kPairs, kAligned>(s, sin_row + e0 / 2);
+  const int first_pair = kNeox ? first : first / 2;
+  float c[kPairs], s[kPairs];
+  load_floats<kPairs, kAligned>(c, cos_row + first_pair);
+  load_floats<kPairs, kAligned>(s, sin_row + first_pair);
+  if constexpr (!kNeox) {
 #pragma unroll
     for (int p = 0; p < kPairs; ++p) {
-      const float a = e[2 * p];
-      const float b = e[2 * p + 1];
-      e[2 * p] = a * c[p] - b * s[p];
-      e[2 * p + 1] = b * c[p] + a * s[p];
+      a[p] = e[2 * p];
+      b[p] = e[2 * p + 1];
     }
-    store_floats<kVec, kAligned>(x + e0, e);
+  }
+  float ra[kPairs], rb[kPairs];
+#pragma unroll
+  for (int p = 0; p < kPairs; ++p) {
+    ra[p] = a[p] * c[p] - b[p] * s[p];
+    rb[p] = b[p] * c[p] + a[p] * s[p];
+  }
+  if constexpr (kNeox) {
+    store_floats<kVec, kAligned>(x + first, ra);
+    store_floats<kVec, kAligned>(x + half + first, rb);
+  } else {
+#pragma unroll
+    for (int p = 0; p < kPairs; ++p) {
+      e[2 * p] = ra[p];
+      e[2 * p + 1] = rb[p];
+    }
+    store_floats<kVec, kAligned>(x + first, e);
   }
 }
 
