@@ -113,6 +113,54 @@ inline int64_t row_bytes_of(const DLTensor& t) {
   return n;
 }
 
+// kvcache.transfer: src and dst are [rows, ...] of the shared dtype with equal row sizes,
+// a whole number of 16-byte words (rank >= 1; a row is everything after dimension 0).
+inline KernelStatus check_transfer(Context& ctx, const char* op, const DLTensor& src,
+                                   const DLTensor& dst) {
+  for (const auto& [name, t] : {std::pair{"src", &src}, std::pair{"dst", &dst}}) {
+    if (t->ndim < 1) {
+      return ctx.fail(KREG_INVALID_ARGUMENT,
+                      "%s: argument '%s' is a scalar; expected [rows, ...] (a row is everything "
+                      "after dimension 0)",
+                      op, name);
+    }
+  }
+  const int64_t sb = row_bytes_of(src), db = row_bytes_of(dst);
+  if (sb != db) {
+    return ctx.fail(KREG_INVALID_ARGUMENT,
+                    "%s: argument 'dst' has rows of %lld bytes, but 'src' has rows of %lld bytes "
+                    "(rows are copied whole)",
+                    op, static_cast<long long>(db), static_cast<long long>(sb));
+  }
+  return check_row_bytes(ctx, op, "the row size of 'src' and 'dst'", sb);
+}
+
+// kvcache.transfer_layers: what the attributes can be checked for (the addresses in the
+// pointer tables cannot be, without reading them).
+inline KernelStatus check_transfer_layers(Context& ctx, const char* op, int64_t row_bytes,
+                                          int64_t src_rows, int64_t dst_rows, int64_t src_stride,
+                                          int64_t dst_stride) {
+  if (KernelStatus st = check_row_bytes(ctx, op, "attribute 'row_bytes'", row_bytes); !st.ok()) {
+    return st;
+  }
+  for (const auto& [name, v] : {std::pair{"src_rows", src_rows}, std::pair{"dst_rows", dst_rows}}) {
+    if (v < 0) {
+      return ctx.fail(KREG_INVALID_ARGUMENT, "%s: attribute '%s' is %lld; expected >= 0", op, name,
+                      static_cast<long long>(v));
+    }
+  }
+  for (const auto& [name, v] :
+       {std::pair{"src_stride", src_stride}, std::pair{"dst_stride", dst_stride}}) {
+    if (v != 0 && (v < row_bytes || v > (int64_t{1} << 40))) {
+      return ctx.fail(KREG_INVALID_ARGUMENT,
+                      "%s: attribute '%s' is %lld bytes; expected 0 (= row_bytes, packed rows) "
+                      "or at least row_bytes (%lld)",
+                      op, name, static_cast<long long>(v), static_cast<long long>(row_bytes));
+    }
+  }
+  return kOk;
+}
+
 // ---- CPU references (reference.cpp) ----
 
 KernelStatus store_cpu(Context& ctx, const DLTensor& k, const DLTensor& v,
@@ -120,6 +168,12 @@ KernelStatus store_cpu(Context& ctx, const DLTensor& k, const DLTensor& v,
                        double k_scale, double v_scale);
 KernelStatus set_mla_kv_buffer_cpu(Context& ctx, DLTensor& kv_buffer, const DLTensor& loc,
                                    const DLTensor& k_nope, const DLTensor& k_rope);
+KernelStatus transfer_cpu(Context& ctx, const DLTensor& src_idx, const DLTensor& dst_idx,
+                          const DLTensor& src, DLTensor& dst);
+KernelStatus transfer_layers_cpu(Context& ctx, const DLTensor& src_idx, const DLTensor& dst_idx,
+                                 const DLTensor& src_ptrs, const DLTensor& dst_ptrs,
+                                 int64_t row_bytes, int64_t src_rows, int64_t dst_rows,
+                                 int64_t src_stride, int64_t dst_stride);
 
 #if defined(KREG_PLUGIN_HAS_CUDA)
 // ---- CUDA kernels (store.cu). They enqueue on ctx.stream() and return without waiting.
@@ -128,6 +182,13 @@ KernelStatus store_cuda(Context& ctx, const DLTensor& k, const DLTensor& v,
                         double k_scale, double v_scale);
 KernelStatus set_mla_kv_buffer_cuda(Context& ctx, DLTensor& kv_buffer, const DLTensor& loc,
                                     const DLTensor& k_nope, const DLTensor& k_rope);
+// ---- transfer.cu ----
+KernelStatus transfer_cuda(Context& ctx, const DLTensor& src_idx, const DLTensor& dst_idx,
+                           const DLTensor& src, DLTensor& dst);
+KernelStatus transfer_layers_cuda(Context& ctx, const DLTensor& src_idx, const DLTensor& dst_idx,
+                                  const DLTensor& src_ptrs, const DLTensor& dst_ptrs,
+                                  int64_t row_bytes, int64_t src_rows, int64_t dst_rows,
+                                  int64_t src_stride, int64_t dst_stride);
 #endif
 
 }  // namespace kreg::kvcache

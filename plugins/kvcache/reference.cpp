@@ -1,6 +1,8 @@
 // CPU references of the kvcache group: the plain loops that define what the CUDA kernels
 // must do. Rows are moved as bytes; the only arithmetic is the fp8 cache's
-// x / scale (one fp32 division) rounded to E4M3.
+// x / scale (one fp32 division) rounded to E4M3. The transfers run on host memory (plain
+// or page-locked) and take the rows in index order, so with duplicate destination
+// indices the last row wins.
 #include <cstdint>
 #include <cstring>
 
@@ -88,6 +90,53 @@ KernelStatus set_mla_kv_buffer_cpu(Context& ctx, DLTensor& kv_buffer, const DLTe
     uint8_t* dst = buf + l * (nope + rope);
     std::memcpy(dst, np + i * nope, static_cast<size_t>(nope));
     std::memcpy(dst + nope, rp + i * rope, static_cast<size_t>(rope));
+  }
+  return kOk;
+}
+
+namespace {
+
+// dst rows dst_idx[i] = src rows src_idx[i], for every i with both indices in range.
+void copy_indexed_rows(const int64_t* src_idx, const int64_t* dst_idx, int64_t n,
+                       const uint8_t* src, int64_t src_rows, int64_t src_stride, uint8_t* dst,
+                       int64_t dst_rows, int64_t dst_stride, int64_t row_bytes) {
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t s = src_idx[i], d = dst_idx[i];
+    if (s < 0 || s >= src_rows || d < 0 || d >= dst_rows) continue;  // skipped, not an error
+    std::memmove(dst + d * dst_stride, src + s * src_stride, static_cast<size_t>(row_bytes));
+  }
+}
+
+}  // namespace
+
+KernelStatus transfer_cpu(Context& ctx, const DLTensor& src_idx, const DLTensor& dst_idx,
+                          const DLTensor& src, DLTensor& dst) {
+  if (KernelStatus st = check_transfer(ctx, "kvcache.transfer", src, dst); !st.ok()) return st;
+  const int64_t row = row_bytes_of(src);
+  copy_indexed_rows(data_ptr<const int64_t>(src_idx), data_ptr<const int64_t>(dst_idx),
+                    src_idx.shape[0], data_ptr<const uint8_t>(src), src.shape[0], row,
+                    data_ptr<uint8_t>(dst), dst.shape[0], row, row);
+  return kOk;
+}
+
+KernelStatus transfer_layers_cpu(Context& ctx, const DLTensor& src_idx, const DLTensor& dst_idx,
+                                 const DLTensor& src_ptrs, const DLTensor& dst_ptrs,
+                                 int64_t row_bytes, int64_t src_rows, int64_t dst_rows,
+                                 int64_t src_stride, int64_t dst_stride) {
+  if (KernelStatus st = check_transfer_layers(ctx, "kvcache.transfer_layers", row_bytes, src_rows,
+                                              dst_rows, src_stride, dst_stride);
+      !st.ok()) {
+    return st;
+  }
+  const int64_t ss = src_stride != 0 ? src_stride : row_bytes;
+  const int64_t ds = dst_stride != 0 ? dst_stride : row_bytes;
+  const auto* sp = data_ptr<const int64_t>(src_ptrs);
+  const auto* dp = data_ptr<const int64_t>(dst_ptrs);
+  for (int64_t l = 0; l < src_ptrs.shape[0]; ++l) {
+    if (sp[l] == 0 || dp[l] == 0) continue;  // a null address skips the layer
+    copy_indexed_rows(data_ptr<const int64_t>(src_idx), data_ptr<const int64_t>(dst_idx),
+                      src_idx.shape[0], reinterpret_cast<const uint8_t*>(sp[l]), src_rows, ss,
+                      reinterpret_cast<uint8_t*>(dp[l]), dst_rows, ds, row_bytes);
   }
   return kOk;
 }

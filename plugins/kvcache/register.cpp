@@ -25,6 +25,36 @@ constexpr const char* kSetMlaContract =
     "other out-of-range rows are skipped too); W must equal Dn + Dr; an exact copy in any of the "
     "dtypes (DeepSeek MLA: Dn = 512, Dr = 64).";
 
+constexpr const char* kTransfer =
+    "transfer(Tensor<i64>[N] src_idx, Tensor<i64>[N] dst_idx, Tensor@host src, "
+    "Tensor@host(a!) dst) -> ()";
+constexpr const char* kTransferDtypes = "u8|i8|i16|i32|i64|bf16|f16|f32|f64|bool|f8e4m3|f8e5m2";
+constexpr const char* kTransferContract =
+    "dst[dst_idx[i]] = src[src_idx[i]] for every i with 0 <= src_idx[i] < src rows and "
+    "0 <= dst_idx[i] < dst rows (other rows are skipped: -1 pads); src and dst are contiguous "
+    "[rows, ...] of one dtype whose rows (everything after dimension 0) have the same size, a "
+    "positive multiple of 16 bytes; a byte copy. The indices live on the call's device; src and "
+    "dst each on that device or in page-locked host memory (kDLCUDAHost, or kDLCPU as PyTorch "
+    "exports pinned tensors: verified page-locked, pageable memory is refused), so one op moves "
+    "rows device->host, host->device and device->device. Duplicate dst indices: one candidate "
+    "row's words land (CPU: the last). The copy is ordered on the stream: host-side results "
+    "are visible after the stream synchronizes.";
+
+constexpr const char* kTransferLayers =
+    "transfer_layers(Tensor<i64>[N] src_idx, Tensor<i64>[N] dst_idx, Tensor<i64>[L] src_ptrs, "
+    "Tensor<i64>[L] dst_ptrs, int row_bytes, int src_rows, int dst_rows, int src_stride=0, "
+    "int dst_stride=0) -> ()";
+constexpr const char* kTransferLayersDtypes = "i64";
+constexpr const char* kTransferLayersContract =
+    "For each layer l < L with src_ptrs[l] != 0 and dst_ptrs[l] != 0, and each i with "
+    "0 <= src_idx[i] < src_rows and 0 <= dst_idx[i] < dst_rows: the row_bytes bytes at "
+    "dst_ptrs[l] + dst_idx[i] * dst_stride = those at src_ptrs[l] + src_idx[i] * src_stride "
+    "(a stride of 0 means row_bytes; otherwise >= row_bytes). row_bytes is a positive multiple "
+    "of 16. The tables hold raw addresses of device memory or page-locked host memory that the "
+    "call's device can access (CPU backend: host addresses); the caller guarantees them, they "
+    "are not verified. 16-byte aligned layers (bases and strides) move 16-byte words, others "
+    "bytes. One launch covers every layer.";
+
 constexpr uint32_t kCpuTraits = KREG_TRAIT_DETERMINISTIC | KREG_TRAIT_MUTATES;
 // Not marked deterministic: with duplicate indices, which row lands is unspecified.
 constexpr uint32_t kCudaTraits = KREG_TRAIT_GRAPH_SAFE | KREG_TRAIT_MUTATES;
@@ -50,6 +80,26 @@ constexpr KernelDef kKernels[] = {
      .description = kSetMlaContract,
      .impl = bind<&set_mla_kv_buffer_cpu>,
      .source = "reference.cpp"},
+    {.op = "kvcache.transfer",
+     .backend = "cpu",
+     .caps = kCpu,
+     .signature = kTransfer,
+     .dtypes = kTransferDtypes,
+     .traits = kCpuTraits,
+     .priority = 0,
+     .description = kTransferContract,
+     .impl = bind<&transfer_cpu>,
+     .source = "reference.cpp"},
+    {.op = "kvcache.transfer_layers",
+     .backend = "cpu",
+     .caps = kCpu,
+     .signature = kTransferLayers,
+     .dtypes = kTransferLayersDtypes,
+     .traits = kCpuTraits,
+     .priority = 0,
+     .description = kTransferLayersContract,
+     .impl = bind<&transfer_layers_cpu>,
+     .source = "reference.cpp"},
 #if defined(KREG_PLUGIN_HAS_CUDA)
     {.op = "kvcache.store",
      .backend = "cuda",
@@ -71,6 +121,26 @@ constexpr KernelDef kKernels[] = {
      .description = kSetMlaContract,
      .impl = bind<&set_mla_kv_buffer_cuda>,
      .source = "store.cu"},
+    {.op = "kvcache.transfer",
+     .backend = "cuda",
+     .caps = kCudaSm75Plus,
+     .signature = kTransfer,
+     .dtypes = kTransferDtypes,
+     .traits = kCudaTraits,
+     .priority = 100,
+     .description = kTransferContract,
+     .impl = bind<&transfer_cuda>,
+     .source = "transfer.cu"},
+    {.op = "kvcache.transfer_layers",
+     .backend = "cuda",
+     .caps = kCudaSm75Plus,
+     .signature = kTransferLayers,
+     .dtypes = kTransferLayersDtypes,
+     .traits = kCudaTraits,
+     .priority = 100,
+     .description = kTransferLayersContract,
+     .impl = bind<&transfer_layers_cuda>,
+     .source = "transfer.cu"},
 #endif
 };
 

@@ -2,11 +2,14 @@
 // copies, and FP8 E4M3 by nearest-value search over the 127 finite magnitudes), every
 // CUDA implementation against its CPU reference over a shape sweep with padding slots,
 // out-of-range slots, odd widths and misaligned views (skipped without a GPU), and bad
-// arguments rejected with messages naming the argument.
+// arguments rejected with messages naming the argument. The transfers are checked byte
+// for byte in every direction between device and page-locked host memory, and pageable
+// host memory must be refused before any kernel touches it.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <deque>
 #include <numeric>
 #include <optional>
@@ -440,6 +443,380 @@ TEST(Kvcache, SetMlaBadArgumentsNameTheArgument) {
       << st.message();
 }
 
+// ---- kvcache.transfer / kvcache.transfer_layers ----
+//
+// Rows are bytes: every buffer is u8, viewed as the op's dtype. Results are compared as
+// raw bytes against an oracle that copies rows in index order (the CPU contract: with
+// duplicate destinations the last row wins).
+
+constexpr DLDevice kPinnedDev{kDLCUDAHost, 0};
+
+std::vector<uint8_t> random_bytes(std::mt19937_64& rng, int64_t n) {
+  std::vector<uint8_t> v(static_cast<size_t>(n));
+  for (uint8_t& b : v) b = static_cast<uint8_t>(rng());
+  return v;
+}
+
+// A u8 buffer on `device` holding `bytes`.
+Buffer bytes_buffer(DLDevice device, const std::vector<uint8_t>& bytes) {
+  const auto n = static_cast<int64_t>(bytes.size());
+  auto host = Buffer::make(kCpuDev, DType::kU8, {n});
+  EXPECT_TRUE(host.ok()) << host.status().message();
+  if (n > 0) std::memcpy(host->tensor()->data, bytes.data(), bytes.size());
+  auto b = Buffer::make(device, DType::kU8, {n});
+  EXPECT_TRUE(b.ok()) << b.status().message();
+  EXPECT_TRUE(b->copy_from(*host).ok());
+  return std::move(b).value();
+}
+
+// The bytes of any buffer (copied back from the device when needed).
+std::vector<uint8_t> bytes_of(const Buffer& b) {
+  auto host = Buffer::make(kCpuDev, b.dtype(), b.shape());
+  EXPECT_TRUE(host.ok()) << host.status().message();
+  EXPECT_TRUE(host->copy_from(b).ok());
+  const auto* p = static_cast<const uint8_t*>(host->tensor()->data);
+  return std::vector<uint8_t>(p, p + host->bytes());
+}
+
+// An i64 buffer on `device` holding `v` exactly (addresses do not go through doubles).
+Buffer i64_buffer(DLDevice device, const std::vector<int64_t>& v) {
+  const auto n = static_cast<int64_t>(v.size());
+  auto host = Buffer::make(kCpuDev, DType::kI64, {n});
+  EXPECT_TRUE(host.ok()) << host.status().message();
+  if (n > 0) std::memcpy(host->tensor()->data, v.data(), v.size() * sizeof(int64_t));
+  auto b = Buffer::make(device, DType::kI64, {n});
+  EXPECT_TRUE(b.ok()) << b.status().message();
+  EXPECT_TRUE(b->copy_from(*host).ok());
+  return std::move(b).value();
+}
+
+kreg_attr int_attr(int64_t v) {
+  kreg_attr a{};
+  a.type = KREG_ATTR_INT;
+  a.value.i = v;
+  return a;
+}
+
+// Row-index pairs of one transfer and the rows they address.
+struct TransferShape {
+  int64_t n, src_rows, dst_rows, row_bytes;
+};
+
+std::string label(const TransferShape& s) {
+  return "N=" + std::to_string(s.n) + " src_rows=" + std::to_string(s.src_rows) +
+         " dst_rows=" + std::to_string(s.dst_rows) + " row=" + std::to_string(s.row_bytes) + "B";
+}
+
+struct TransferIndices {
+  std::vector<int64_t> src, dst;
+};
+
+// src: any valid row (repeats allowed) and a few out-of-range ones (-1, past the end, far
+// past, far negative); dst: distinct rows unless `dup_dst`, with the same kinds of skips.
+TransferIndices random_transfer_indices(std::mt19937_64& rng, const TransferShape& s,
+                                        bool dup_dst = false) {
+  const int64_t skips[] = {-1, s.src_rows, s.src_rows + 7, int64_t{1} << 40, -(int64_t{1} << 40)};
+  const int64_t dskips[] = {-1, s.dst_rows, s.dst_rows + 3, int64_t{1} << 41, -2};
+  std::vector<int64_t> perm(static_cast<size_t>(s.dst_rows));
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  TransferIndices idx;
+  size_t next = 0;
+  for (int64_t i = 0; i < s.n; ++i) {
+    const bool skip_src = s.src_rows == 0 || rng() % 11 == 0;
+    idx.src.push_back(skip_src ? skips[rng() % 5] : static_cast<int64_t>(rng() % s.src_rows));
+    int64_t d;
+    if (dup_dst && s.dst_rows > 0 && rng() % 13 != 0) {
+      d = static_cast<int64_t>(rng() % s.dst_rows);
+    } else if (next == perm.size() || rng() % 9 == 0) {
+      d = dskips[rng() % 5];
+    } else {
+      d = perm[next++];
+    }
+    idx.dst.push_back(d);
+  }
+  return idx;
+}
+
+// The oracle: rows copied in index order, skipped when either index is out of range.
+std::vector<uint8_t> transfer_oracle(const TransferIndices& idx, const std::vector<uint8_t>& src,
+                                     int64_t src_rows, int64_t src_stride, std::vector<uint8_t> dst,
+                                     int64_t dst_rows, int64_t dst_stride, int64_t row_bytes) {
+  for (size_t i = 0; i < idx.src.size(); ++i) {
+    const int64_t s = idx.src[i], d = idx.dst[i];
+    if (s < 0 || s >= src_rows || d < 0 || d >= dst_rows) continue;
+    for (int64_t b = 0; b < row_bytes; ++b) {
+      dst[static_cast<size_t>(d * dst_stride + b)] = src[static_cast<size_t>(s * src_stride + b)];
+    }
+  }
+  return dst;
+}
+
+// A tensor view of `rows` rows of `row_bytes` bytes in `buf` (u8), as dtype `dt`, at byte
+// `offset`; rank 2, or rank 3 with the row split in two when `rank3`. `claim` overrides
+// the device type the view claims (PyTorch exports pinned tensors as kDLCPU).
+struct RowsView {
+  std::vector<int64_t> shape;
+  DLTensor t;
+};
+
+RowsView rows_view(Buffer& buf, DType dt, int64_t rows, int64_t row_bytes, int64_t offset = 0,
+                   bool rank3 = false, std::optional<DLDeviceType> claim = std::nullopt) {
+  RowsView v;
+  const auto elems = row_bytes / static_cast<int64_t>(dtype_size(dt));
+  v.shape = rank3 && elems % 2 == 0 ? std::vector<int64_t>{rows, 2, elems / 2}
+                                    : std::vector<int64_t>{rows, elems};
+  v.t = *buf.tensor();
+  v.t.dtype = to_dl(dt);
+  v.t.ndim = static_cast<int32_t>(v.shape.size());
+  v.t.byte_offset = static_cast<uint64_t>(offset);
+  if (claim) v.t.device.device_type = *claim;
+  return v;
+}
+
+Status call_transfer(const KernelHandle& h, Buffer& src_idx, Buffer& dst_idx, RowsView& src,
+                     RowsView& dst) {
+  for (RowsView* v : {&src, &dst}) {
+    v->t.shape = v->shape.data();
+    v->t.ndim = static_cast<int32_t>(v->shape.size());
+  }
+  DLTensor* args[] = {src_idx.tensor(), dst_idx.tensor(), &src.t, &dst.t};
+  return h.call(args);
+}
+
+// One transfer's inputs on chosen devices, and the oracle's answer.
+struct TransferCase {
+  TransferShape shape;
+  TransferIndices idx;
+  Buffer src_idx, dst_idx, src, dst;
+  std::vector<uint8_t> expect;  // dst's bytes (after `offset` leading bytes)
+  int64_t offset;
+};
+
+TransferCase make_transfer(const TransferShape& s, uint64_t seed, DLDevice idx_dev,
+                           DLDevice src_dev, DLDevice dst_dev, int64_t offset = 0,
+                           bool dup_dst = false) {
+  std::mt19937_64 rng(seed);
+  TransferIndices idx = random_transfer_indices(rng, s, dup_dst);
+  auto src = random_bytes(rng, offset + s.src_rows * s.row_bytes);
+  auto dst = random_bytes(rng, offset + s.dst_rows * s.row_bytes);
+  const std::vector<uint8_t> src_rows(src.begin() + offset, src.end());
+  const std::vector<uint8_t> dst_rows(dst.begin() + offset, dst.end());
+  TransferCase c{s,
+                 idx,
+                 i64_buffer(idx_dev, idx.src),
+                 i64_buffer(idx_dev, idx.dst),
+                 bytes_buffer(src_dev, src),
+                 bytes_buffer(dst_dev, dst),
+                 transfer_oracle(idx, src_rows, s.src_rows, s.row_bytes, dst_rows, s.dst_rows,
+                                 s.row_bytes, s.row_bytes),
+                 offset};
+  return c;
+}
+
+// Runs `h` on the case's tensors viewed as `dt`; host buffers claim `claim` when given.
+Status run_transfer(const KernelHandle& h, TransferCase& c, DType dt, bool rank3 = false,
+                    std::optional<DLDeviceType> claim = std::nullopt) {
+  RowsView src = rows_view(c.src, dt, c.shape.src_rows, c.shape.row_bytes, c.offset, rank3,
+                           c.src.on_gpu() ? std::nullopt : claim);
+  RowsView dst = rows_view(c.dst, dt, c.shape.dst_rows, c.shape.row_bytes, c.offset, rank3,
+                           c.dst.on_gpu() ? std::nullopt : claim);
+  return call_transfer(h, c.src_idx, c.dst_idx, src, dst);
+}
+
+std::vector<uint8_t> dst_bytes(const TransferCase& c) {
+  auto all = bytes_of(c.dst);
+  return std::vector<uint8_t>(all.begin() + c.offset, all.end());
+}
+
+// Row sizes: one word, an odd word count (3 lanes of 4), 256 B (two rows per warp), 1040 B
+// (65 words: 3 per lane), 4 KiB (a warp, 8 words per lane), 4 KiB + 16 (a second round).
+const int64_t kRowBytes[] = {16, 48, 256, 1040, 4096, 4112};
+const DType kTransferDtypes[] = {DType::kU8, DType::kBF16, DType::kF32, DType::kF8E4M3,
+                                 DType::kI64};
+
+std::vector<TransferShape> transfer_shapes() {
+  std::vector<TransferShape> out;
+  for (int64_t row : kRowBytes) {
+    for (auto [n, sr, dr] : {std::tuple<int64_t, int64_t, int64_t>{1, 1, 1},
+                             {7, 5, 9},
+                             {100, 37, 140},
+                             {0, 4, 4},
+                             {3, 0, 2},
+                             {513, 700, 600}}) {
+      out.push_back({n, sr, dr, row});
+    }
+  }
+  return out;
+}
+
+TEST(Kvcache, TransferCpuReferenceMatchesTheOracle) {
+  const KernelHandle h = handle("kvcache.transfer", "cpu");
+  uint64_t seed = 300;
+  int k = 0;
+  for (const TransferShape& s : transfer_shapes()) {
+    for (bool dup : {false, true}) {
+      SCOPED_TRACE(label(s) + (dup ? " duplicate dst indices" : ""));
+      const DType dt = kTransferDtypes[k++ % std::size(kTransferDtypes)];
+      TransferCase c = make_transfer(s, seed++, kCpuDev, kCpuDev, kCpuDev, 0, dup);
+      const auto src_before = bytes_of(c.src);
+      Status st = run_transfer(h, c, dt, k % 3 == 0);
+      ASSERT_TRUE(st.ok()) << st.message();
+      EXPECT_TRUE(dst_bytes(c) == c.expect) << "dst differs from the oracle";
+      EXPECT_TRUE(bytes_of(c.src) == src_before) << "src changed";
+    }
+  }
+}
+
+TEST(Kvcache, TransferSkipsOutOfRangeRowsAndKeepsTheLastDuplicate) {
+  const KernelHandle h = handle("kvcache.transfer", "cpu");
+  // 3 source rows of 16 bytes (row r filled with r + 1), 4 destination rows (0xee).
+  std::vector<uint8_t> src(48), dst(64, 0xee);
+  for (int r = 0; r < 3; ++r) std::fill_n(src.begin() + 16 * r, 16, static_cast<uint8_t>(r + 1));
+  Buffer s = bytes_buffer(kCpuDev, src), d = bytes_buffer(kCpuDev, dst);
+  Buffer si = i64_buffer(kCpuDev, {0, 2, -1, 3, 1, 1, 2});
+  Buffer di = i64_buffer(kCpuDev, {3, 0, 1, 1, 4, 0, 0});
+  RowsView sv = rows_view(s, DType::kU8, 3, 16), dv = rows_view(d, DType::kU8, 4, 16);
+  ASSERT_TRUE(call_transfer(h, si, di, sv, dv).ok());
+  const auto got = bytes_of(d);
+  // Row 0: written by (2 -> 0), (1 -> 0) and last (2 -> 0); row 1: both writers skipped
+  // (src -1, src 3 out of range); row 2: untouched; row 3: src row 0. (1 -> 4): dst out of
+  // range.
+  std::vector<uint8_t> want(64, 0xee);
+  std::fill_n(want.begin(), 16, uint8_t{3});
+  std::fill_n(want.begin() + 48, 16, uint8_t{1});
+  EXPECT_TRUE(got == want);
+}
+
+TEST(Kvcache, TransferLayersCpuReferenceMatchesTheOracle) {
+  const KernelHandle h = handle("kvcache.transfer_layers", "cpu");
+  uint64_t seed = 400;
+  for (int64_t row : kRowBytes) {
+    for (bool strided : {false, true}) {
+      const TransferShape s{57, 40, 50, row};
+      SCOPED_TRACE(label(s) + (strided ? " page-first source (stride L * row)" : ""));
+      constexpr int64_t kLayers = 4;
+      std::mt19937_64 rng(seed++);
+      TransferIndices idx = random_transfer_indices(rng, s);
+      // Layer-first destinations; the source either layer-first or one page-first buffer
+      // (token-major: row r of layer l at (r * L + l) * row).
+      const int64_t ss = strided ? kLayers * row : row;
+      auto page_first = random_bytes(rng, s.src_rows * kLayers * row);
+      Buffer pf = bytes_buffer(kCpuDev, page_first);
+      std::vector<Buffer> srcs, dsts;
+      std::vector<std::vector<uint8_t>> src_bytes, dst_bytes_before;
+      std::vector<int64_t> sp, dp;
+      for (int64_t l = 0; l < kLayers; ++l) {
+        src_bytes.push_back(random_bytes(rng, s.src_rows * row));
+        dst_bytes_before.push_back(random_bytes(rng, s.dst_rows * row));
+        srcs.push_back(bytes_buffer(kCpuDev, src_bytes.back()));
+        dsts.push_back(bytes_buffer(kCpuDev, dst_bytes_before.back()));
+        auto* base = strided ? static_cast<uint8_t*>(pf.tensor()->data) + l * row
+                             : static_cast<uint8_t*>(srcs.back().tensor()->data);
+        // Layer 2 is left out (a null source address).
+        sp.push_back(l == 2 ? 0 : reinterpret_cast<int64_t>(base));
+        dp.push_back(reinterpret_cast<int64_t>(dsts.back().tensor()->data));
+      }
+      Buffer si = i64_buffer(kCpuDev, idx.src), di = i64_buffer(kCpuDev, idx.dst);
+      Buffer spb = i64_buffer(kCpuDev, sp), dpb = i64_buffer(kCpuDev, dp);
+      DLTensor* args[] = {si.tensor(), di.tensor(), spb.tensor(), dpb.tensor()};
+      const kreg_attr attrs[] = {int_attr(row), int_attr(s.src_rows), int_attr(s.dst_rows),
+                                 int_attr(strided ? ss : 0), int_attr(0)};
+      Status st = h.call(args, attrs);
+      ASSERT_TRUE(st.ok()) << st.message();
+      for (int64_t l = 0; l < kLayers; ++l) {
+        SCOPED_TRACE("layer " + std::to_string(l));
+        std::vector<uint8_t> layer_src;
+        if (strided) {
+          layer_src.assign(page_first.begin() + l * row, page_first.end());
+        } else {
+          layer_src = src_bytes[static_cast<size_t>(l)];
+        }
+        const auto want = l == 2 ? dst_bytes_before[2]
+                                 : transfer_oracle(idx, layer_src, s.src_rows, ss,
+                                                   dst_bytes_before[static_cast<size_t>(l)],
+                                                   s.dst_rows, row, row);
+        EXPECT_TRUE(bytes_of(dsts[static_cast<size_t>(l)]) == want);
+      }
+    }
+  }
+}
+
+TEST(Kvcache, TransferBadArgumentsNameTheArgument) {
+  const KernelHandle h = handle("kvcache.transfer", "cpu");
+  TransferCase c = make_transfer({4, 4, 4, 32}, 1, kCpuDev, kCpuDev, kCpuDev);
+  const auto before = bytes_of(c.dst);
+  auto expect_error = [&](RowsView src, RowsView dst, const std::string& needle,
+                          Buffer* si = nullptr) {
+    Status st = call_transfer(h, si ? *si : c.src_idx, c.dst_idx, src, dst);
+    EXPECT_EQ(st.code(), KREG_INVALID_ARGUMENT);
+    EXPECT_NE(st.message().find(needle), std::string::npos) << st.message();
+    EXPECT_TRUE(bytes_of(c.dst) == before) << "dst written by a refused call";
+  };
+  // Rows of 12 bytes (f32 [.,3]): not a multiple of 16.
+  {
+    RowsView src = rows_view(c.src, DType::kF32, 4, 32), dst = rows_view(c.dst, DType::kF32, 4, 32);
+    src.shape = {8, 3};
+    dst.shape = {8, 3};
+    expect_error(src, dst,
+                 "kvcache.transfer: the row size of 'src' and 'dst' is 12 bytes; rows must be a "
+                 "positive multiple of 16 bytes");
+  }
+  {
+    RowsView src = rows_view(c.src, DType::kU8, 4, 32), dst = rows_view(c.dst, DType::kU8, 4, 32);
+    dst.shape = {8, 16};
+    expect_error(src, dst, "argument 'dst' has rows of 16 bytes, but 'src' has rows of 32 bytes");
+  }
+  {
+    RowsView src = rows_view(c.src, DType::kBF16, 4, 32);
+    RowsView dst = rows_view(c.dst, DType::kF32, 4, 32);
+    expect_error(src, dst, "argument 'dst' (tensor 4 of 4) has dtype f32, but 'src' has bf16");
+  }
+  {
+    RowsView src = rows_view(c.src, DType::kU8, 4, 32), dst = rows_view(c.dst, DType::kU8, 4, 32);
+    src.shape = {};
+    expect_error(src, dst, "argument 'src' is a scalar");
+  }
+  {
+    Buffer wrong = i64_buffer(kCpuDev, {0, 1, 2});
+    expect_error(rows_view(c.src, DType::kU8, 4, 32), rows_view(c.dst, DType::kU8, 4, 32),
+                 "argument 'dst_idx' (tensor 2 of 4) has shape [4]", &wrong);
+  }
+  {
+    auto i32 = Buffer::make(kCpuDev, DType::kI32, {4});
+    ASSERT_TRUE(i32.ok());
+    ASSERT_TRUE(i32->from_doubles({0, 1, 2, 3}).ok());
+    expect_error(rows_view(c.src, DType::kU8, 4, 32), rows_view(c.dst, DType::kU8, 4, 32),
+                 "argument 'src_idx' (tensor 1 of 4) has dtype i32, expected i64", &*i32);
+  }
+}
+
+TEST(Kvcache, TransferLayersBadAttributesNameTheAttribute) {
+  const KernelHandle h = handle("kvcache.transfer_layers", "cpu");
+  Buffer si = i64_buffer(kCpuDev, {0}), di = i64_buffer(kCpuDev, {0});
+  std::vector<uint8_t> dst(64, 0xee);
+  Buffer src = bytes_buffer(kCpuDev, std::vector<uint8_t>(64, 1)), d = bytes_buffer(kCpuDev, dst);
+  Buffer sp = i64_buffer(kCpuDev, {reinterpret_cast<int64_t>(src.tensor()->data)});
+  Buffer dp = i64_buffer(kCpuDev, {reinterpret_cast<int64_t>(d.tensor()->data)});
+  auto expect_error = [&](std::vector<int64_t> a, const std::string& needle) {
+    DLTensor* args[] = {si.tensor(), di.tensor(), sp.tensor(), dp.tensor()};
+    const kreg_attr attrs[] = {int_attr(a[0]), int_attr(a[1]), int_attr(a[2]), int_attr(a[3]),
+                               int_attr(a[4])};
+    Status st = h.call(args, attrs);
+    EXPECT_EQ(st.code(), KREG_INVALID_ARGUMENT);
+    EXPECT_NE(st.message().find(needle), std::string::npos) << st.message();
+    EXPECT_TRUE(bytes_of(d) == dst) << "dst written by a refused call";
+  };
+  expect_error({24, 4, 4, 0, 0},
+               "kvcache.transfer_layers: attribute 'row_bytes' is 24 bytes; rows must be a "
+               "positive multiple of 16 bytes");
+  expect_error({0, 4, 4, 0, 0}, "attribute 'row_bytes' is 0 bytes");
+  expect_error({16, -1, 4, 0, 0}, "attribute 'src_rows' is -1; expected >= 0");
+  expect_error({16, 4, -3, 0, 0}, "attribute 'dst_rows' is -3; expected >= 0");
+  expect_error({32, 2, 2, 16, 0}, "attribute 'src_stride' is 16 bytes; expected 0");
+  expect_error({16, 4, 4, 0, -16}, "attribute 'dst_stride' is -16 bytes");
+}
+
 // ---- GPU: every CUDA implementation against its CPU reference ----
 
 class KvcacheGpu : public ::testing::Test {
@@ -514,6 +891,250 @@ TEST_F(KvcacheGpu, CpuTensorsToTheCudaPathAreRefused) {
   EXPECT_NE(st.message().find("is on cpu:0, but backend cuda runs on cuda tensors"),
             std::string::npos)
       << st.message();
+}
+
+// ---- GPU: the transfers, byte for byte against the CPU reference ----
+
+TEST_F(KvcacheGpu, PinnedHarnessBuffersRoundTrip) {
+  auto p = Buffer::make(kPinnedDev, DType::kBF16, {3, 5});
+  ASSERT_TRUE(p.ok()) << p.status().message();
+  EXPECT_FALSE(p->on_gpu());
+  std::vector<double> v(15);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = 0.25 * static_cast<double>(i + 1);
+  ASSERT_TRUE(p->from_doubles(v).ok());
+  auto g = Buffer::make(kGpuDev, DType::kBF16, {3, 5});
+  auto q = Buffer::make(kPinnedDev, DType::kBF16, {3, 5});
+  ASSERT_TRUE(g.ok() && q.ok());
+  ASSERT_TRUE(g->copy_from(*p).ok());
+  ASSERT_TRUE(q->poison().ok());
+  ASSERT_TRUE(q->copy_from(*g).ok());
+  auto back = q->to_doubles();
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(*back, v);
+}
+
+const char* place(DLDevice d) { return d.device_type == kDLCUDA ? "device" : "pinned"; }
+
+TEST_F(KvcacheGpu, TransferMatchesTheCpuReferenceInEveryDirection) {
+  const KernelHandle gpu = handle("kvcache.transfer", "cuda");
+  const KernelHandle cpu = handle("kvcache.transfer", "cpu");
+  uint64_t seed = 5000;
+  int k = 0;
+  for (DLDevice from : {kGpuDev, kPinnedDev}) {
+    for (DLDevice to : {kGpuDev, kPinnedDev}) {
+      for (const TransferShape& s : transfer_shapes()) {
+        // 0: plain; 1: pinned tensors exported as kDLCPU (PyTorch); 2: 8-byte offset views
+        // (not 16-byte aligned: the bytewise path).
+        for (int variant = 0; variant < 3; ++variant) {
+          SCOPED_TRACE(std::string(place(from)) + " -> " + place(to) + " " + label(s) +
+                       (variant == 1   ? " pinned as kDLCPU"
+                        : variant == 2 ? " offset 8"
+                                       : ""));
+          const DType dt =
+              variant == 2 ? DType::kU8 : kTransferDtypes[k % std::size(kTransferDtypes)];
+          const bool rank3 = k++ % 4 == 1;
+          const int64_t offset = variant == 2 ? 8 : 0;
+          const auto claim = variant == 1 ? std::optional<DLDeviceType>(kDLCPU) : std::nullopt;
+          TransferCase g = make_transfer(s, seed, kGpuDev, from, to, offset);
+          TransferCase c = make_transfer(s, seed++, kCpuDev, kCpuDev, kCpuDev, offset);
+          Status st = run_transfer(gpu, g, dt, rank3, claim);
+          ASSERT_TRUE(st.ok()) << st.message();
+          ASSERT_TRUE(harness::device_synchronize().ok());
+          ASSERT_TRUE(run_transfer(cpu, c, dt, rank3).ok());
+          EXPECT_TRUE(dst_bytes(g) == dst_bytes(c)) << "dst differs from the CPU reference";
+          EXPECT_TRUE(dst_bytes(c) == c.expect) << "the CPU reference differs from the oracle";
+          EXPECT_TRUE(bytes_of(g.src) == bytes_of(c.src)) << "src changed";
+        }
+      }
+    }
+  }
+}
+
+// More rows than one pass of the grid covers (one wave of resident blocks: 2-3 blocks of
+// 256 lanes per SM, 128 bytes each, ~13 MB on 132 SMs), so the grid-stride loop runs
+// several rounds.
+TEST_F(KvcacheGpu, TransferLargeCopiesTakeSeveralGridRounds) {
+  const KernelHandle gpu = handle("kvcache.transfer", "cuda");
+  const KernelHandle cpu = handle("kvcache.transfer", "cpu");
+  uint64_t seed = 6000;
+  for (int64_t row : {int64_t{4096}, int64_t{256}}) {
+    const int64_t n = (int64_t{96} << 20) / row;
+    const TransferShape s{n, n + 1000, n + 3000, row};
+    for (auto [from, to] : {std::pair{kGpuDev, kPinnedDev}, std::pair{kPinnedDev, kGpuDev}}) {
+      SCOPED_TRACE(std::string(place(from)) + " -> " + place(to) + " " + label(s));
+      TransferCase g = make_transfer(s, seed, kGpuDev, from, to);
+      TransferCase c = make_transfer(s, seed++, kCpuDev, kCpuDev, kCpuDev);
+      Status st = run_transfer(gpu, g, DType::kBF16);
+      ASSERT_TRUE(st.ok()) << st.message();
+      ASSERT_TRUE(harness::device_synchronize().ok());
+      ASSERT_TRUE(run_transfer(cpu, c, DType::kBF16).ok());
+      EXPECT_TRUE(dst_bytes(g) == dst_bytes(c)) << "dst differs from the CPU reference";
+    }
+  }
+}
+
+// One transfer_layers call whose layers go in different directions; the same layout on
+// CPU buffers through the CPU reference. `skip` layers have a null destination address.
+struct LayerPlan {
+  DLDevice from, to;
+  bool skip = false;
+};
+
+void check_layers(const KernelHandle& gpu, const KernelHandle& cpu,
+                  const std::vector<LayerPlan>& plan, const TransferShape& s, bool page_first_src,
+                  int64_t misalign, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const TransferIndices idx = random_transfer_indices(rng, s);
+  const auto layers = static_cast<int64_t>(plan.size());
+  const int64_t row = s.row_bytes;
+  const int64_t src_stride = page_first_src ? layers * row : row;
+  std::deque<Buffer> gbufs, cbufs;  // owners (deque: stable addresses)
+  std::vector<int64_t> gsp, gdp, csp, cdp;
+  std::vector<std::pair<Buffer*, Buffer*>> dsts;  // (gpu, cpu) destination of each layer
+  auto addr = [](Buffer& b, int64_t off) {
+    return reinterpret_cast<int64_t>(static_cast<uint8_t*>(b.tensor()->data) + off);
+  };
+  if (page_first_src) {  // every layer's source in one token-major buffer, where plan[0] says
+    const auto bytes = random_bytes(rng, s.src_rows * layers * row);
+    gbufs.push_back(bytes_buffer(plan[0].from, bytes));
+    cbufs.push_back(bytes_buffer(kCpuDev, bytes));
+  }
+  Buffer* gpf = page_first_src ? &gbufs.front() : nullptr;
+  Buffer* cpf = page_first_src ? &cbufs.front() : nullptr;
+  for (int64_t l = 0; l < layers; ++l) {
+    const LayerPlan& p = plan[static_cast<size_t>(l)];
+    const int64_t off = l == 1 ? misalign : 0;  // layer 1's bases may be misaligned
+    if (page_first_src) {
+      gsp.push_back(addr(*gpf, l * row));
+      csp.push_back(addr(*cpf, l * row));
+    } else {
+      const auto bytes = random_bytes(rng, off + s.src_rows * row);
+      gbufs.push_back(bytes_buffer(p.from, bytes));
+      cbufs.push_back(bytes_buffer(kCpuDev, bytes));
+      gsp.push_back(addr(gbufs.back(), off));
+      csp.push_back(addr(cbufs.back(), off));
+    }
+    const auto bytes = random_bytes(rng, off + s.dst_rows * row);
+    gbufs.push_back(bytes_buffer(p.to, bytes));
+    cbufs.push_back(bytes_buffer(kCpuDev, bytes));
+    dsts.emplace_back(&gbufs.back(), &cbufs.back());
+    gdp.push_back(p.skip ? 0 : addr(gbufs.back(), off));
+    cdp.push_back(p.skip ? 0 : addr(cbufs.back(), off));
+  }
+  Buffer gsi = i64_buffer(kGpuDev, idx.src), gdi = i64_buffer(kGpuDev, idx.dst);
+  Buffer gspb = i64_buffer(kGpuDev, gsp), gdpb = i64_buffer(kGpuDev, gdp);
+  Buffer csi = i64_buffer(kCpuDev, idx.src), cdi = i64_buffer(kCpuDev, idx.dst);
+  Buffer cspb = i64_buffer(kCpuDev, csp), cdpb = i64_buffer(kCpuDev, cdp);
+  const kreg_attr attrs[] = {int_attr(row), int_attr(s.src_rows), int_attr(s.dst_rows),
+                             int_attr(page_first_src ? src_stride : 0), int_attr(0)};
+  DLTensor* gargs[] = {gsi.tensor(), gdi.tensor(), gspb.tensor(), gdpb.tensor()};
+  DLTensor* cargs[] = {csi.tensor(), cdi.tensor(), cspb.tensor(), cdpb.tensor()};
+  Status st = gpu.call(gargs, attrs);
+  ASSERT_TRUE(st.ok()) << st.message();
+  ASSERT_TRUE(harness::device_synchronize().ok());
+  st = cpu.call(cargs, attrs);
+  ASSERT_TRUE(st.ok()) << st.message();
+  for (int64_t l = 0; l < layers; ++l) {
+    SCOPED_TRACE("layer " + std::to_string(l) + ": " + place(plan[static_cast<size_t>(l)].from) +
+                 " -> " + place(plan[static_cast<size_t>(l)].to));
+    auto [g, c] = dsts[static_cast<size_t>(l)];
+    EXPECT_TRUE(bytes_of(*g) == bytes_of(*c)) << "dst differs from the CPU reference";
+  }
+}
+
+TEST_F(KvcacheGpu, TransferLayersMixesDirectionsInOneLaunch) {
+  const KernelHandle gpu = handle("kvcache.transfer_layers", "cuda");
+  const KernelHandle cpu = handle("kvcache.transfer_layers", "cpu");
+  const std::vector<LayerPlan> mixed = {{kGpuDev, kPinnedDev},
+                                        {kPinnedDev, kGpuDev},
+                                        {kGpuDev, kGpuDev},
+                                        {kPinnedDev, kPinnedDev},
+                                        {kGpuDev, kPinnedDev, true}};
+  const std::vector<LayerPlan> load = {
+      {kPinnedDev, kGpuDev}, {kPinnedDev, kGpuDev}, {kPinnedDev, kGpuDev}};
+  uint64_t seed = 7000;
+  for (int64_t row : kRowBytes) {
+    for (const TransferShape& s :
+         {TransferShape{1, 1, 1, row}, TransferShape{7, 5, 9, row},
+          TransferShape{300, 260, 310, row}, TransferShape{0, 3, 3, row}}) {
+      SCOPED_TRACE(label(s));
+      {
+        SCOPED_TRACE("L=5 mixed directions, one layer left out");
+        check_layers(gpu, cpu, mixed, s, false, 0, seed++);
+      }
+      {
+        SCOPED_TRACE("L=5, layer 1 at 4-byte offsets (bytewise)");
+        check_layers(gpu, cpu, mixed, s, false, 4, seed++);
+      }
+      {
+        SCOPED_TRACE("L=3 from one page-first pinned buffer (src_stride = L * row)");
+        check_layers(gpu, cpu, load, s, true, 0, seed++);
+      }
+    }
+  }
+  // 80 layers: the resident blocks are shared by 80 layers (a handful each), so each
+  // layer's rows take several grid rounds.
+  std::vector<LayerPlan> many(80, LayerPlan{kGpuDev, kPinnedDev});
+  check_layers(gpu, cpu, many, TransferShape{2000, 2100, 2200, 256}, false, 0, seed++);
+}
+
+TEST_F(KvcacheGpu, TransferRefusesPageableHostMemory) {
+  const KernelHandle gpu = handle("kvcache.transfer", "cuda");
+  // dst in plain (pageable) CPU memory.
+  TransferCase c = make_transfer({4, 4, 4, 64}, 1, kGpuDev, kGpuDev, kCpuDev);
+  const auto before = bytes_of(c.dst);
+  Status st = run_transfer(gpu, c, DType::kU8);
+  EXPECT_EQ(st.code(), KREG_INVALID_ARGUMENT);
+  EXPECT_NE(st.message().find("kvcache.transfer: argument 'dst' is in pageable host memory: pin "
+                              "it (cudaHostAlloc / tensor.pin_memory())"),
+            std::string::npos)
+      << st.message();
+  // Pageable memory that claims to be page-locked (kDLCUDAHost) is refused the same way.
+  TransferCase d = make_transfer({4, 4, 4, 64}, 2, kGpuDev, kCpuDev, kGpuDev);
+  st = run_transfer(gpu, d, DType::kU8, false, kDLCUDAHost);
+  EXPECT_EQ(st.code(), KREG_INVALID_ARGUMENT);
+  EXPECT_NE(st.message().find("argument 'src' is in pageable host memory"), std::string::npos)
+      << st.message();
+  ASSERT_TRUE(harness::device_synchronize().ok()) << "a refused call must launch nothing";
+  EXPECT_TRUE(bytes_of(c.dst) == before);
+  // The device is fine afterwards: a pinned transfer works.
+  TransferCase ok = make_transfer({4, 4, 4, 64}, 3, kGpuDev, kGpuDev, kPinnedDev);
+  st = run_transfer(gpu, ok, DType::kU8);
+  ASSERT_TRUE(st.ok()) << st.message();
+  ASSERT_TRUE(harness::device_synchronize().ok());
+  EXPECT_TRUE(dst_bytes(ok) == ok.expect);
+}
+
+TEST_F(KvcacheGpu, TransferRefusesBadRowsAndCpuIndices) {
+  const KernelHandle gpu = handle("kvcache.transfer", "cuda");
+  TransferCase c = make_transfer({4, 4, 4, 32}, 1, kGpuDev, kGpuDev, kPinnedDev);
+  RowsView src = rows_view(c.src, DType::kF32, 4, 32), dst = rows_view(c.dst, DType::kF32, 4, 32);
+  src.shape = {8, 3};
+  dst.shape = {8, 3};
+  Status st = call_transfer(gpu, c.src_idx, c.dst_idx, src, dst);
+  EXPECT_EQ(st.code(), KREG_INVALID_ARGUMENT);
+  EXPECT_NE(st.message().find("the row size of 'src' and 'dst' is 12 bytes; rows must be a "
+                              "positive multiple of 16 bytes"),
+            std::string::npos)
+      << st.message();
+  // Indices must live on the device (the first tensor decides the call's device).
+  TransferCase h = make_transfer({4, 4, 4, 32}, 1, kCpuDev, kGpuDev, kPinnedDev);
+  st = run_transfer(gpu, h, DType::kU8);
+  EXPECT_EQ(st.code(), KREG_INVALID_ARGUMENT);
+  EXPECT_NE(st.message().find("is on cpu:0, but backend cuda runs on cuda tensors"),
+            std::string::npos)
+      << st.message();
+  // transfer_layers: the attributes are checked before anything is read.
+  const KernelHandle layers = handle("kvcache.transfer_layers", "cuda");
+  Buffer si = i64_buffer(kGpuDev, {0}), di = i64_buffer(kGpuDev, {0});
+  Buffer sp = i64_buffer(kGpuDev, {0}), dp = i64_buffer(kGpuDev, {0});
+  DLTensor* args[] = {si.tensor(), di.tensor(), sp.tensor(), dp.tensor()};
+  const kreg_attr attrs[] = {int_attr(40), int_attr(1), int_attr(1), int_attr(0), int_attr(0)};
+  st = layers.call(args, attrs);
+  EXPECT_EQ(st.code(), KREG_INVALID_ARGUMENT);
+  EXPECT_NE(st.message().find("attribute 'row_bytes' is 40 bytes"), std::string::npos)
+      << st.message();
+  ASSERT_TRUE(harness::device_synchronize().ok());
 }
 
 }  // namespace

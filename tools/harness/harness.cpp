@@ -132,8 +132,19 @@ Result<Buffer> Buffer::make(DLDevice device, DType dtype, std::vector<int64_t> s
 #else
     return no_cuda();
 #endif
+  } else if (device.device_type == kDLCUDAHost) {
+#if defined(KREG_HAVE_CUDA)
+    void* p = nullptr;
+    if (Status st = cuda_status(cudaHostAlloc(&p, n, cudaHostAllocDefault), "cudaHostAlloc");
+        !st.ok()) {
+      return st;
+    }
+    b.t_.data = p;
+#else
+    return no_cuda();
+#endif
   } else {
-    return Status(KREG_UNIMPLEMENTED, "harness buffers live on cpu or cuda only");
+    return Status(KREG_UNIMPLEMENTED, "harness buffers live on cpu, cuda_host or cuda only");
   }
   return b;
 }
@@ -160,7 +171,11 @@ void Buffer::release() {
     ::operator delete(t_.data, std::align_val_t(64));
   } else {
 #if defined(KREG_HAVE_CUDA)
-    cudaFree(t_.data);
+    if (t_.device.device_type == kDLCUDAHost) {
+      cudaFreeHost(t_.data);
+    } else {
+      cudaFree(t_.data);
+    }
 #endif
   }
   t_.data = nullptr;

@@ -19,7 +19,9 @@ namespace kreg::harness {
 bool gpu_available();
 std::string gpu_name();
 
-// An owning, contiguous tensor.
+// An owning, contiguous tensor on the CPU (kDLCPU), a CUDA device (kDLCUDA) or in
+// page-locked host memory (kDLCUDAHost: cudaHostAlloc; read and written directly, like
+// CPU memory, and accessible to CUDA kernels).
 class Buffer {
  public:
   static Result<Buffer> make(DLDevice device, DType dtype, std::vector<int64_t> shape);
@@ -34,7 +36,7 @@ class Buffer {
   const std::vector<int64_t>& shape() const { return shape_; }
   int64_t numel() const;
   size_t bytes() const;
-  bool on_gpu() const { return t_.device.device_type == kDLCUDA; }
+  bool on_gpu() const { return t_.device.device_type == kDLCUDA; }  // else host-addressable
 
   // Host-side values as doubles (copied back from the device when needed).
   Result<std::vector<double>> to_doubles() const;

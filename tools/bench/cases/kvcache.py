@@ -118,6 +118,110 @@ def _mla_case(n, nope, rope, dtype, small):
     )
 
 
+# ---- kvcache.transfer / kvcache.transfer_layers ----
+#
+# Device <-> pinned host. vs_torch.py's "% of copy" compares with the DEVICE copy
+# bandwidth, which means nothing for a host link: the numbers that matter for the issue's
+# target (>= 80% of cudaMemcpyAsync pinned <-> device) come from
+# build/tests/bench/kreg-bench-transfer. These cases give the torch side by side: a gather
+# on one side, a copy through the host (.cpu() / .to("cuda")), a scatter on the other.
+# bytes: each row read once and written once (the copy convention), plus the indices.
+
+
+def _names(dtype):
+    return {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}[dtype]
+
+
+def _transfer_case(n, rows, row_elems, dtype, direction):
+    """direction "d2h": device rows -> pinned host rows (offload); "h2d": back."""
+    e = torch.tensor([], dtype=dtype).element_size()
+    row_bytes = row_elems * e
+    d2h = direction == "d2h"
+
+    def make():
+        g = _gen(2)
+        dev = _randn((rows, row_elems), dtype, g)
+        host = torch.empty((rows, row_elems), dtype=dtype, pin_memory=True)
+        if d2h:
+            host.zero_()
+        else:
+            host.copy_(dev.cpu())
+            dev.zero_()
+        src_idx, dst_idx = _slots(n, rows, g), _slots(n, rows, g)
+        return {
+            "src_idx": src_idx,
+            "dst_idx": dst_idx,
+            "src": dev if d2h else host,
+            "dst": host if d2h else dev,
+            # torch indexes host tensors with host indices.
+            "src_idx_cpu": src_idx.cpu(),
+            "dst_idx_cpu": dst_idx.cpu(),
+        }
+
+    def ref(t):
+        dst = t["dst"]
+        if d2h:
+            dst[t["dst_idx_cpu"]] = t["src"][t["src_idx"]].cpu()
+        else:
+            dst[t["dst_idx"]] = t["src"][t["src_idx_cpu"]].to("cuda", non_blocking=True)
+        return (dst,)
+
+    arrow = "device->pinned" if d2h else "pinned->device"
+    return dict(
+        op="kvcache.transfer",
+        shape=f"N={n} rows={rows} row={row_bytes}B {_names(dtype)} {arrow}",
+        small=False,  # torch's side synchronizes the host: no CUDA graph
+        make=make,
+        kreg=lambda op, t: op(t["src_idx"], t["dst_idx"], t["src"], t["dst"]),
+        torch=ref,
+        check=lambda t: (t["dst"],),
+        tol=(0.0, 0.0),
+        bytes=2 * n * row_bytes + 16 * n,
+    )
+
+
+def _transfer_layers_case(n, rows, layers, row_elems, dtype):
+    """Offload N tokens of every layer: layer-first device pools -> pinned host pools."""
+    e = torch.tensor([], dtype=dtype).element_size()
+    row_bytes = row_elems * e
+
+    def make():
+        g = _gen(3)
+        dev = _randn((layers, rows, row_elems), dtype, g)
+        host = torch.zeros((layers, rows, row_elems), dtype=dtype, pin_memory=True)
+        src_idx, dst_idx = _slots(n, rows, g), _slots(n, rows, g)
+        return {
+            "src_idx": src_idx,
+            "dst_idx": dst_idx,
+            # Addresses of each layer's pool (pinned host addresses are device-accessible).
+            "src_ptrs": torch.tensor([dev[l].data_ptr() for l in range(layers)],
+                                     dtype=torch.int64, device="cuda"),
+            "dst_ptrs": torch.tensor([host[l].data_ptr() for l in range(layers)],
+                                     dtype=torch.int64, device="cuda"),
+            "src": dev,
+            "dst": host,
+            "dst_idx_cpu": dst_idx.cpu(),
+        }
+
+    def ref(t):
+        dst = t["dst"]
+        dst[:, t["dst_idx_cpu"]] = t["src"][:, t["src_idx"]].cpu()
+        return (dst,)
+
+    return dict(
+        op="kvcache.transfer_layers",
+        shape=f"L={layers} N={n} rows={rows} row={row_bytes}B {_names(dtype)} device->pinned",
+        small=False,
+        make=make,
+        kreg=lambda op, t: op(t["src_idx"], t["dst_idx"], t["src_ptrs"], t["dst_ptrs"],
+                              row_bytes=row_bytes, src_rows=rows, dst_rows=rows),
+        torch=ref,
+        check=lambda t: (t["dst"],),
+        tol=(0.0, 0.0),
+        bytes=2 * layers * n * row_bytes + 16 * n,
+    )
+
+
 def cases():
     """Yields one dict per (op, shape)."""
     bf16 = torch.bfloat16
@@ -132,3 +236,11 @@ def cases():
     yield _mla_case(32768, 512, 64, bf16, small=False)
     yield _mla_case(64, 512, 64, bf16, small=True)
     yield _mla_case(16, 512, 64, bf16, small=True)
+    # Transfers between the device and pinned host memory (issue 6): 4 KiB rows (a
+    # Llama-3-8B token's K and V of one layer, bf16) and 256-byte rows, ~256 MB per call,
+    # both directions; a decode-sized offload; all 32 layers of 2048 tokens in one launch.
+    for d in ("d2h", "h2d"):
+        yield _transfer_case(65536, 81920, 2048, bf16, d)
+        yield _transfer_case(1 << 20, 1310720, 128, bf16, d)
+    yield _transfer_case(64, 81920, 2048, bf16, "d2h")
+    yield _transfer_layers_case(2048, 4096, 32, 2048, bf16)
