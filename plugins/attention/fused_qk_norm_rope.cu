@@ -34,7 +34,7 @@ using device::to_float;
 using device::vec_t;
 
 constexpr int kMaxWarps = 8;
-constexpr int kBatch = 4;
+constexpr int kBatch = 8;
 constexpr int kMaxHalf = 128;
 
 struct InvFreq {
