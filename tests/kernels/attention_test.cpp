@@ -733,6 +733,18 @@ void expect_error(const Status& st, kreg_status_code code, const std::string& te
   EXPECT_NE(st.message().find(text), std::string::npos) << st.message();
 }
 
+TEST(AttentionKernels, ZeroTokensOnTheCpu) {
+  std::mt19937_64 rng(15);
+  Call concat = concat_call(DType::kBF16, 0, 16, rng);
+  EXPECT_TRUE(call_cpu("attention.concat_mla_k", DType::kBF16, concat).ok());
+  Call mrope = mrope_call(DType::kBF16, 0, 64, {24, 20, 20}, rng);
+  EXPECT_TRUE(call_cpu("attention.mrope_interleave", DType::kBF16, mrope).ok());
+  Call rope = rope_call(DType::kBF16, 0, 4, 1, 128, 128, true, DType::kI32, rng);
+  EXPECT_TRUE(call_cpu("attention.rope", DType::kBF16, rope).ok());
+  Call fused = fused_call(DType::kBF16, 0, 4, 1, 1, 128, true, 1e4, DType::kI32, rng);
+  EXPECT_TRUE(call_cpu("attention.fused_qk_norm_rope", DType::kBF16, fused).ok());
+}
+
 TEST(AttentionKernels, BadArgumentsAreRejectedWithTheArgumentNamed) {
   std::mt19937_64 rng(14);
   const DType bf = DType::kBF16;
