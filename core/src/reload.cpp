@@ -7,6 +7,7 @@
 // published through the copy-on-write op tables. The old generation is never unloaded
 // while the registry lives: a call that loaded the old pointer may still be running it,
 // and GPU work it enqueued may still be pending on a stream.
+#include <dlfcn.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -183,6 +184,14 @@ Result<ReloadReport> Registry::reload(std::string_view group_name, const ReloadO
 
   // Nothing can reach the new code before its init hook has run.
   if (Status st = (*lib)->init(); !st.ok()) return Status(st.code(), where + ": " + st.message());
+  // From here on this generation may run: pin its mapping for the life of the process
+  // (RTLD_NODELETE on the already-loaded copy, found by name although the file is gone).
+  // Destroying the Registry runs its shutdown hook but never unmaps it: GPU work it
+  // enqueued may still be pending, and the CUDA runtime keys registered kernels by host
+  // addresses that a later load could otherwise reuse.
+  if (void* pin = ::dlopen(copy->c_str(), RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE)) {
+    (void)pin;  // deliberately never closed
+  }
   if (!added.empty()) {
     if (Status st = publish_locked(g, added); !st.ok()) {
       return Status(st.code(), where + ": " + st.message());

@@ -114,6 +114,28 @@ TEST_F(ReloadTest, SwapsAndReportsTheNewGeneration) {
   EXPECT_EQ(reg_->reload("nosuch").status().code(), KREG_NOT_FOUND);
 }
 
+// /proc/self/maps lines naming a private copy of testgrp's generation `gen`.
+int mapped_copies(uint64_t gen) {
+  std::ifstream maps("/proc/self/maps");
+  const std::string needle = "/testgrp." + std::to_string(gen) + ".";
+  int n = 0;
+  for (std::string line; std::getline(maps, line);) {
+    n += line.find(needle) != std::string::npos && line.find("kreg-") != std::string::npos;
+  }
+  return n;
+}
+
+TEST_F(ReloadTest, SwappedInGenerationsStayMappedAfterTheRegistryIsGone) {
+  place(test_plugin("testgrp_v2"));
+  ASSERT_TRUE(reg_->reload("testgrp").ok());
+  place(test_plugin("testgrp"));
+  ASSERT_TRUE(reg_->reload("testgrp").ok());
+  ASSERT_GT(mapped_copies(2), 0);
+  reg_.reset();  // runs shutdown hooks; must not unmap code that GPU work may still use
+  EXPECT_GT(mapped_copies(2), 0);
+  EXPECT_GT(mapped_copies(3), 0);
+}
+
 TEST_F(ReloadTest, PublishesNewOps) {
   place(test_plugin("testgrp_plus"));
   auto r = reg_->reload("testgrp");
