@@ -3,7 +3,8 @@
 
 Times tiny ops (1 token x 128) so that the kernel is negligible and the figure is the
 Python call path: argument parsing, DLPack export of each tensor, the stream query,
-the core's checks and the launch. Calls run in chunks of --chunk with no synchronisation
+the core's checks and the launch. The launch alone (and the C++ call path without
+Python) is measured by build/tests/bench/kreg-bench-launch. Calls run in chunks of --chunk with no synchronisation
 inside a chunk (the device queue never fills), the device is synchronised between chunks
 outside the timed region, and the median time per call over chunks is reported.
 
@@ -90,7 +91,7 @@ def main():
         rows.append((f"torch.nn.functional.silu(a)            1x{h}", lambda: torch.nn.functional.silu(a)))
         # The pieces of the kreg path, for reading the figures above.
         rows.append(("  piece: x.__dlpack__() (torch's Python exporter)", lambda: x.__dlpack__()))
-        rows.append(("  piece: torch._C._to_dlpack(x) (what kreg uses)", lambda: torch._C._to_dlpack(x)))
+        rows.append(("  piece: torch._C._to_dlpack(x) (kreg without the C API)", lambda: torch._C._to_dlpack(x)))
         if device == "cuda":
             raw = torch._C._cuda_getCurrentRawStream
             rows.append(("  piece: torch._C._cuda_getCurrentRawStream(0)", lambda: raw(0)))
@@ -117,6 +118,11 @@ def main():
           f"(python {sys.version.split()[0]}{', torch ' + torch.__version__ if torch else ''})")
     if device == "cuda":
         print(f"device: {torch.cuda.get_device_name()}")
+    if torch is not None:
+        # kreg views torch tensors through it when present (docs/python.md), else through
+        # torch._C._to_dlpack capsules.
+        have = hasattr(torch.Tensor, "__dlpack_c_exchange_api__")
+        print(f"torch DLPack C exchange API: {'yes' if have else 'no (capsule path)'}")
     for label, fn in rows:
         us = per_call_us(fn, args.calls, args.chunk, sync)
         print(f"{label:<55} {us:8.3f} us/call")

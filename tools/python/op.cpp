@@ -1,12 +1,16 @@
 // kreg.Op: see op.hpp. The call path, in order: count the positional tensors, read the
-// keyword attributes into a prefilled kreg_attr array, pick the stream, take each tensor
-// through DLPack (torch tensors through torch's own exporter when we run on torch's
-// current stream, anything else through __dlpack__ per the DLPack Python spec), resolve or
-// reuse the cached implementation, call it, release the capsules.
+// keyword attributes into a prefilled kreg_attr array, view each tensor as a DLTensor and
+// pick the stream, resolve or reuse the cached implementation, call it, release whatever
+// the views hold. A tensor is viewed, fastest first, through its type's DLPack C exchange
+// API (exchange_api.hpp: torch >= 2.10; no Python call, no allocation), through torch's
+// own exporter (older torch), or through __dlpack__ per the DLPack Python spec; the first
+// two only when the call runs on the framework's current stream (no stream= override).
 #include "op.hpp"
 
 #include <cstring>
 #include <vector>
+
+#include "exchange_api.hpp"
 
 namespace kreg::python {
 namespace {
@@ -62,6 +66,42 @@ const TorchHooks* torch_hooks() {
   Py_DECREF(cuda);
   g_torch = hooks;
   return g_torch;
+}
+
+// The exchange API of a tensor type, looked up once per type. The few types a process
+// passes (torch.Tensor, nn.Parameter, ...) are kept, with a reference so that a type's
+// address cannot be reused by another; types past the table's size are looked up per call.
+struct ExchangeCacheEntry {
+  PyTypeObject* type;
+  const ExchangeApi* api;
+};
+constexpr int kExchangeCacheSize = 16;
+ExchangeCacheEntry g_exchange_cache[kExchangeCacheSize];
+int g_exchange_cache_used = 0;
+
+const ExchangeApi* exchange_api(PyTypeObject* type) {
+  for (int i = 0; i < g_exchange_cache_used; ++i) {
+    if (g_exchange_cache[i].type == type) return g_exchange_cache[i].api;
+  }
+  const ExchangeApi* api = find_exchange_api(type);
+  if (g_exchange_cache_used < kExchangeCacheSize) {
+    Py_INCREF(type);
+    g_exchange_cache[g_exchange_cache_used++] = {type, api};
+  }
+  return api;
+}
+
+// Views `obj` through its type's exchange API into `view`; false (no exception) when the
+// type has none or refuses the object, which then takes the other paths and their errors.
+bool exchange_view(PyObject* obj, DLTensor* view, const ExchangeApi** api_out) {
+  const ExchangeApi* api = exchange_api(Py_TYPE(obj));
+  if (api == nullptr) return false;
+  if (api->dltensor_from_py_object_no_sync(obj, view) != 0) {
+    PyErr_Clear();
+    return false;
+  }
+  *api_out = api;
+  return true;
 }
 
 // torch's current stream on CUDA device `index`, as an integer handle. -1 with an
@@ -360,12 +400,17 @@ PyObject* op_vectorcall(PyObject* self, PyObject* const* args, size_t nargsf, Py
   // Tensors. The first one decides the device and with it the stream.
   Capsules caps;
   DLTensor* tensors[kMaxTensors];
+  DLTensor views[kMaxTensors];  // filled by exchange APIs; valid until we return
   const TorchHooks* torch = torch_hooks();
-  // torch's own exporter skips the Python-level __dlpack__ (microseconds): right when we
-  // run on torch's current stream, i.e. no stream= override.
-  const bool torch_fast =
-      torch != nullptr && torch->to_dlpack != nullptr && !user_stream.has_value();
+  // The fast paths skip the producer's stream ordering, which is only right when we run
+  // on the framework's current stream, i.e. with no stream= override.
+  const bool fast = !user_stream.has_value();
+  const bool torch_fast = fast && torch != nullptr && torch->to_dlpack != nullptr;
   auto torch_export = [&](int i) -> bool {
+    if (!torch_fast ||
+        !PyObject_TypeCheck(args[i], reinterpret_cast<PyTypeObject*>(torch->tensor_type))) {
+      return false;
+    }
     PyObject* cap = PyObject_CallOneArg(torch->to_dlpack, args[i]);
     if (cap == nullptr) {
       // A tensor the exporter refuses (a subclass, a torch version we do not know): the
@@ -379,10 +424,15 @@ PyObject* op_vectorcall(PyObject* self, PyObject* const* args, size_t nargsf, Py
   };
   bool exported[kMaxTensors] = {};
   DLDevice dev0{kDLCPU, 0};
+  const ExchangeApi* stream_api = nullptr;  // the first tensor's, when it was viewed by one
+  bool any_view = false;                    // views are valid only while we hold the GIL
   if (s.num_tensors > 0) {
-    if (torch_fast &&
-        PyObject_TypeCheck(args[0], reinterpret_cast<PyTypeObject*>(torch->tensor_type)) &&
-        torch_export(0)) {
+    if (fast && args[0] != Py_None && exchange_view(args[0], &views[0], &stream_api)) {
+      tensors[0] = &views[0];
+      exported[0] = true;
+      any_view = true;
+      dev0 = views[0].device;
+    } else if (torch_export(0)) {
       if (tensors[0] == nullptr) return nullptr;
       exported[0] = true;
       dev0 = tensors[0]->device;
@@ -393,9 +443,17 @@ PyObject* op_vectorcall(PyObject* self, PyObject* const* args, size_t nargsf, Py
   int64_t stream = 0;  // 0: the legacy default stream
   if (user_stream) {
     stream = *user_stream;
-  } else if (is_cuda_like(dev0.device_type) && torch != nullptr) {
-    stream = torch_current_stream(*torch, dev0.device_id);
-    if (stream == -1 && PyErr_Occurred()) return nullptr;
+  } else if (is_cuda_like(dev0.device_type)) {
+    if (stream_api != nullptr) {
+      void* current = nullptr;
+      if (stream_api->current_work_stream(dev0.device_type, dev0.device_id, &current) != 0) {
+        return nullptr;
+      }
+      stream = reinterpret_cast<intptr_t>(current);
+    } else if (torch != nullptr) {
+      stream = torch_current_stream(*torch, dev0.device_id);
+      if (stream == -1 && PyErr_Occurred()) return nullptr;
+    }
   }
   // DLPack's stream argument: 1 is the legacy default stream, 0 is not allowed; 1 and 2
   // (per-thread default) are also the CUDA runtime's handles for those streams.
@@ -408,9 +466,13 @@ PyObject* op_vectorcall(PyObject* self, PyObject* const* args, size_t nargsf, Py
       tensors[i] = nullptr;
       continue;
     }
-    if (torch_fast &&
-        PyObject_TypeCheck(obj, reinterpret_cast<PyTypeObject*>(torch->tensor_type)) &&
-        torch_export(i)) {
+    const ExchangeApi* unused = nullptr;
+    if (fast && exchange_view(obj, &views[i], &unused)) {
+      tensors[i] = &views[i];
+      any_view = true;
+      continue;
+    }
+    if (torch_export(i)) {
       if (tensors[i] == nullptr) return nullptr;
       continue;
     }
@@ -445,8 +507,9 @@ PyObject* op_vectorcall(PyObject* self, PyObject* const* args, size_t nargsf, Py
   KernelHandle handle = s.handle;
   void* stream_ptr = reinterpret_cast<void*>(static_cast<intptr_t>(stream));
   Status st;
-  if (s.num_tensors > 0 && tensors[0]->device.device_type == kDLCPU) {
-    // CPU kernels run synchronously and may take a while: let other threads run.
+  if (s.num_tensors > 0 && tensors[0]->device.device_type == kDLCPU && !any_view) {
+    // CPU kernels run synchronously and may take a while: let other threads run. Not
+    // with exchange-API views: another thread could resize a tensor they do not own.
     Py_BEGIN_ALLOW_THREADS st = handle.call(tspan, aspan, stream_ptr);
     Py_END_ALLOW_THREADS
   } else {
