@@ -16,6 +16,9 @@ the interface is in tools/bench/cases/README.md). For each case:
 4. The device copy bandwidth (torch copy of a 1 GiB buffer, bytes read + written per
    second) is measured in the same run; each case reports GB/s from its `bytes` (the
    fewest bytes one call must move) and that as a percentage of the copy bandwidth.
+   Cases that cross the host link (link="d2h" or "h2d") are measured against that link
+   instead: GB/s of their `link_bytes` (the payload crossing it) as a percentage of a
+   256 MiB pinned <-> device copy in the same direction, timed in the same run.
 
 Writes a CSV, a Markdown table (for docs/performance.md) and a PNG chart (% of copy
 bandwidth, kreg vs torch.compile; skipped with a message without matplotlib).
@@ -65,6 +68,8 @@ def load_cases(only, failures):
             continue
         for case in cases:
             missing = {"op", "shape", "make", "kreg", "torch", "check", "tol", "bytes"} - set(case)
+            if case.get("link"):
+                missing |= {"link_bytes"} - set(case)
             if missing:
                 failures.append(f"cases/{path.name}: a case lacks {sorted(missing)}: {case.get('op')}")
                 continue
@@ -185,10 +190,45 @@ def copy_bandwidth(reps):
     return 2 * n / (us * 1e-6) / 1e9
 
 
+def link_bandwidth(direction, reps):
+    """GB/s of a 256 MiB copy between page-locked host memory and the device (payload)."""
+    n = 256 << 20
+    dev = torch.empty(n, dtype=torch.uint8, device="cuda")
+    host = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+    if direction == "d2h":
+        us = time_events(lambda _: host.copy_(dev, non_blocking=True), [None], reps)
+    else:
+        us = time_events(lambda _: dev.copy_(host, non_blocking=True), [None], reps)
+    del dev, host
+    torch.cuda.empty_cache()
+    return n / (us * 1e-6) / 1e9
+
+
+class Baselines:
+    """The copy bandwidths cases are compared with, each measured once, on first use."""
+
+    def __init__(self, reps):
+        self.reps = reps
+        self.device = copy_bandwidth(reps)
+        self.links = {}
+
+    def of(self, case):
+        """(GB/s, name) of the case's baseline."""
+        link = case.get("link")
+        if not link:
+            return self.device, "device copy"
+        if link not in ("d2h", "h2d"):
+            raise ValueError(f"link must be 'd2h' or 'h2d', not {link!r}")
+        if link not in self.links:
+            self.links[link] = link_bandwidth(link, self.reps)
+            print(f"pinned {link} copy bandwidth: {self.links[link]:.1f} GB/s")
+        return self.links[link], f"{link} memcpy"
+
+
 # ---- One case ----
 
 
-def run_case(reg, case, args, copy_gbps):
+def run_case(reg, case, args, baselines):
     """A result row; raises on errors in the case itself (make, kreg, torch)."""
     op = reg.op(case["op"])
     first = case["make"]()
@@ -236,13 +276,15 @@ def run_case(reg, case, args, copy_gbps):
     del sets, first
     torch.cuda.empty_cache()
 
-    nbytes = case["bytes"]
+    # A host-link case counts the payload crossing the link, against that link's memcpy.
+    nbytes = case["link_bytes"] if case.get("link") else case["bytes"]
+    base_gbps, base_name = baselines.of(case)
 
     def gbps(us):
         return nbytes / (us * 1e-6) / 1e9 if us else None
 
     def pct(us):
-        return 100 * gbps(us) / copy_gbps if us else None
+        return 100 * gbps(us) / base_gbps if us else None
 
     return dict(
         op=case["op"],
@@ -250,6 +292,8 @@ def run_case(reg, case, args, copy_gbps):
         small=small,
         timing="graph" if small else "events",
         bytes=nbytes,
+        baseline=base_name,
+        baseline_gbps=base_gbps,
         sets=count,
         kreg_us=us_kreg,
         eager_us=us_eager,
@@ -288,7 +332,9 @@ def write_markdown(path, rows, copy_gbps, device):
     lines = [
         f"Device copy bandwidth: {copy_gbps:.0f} GB/s ({device}, torch {torch.__version__}). "
         "Times in µs per call (median); decode-sized rows replay CUDA graphs. "
-        "% copy = GB/s of the minimum bytes moved / copy bandwidth.",
+        "% copy = GB/s of the minimum bytes moved / copy bandwidth; rows marked h2d/d2h "
+        "cross the host link and are compared with a pinned memcpy in that direction "
+        "(payload bytes).",
         "",
         "| op | shape | kreg µs | eager µs | compile µs | kreg GB/s | kreg % copy | compile % copy "
         "| × eager | × compile |",
@@ -296,6 +342,8 @@ def write_markdown(path, rows, copy_gbps, device):
     ]
     for r in rows:
         flag = "" if r["correct"] else " **MISMATCH**"
+        if r["baseline"] != "device copy":
+            flag += f" ({r['baseline']})"
         lines.append(
             f"| {r['op']}{flag} | {r['shape']} | {fmt(r['kreg_us'], '.2f')} | {fmt(r['eager_us'], '.2f')} "
             f"| {fmt(r['compile_us'], '.2f')} | {fmt(r['kreg_gbps'], '.0f')} | {fmt(r['kreg_pct_copy'], '.1f')} "
@@ -316,7 +364,8 @@ def write_chart(path, rows, copy_gbps, device):
     except ImportError:
         print("vs_torch: matplotlib is not installed: no chart (pip install matplotlib)")
         return False
-    labels = [f"{r['op']}  {r['shape']}" for r in rows]
+    labels = [f"{r['op']}  {r['shape']}" + ("" if r["baseline"] == "device copy" else f" (% of {r['baseline']})")
+              for r in rows]
     kreg_pct = [r["kreg_pct_copy"] or 0 for r in rows]
     comp_pct = [r["compile_pct_copy"] or 0 for r in rows]
     y = range(len(rows))
@@ -387,7 +436,8 @@ def main():
     t0 = time.time()
     reg = kreg.open(args.manifest)
     device = torch.cuda.get_device_name()
-    copy_gbps = copy_bandwidth(max(args.reps, 20))
+    baselines = Baselines(max(args.reps, 20))
+    copy_gbps = baselines.device
     print(f"device copy bandwidth: {copy_gbps:.0f} GB/s ({device}); {len(cases)} cases")
 
     rows = []
@@ -395,7 +445,7 @@ def main():
         label = f"{case['op']} {case['shape']}"
         print(f"[{i + 1}/{len(cases)}] {label}", flush=True)
         try:
-            row, problems = run_case(reg, case, args, copy_gbps)
+            row, problems = run_case(reg, case, args, baselines)
         except Exception:  # noqa: BLE001 - one broken case must not stop the report
             failures.append(f"{label} ({case['source']}): error: {traceback.format_exc(limit=4)}")
             torch.cuda.synchronize()
