@@ -126,8 +126,18 @@ Result<Buffer> Buffer::make(DLDevice device, DType dtype, std::vector<int64_t> s
     b.t_.data = ::operator new(n, std::align_val_t(64));
   } else if (device.device_type == kDLCUDA) {
 #if defined(KREG_HAVE_CUDA)
+    // On the tensor's device, whatever device the calling thread has current.
+    int current = 0;
+    if (Status st = cuda_status(cudaGetDevice(&current), "cudaGetDevice"); !st.ok()) return st;
+    if (current != device.device_id) {
+      if (Status st = cuda_status(cudaSetDevice(device.device_id), "cudaSetDevice"); !st.ok()) {
+        return st;
+      }
+    }
     void* p = nullptr;
-    if (Status st = cuda_status(cudaMalloc(&p, n), "cudaMalloc"); !st.ok()) return st;
+    const cudaError_t err = cudaMalloc(&p, n);
+    if (current != device.device_id) cudaSetDevice(current);
+    if (Status st = cuda_status(err, "cudaMalloc"); !st.ok()) return st;
     b.t_.data = p;
 #else
     return no_cuda();
