@@ -77,6 +77,10 @@ template <>
 struct RawWord<2> {
   using type = uint16_t;
 };
+template <>
+struct RawWord<1> {
+  using type = uint8_t;
+};
 
 // Two floats into a packed pair of 16-bit floats: a single cvt instruction on sm_80+.
 template <typename T>
@@ -96,13 +100,20 @@ struct Pair<__half> {
 
 }  // namespace detail
 
+// word_t<kBytes>: the unsigned type the hardware moves in one load or store of kBytes
+// bytes (16, 8, 4, 2 or 1). vec_t moves its data as these; kernels that copy bytes
+// without looking at them (a row of row_bytes bytes as row_bytes / kBytes words, every
+// address kBytes-aligned) use them directly.
+template <int kBytes>
+using word_t = typename detail::RawWord<kBytes>::type;
+
 template <typename T, int N>
 struct vec_t {
   static_assert(N > 0 && (N & (N - 1)) == 0, "kreg vec_t: N must be a power of two");
   static constexpr int kBytes = static_cast<int>(sizeof(T)) * N;
   // Bytes per memory instruction: the whole vector up to 16 (the widest LDG/STG).
   static constexpr int kWordBytes = kBytes < 16 ? kBytes : 16;
-  using Word = typename detail::RawWord<kWordBytes>::type;
+  using Word = word_t<kWordBytes>;
   static constexpr int kWords = kBytes / kWordBytes;
 
   alignas(kWordBytes) T data[N];
