@@ -12,12 +12,15 @@
 #include <cstdint>
 
 #include "activation.hpp"
+#include "kreg/device/fast_divisor.cuh"
+#include "kreg/device/launch.cuh"
 #include "kreg/device/vec.cuh"
 #include "kreg/dtype.hpp"
 
 namespace kreg::activation {
 namespace {
 
+using device::FastDivisor;
 using device::vec_t;
 
 constexpr int kBlockThreads = 256;
@@ -46,26 +49,6 @@ struct GeluTanh {
     constexpr float kSqrt2OverPi = 0.79788456080286536f;
     constexpr float kCubic = 0.044715f;
     return a / (1.0f + expf(-2.0f * kSqrt2OverPi * (a + kCubic * a * a * a)));
-  }
-};
-
-// Division by a run-time constant as a multiply-high and a shift, for splitting every
-// flat vector index into (row, column): GPUs have no integer divide instruction, and the
-// emulated one costs more than the rest of the thread's integer work. Exact for dividends
-// and divisors below 2^31.
-struct FastDivisor {
-  uint32_t divisor = 1;
-  uint32_t multiplier = 1;
-  uint32_t shift = 0;
-
-  explicit FastDivisor(uint32_t d) : divisor(d) {
-    while (shift < 32 && (uint64_t{1} << shift) < d) ++shift;
-    multiplier =
-        static_cast<uint32_t>(((uint64_t{1} << 32) * ((uint64_t{1} << shift) - d)) / d + 1);
-  }
-
-  __device__ __forceinline__ uint32_t div(uint32_t n) const {
-    return (__umulhi(n, multiplier) + n) >> shift;
   }
 };
 
@@ -139,25 +122,12 @@ KernelStatus act_and_mul(Context& ctx, const char* op, const DLTensor& x, DLTens
     return ctx.fail(KREG_INVALID_ARGUMENT, "%s: D = %lld is too large", op,
                     static_cast<long long>(d));
   }
-  cudaError_t err = cudaSuccess;
+  const device::DeviceGuard guard(x);
+  if (!guard.ok()) return guard.fail(ctx, op);
   const auto stream = static_cast<cudaStream_t>(ctx.stream());
-  switch (from_dl(x.dtype).value_or(DType::kCount)) {
-    case DType::kBF16:
-      err = launch_typed<__nv_bfloat16, Act>(x, out, stream);
-      break;
-    case DType::kF16:
-      err = launch_typed<__half, Act>(x, out, stream);
-      break;
-    case DType::kF32:
-      err = launch_typed<float, Act>(x, out, stream);
-      break;
-    default:
-      return ctx.fail(KREG_INVALID_ARGUMENT, "%s: dtype must be bf16, f16 or f32", op);
-  }
-  if (err != cudaSuccess) {
-    return ctx.fail(KREG_INTERNAL, "%s: kernel launch failed: %s", op, cudaGetErrorString(err));
-  }
-  return kOk;
+  return device::visit_float_dtype(ctx, op, x, [&](auto tag) {
+    return device::launch_status(ctx, op, launch_typed<decltype(tag), Act>(x, out, stream));
+  });
 }
 
 }  // namespace

@@ -11,7 +11,8 @@
 #include <cstdint>
 
 #include "attention.hpp"
-#include "launch.cuh"
+#include "kreg/device/launch.cuh"
+#include "kreg/device/vec.cuh"
 
 namespace kreg::attention {
 namespace {
@@ -66,8 +67,10 @@ KernelStatus concat_mla_k_cuda(Context& ctx, const DLTensor& k_nope, const DLTen
                     "%s: T = %lld, H = %lld is too large (T < 2^31, H < 2^16)", op,
                     static_cast<long long>(tokens), static_cast<long long>(heads));
   }
+  const device::DeviceGuard guard(k_nope);
+  if (!guard.ok()) return guard.fail(ctx, op);
   const auto stream = static_cast<cudaStream_t>(ctx.stream());
-  return visit_float_dtype(ctx, op, out, [&](auto tag) {
+  return device::visit_float_dtype(ctx, op, out, [&](auto tag) {
     using T = decltype(tag);
     const T* nope = data_ptr<const T>(k_nope);
     const T* rope = data_ptr<const T>(k_rope);
@@ -91,7 +94,7 @@ KernelStatus concat_mla_k_cuda(Context& ctx, const DLTensor& k_nope, const DLTen
         err = launch<T, 1>(nope, rope, o, tokens, heads, stream);
         break;
     }
-    return launch_status(ctx, op, err);
+    return device::launch_status(ctx, op, err);
   });
 }
 

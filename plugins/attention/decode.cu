@@ -36,12 +36,15 @@
 
 #include "attention.hpp"
 #include "checks.hpp"
+#include "kreg/device/fast_divisor.cuh"
+#include "kreg/device/launch.cuh"
 #include "kreg/device/reduce.cuh"
-#include "launch.cuh"
+#include "kreg/device/vec.cuh"
 
 namespace kreg::attention {
 namespace {
 
+using device::FastDivisor;
 using device::to_float;
 using device::vec_t;
 
@@ -339,16 +342,16 @@ KernelStatus run(Context& ctx, const char* op, const DLTensor& q, const DLTensor
   p.page_div = FastDivisor(static_cast<uint32_t>(p.page_size));
   p.max_pages = static_cast<int>(block_table.shape[1]);
   p.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
-  if (!aligned16(p.q) || !aligned16(p.k_cache) || !aligned16(p.v_cache)) {
+  if (!device::aligned16(p.q) || !device::aligned16(p.k_cache) || !device::aligned16(p.v_cache)) {
     return ctx.fail(KREG_INVALID_ARGUMENT,
                     "%s: arguments 'q', 'k_cache' and 'v_cache' must be 16-byte aligned", op);
   }
 
-  int device = 0;
+  int dev = 0;
   int sms = 132;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-    return launch_status(ctx, op, cudaGetLastError());
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+    return device::launch_status(ctx, op);
   }
   const int kg = p.group % 8 == 0 ? 8 : p.group % 4 == 0 ? 4 : p.group % 2 == 0 ? 2 : 1;
   const int64_t base_blocks = batch * heads_k * (p.group / kg);
@@ -390,7 +393,7 @@ KernelStatus run(Context& ctx, const char* op, const DLTensor& q, const DLTensor
     const cudaError_t free_err = cudaFreeAsync(workspace, stream);
     if (err == cudaSuccess) err = free_err;
   }
-  return launch_status(ctx, op, err);
+  return device::launch_status(ctx, op, err);
 }
 
 }  // namespace
@@ -409,14 +412,11 @@ KernelStatus decode_cuda(Context& ctx, const DLTensor& q, const DLTensor& k_cach
                     op, static_cast<long long>(batch), static_cast<long long>(heads_q),
                     static_cast<long long>(block_table.shape[1] * k_cache.shape[1]));
   }
-  switch (from_dl(q.dtype).value_or(DType::kCount)) {
-    case DType::kBF16:
-      return run<__nv_bfloat16>(ctx, op, q, k_cache, v_cache, block_table, seq_lens, out, scale);
-    case DType::kF16:
-      return run<__half>(ctx, op, q, k_cache, v_cache, block_table, seq_lens, out, scale);
-    default:
-      return ctx.fail(KREG_INVALID_ARGUMENT, "%s: dtype must be bf16 or f16", op);
-  }
+  const device::DeviceGuard guard(q);
+  if (!guard.ok()) return guard.fail(ctx, op);
+  return device::visit_dtype<__nv_bfloat16, __half>(ctx, op, q, [&](auto tag) {
+    return run<decltype(tag)>(ctx, op, q, k_cache, v_cache, block_table, seq_lens, out, scale);
+  });
 }
 
 }  // namespace kreg::attention

@@ -24,8 +24,9 @@
 
 #include "attention.hpp"
 #include "checks.hpp"
+#include "kreg/device/launch.cuh"
 #include "kreg/device/reduce.cuh"
-#include "launch.cuh"
+#include "kreg/device/vec.cuh"
 
 namespace kreg::attention {
 namespace {
@@ -223,6 +224,8 @@ KernelStatus fused_qk_norm_rope_cuda(Context& ctx, DLTensor& qkv, const DLTensor
     return ctx.fail(KREG_INVALID_ARGUMENT, "%s: T = %lld is too large", op,
                     static_cast<long long>(tokens));
   }
+  const device::DeviceGuard guard(qkv);
+  if (!guard.ok()) return guard.fail(ctx, op);
   const auto stream = static_cast<cudaStream_t>(ctx.stream());
   const InvFreq& inv_freq = inv_freq_table(base, head_dim);
   const void* pos = data_ptr<const void>(positions);
@@ -243,16 +246,9 @@ KernelStatus fused_qk_norm_rope_cuda(Context& ctx, DLTensor& qkv, const DLTensor
     const cudaError_t err =
         is_neox ? launch_dim<T, true>(head_dim, p, qw, kw, pos, shape, tokens, inv_freq, stream)
                 : launch_dim<T, false>(head_dim, p, qw, kw, pos, shape, tokens, inv_freq, stream);
-    return launch_status(ctx, op, err);
+    return device::launch_status(ctx, op, err);
   };
-  switch (from_dl(qkv.dtype).value_or(DType::kCount)) {
-    case DType::kBF16:
-      return run(__nv_bfloat16{});
-    case DType::kF16:
-      return run(__half{});
-    default:
-      return ctx.fail(KREG_INVALID_ARGUMENT, "%s: dtype must be bf16 or f16", op);
-  }
+  return device::visit_dtype<__nv_bfloat16, __half>(ctx, op, qkv, run);
 }
 
 }  // namespace kreg::attention

@@ -14,7 +14,8 @@
 
 #include "attention.hpp"
 #include "checks.hpp"
-#include "launch.cuh"
+#include "kreg/device/launch.cuh"
+#include "kreg/device/vec.cuh"
 
 namespace kreg::attention {
 namespace {
@@ -83,8 +84,10 @@ KernelStatus mrope_interleave_cuda(Context& ctx, const DLTensor& x, DLTensor& ou
   // Element i takes stream 1 (2) only below these limits; clamped to D so they fit an int.
   const int limit_h = static_cast<int>(std::min(dim, 3 * std::min(section_h, dim)));
   const int limit_w = static_cast<int>(std::min(dim, 3 * std::min(section_w, dim)));
+  const device::DeviceGuard guard(x);
+  if (!guard.ok()) return guard.fail(ctx, op);
   const auto stream = static_cast<cudaStream_t>(ctx.stream());
-  return visit_float_dtype(ctx, op, out, [&](auto tag) {
+  return device::visit_float_dtype(ctx, op, out, [&](auto tag) {
     using T = decltype(tag);
     const T* xp = data_ptr<const T>(x);
     T* o = data_ptr<T>(out);
@@ -106,7 +109,7 @@ KernelStatus mrope_interleave_cuda(Context& ctx, const DLTensor& x, DLTensor& ou
         err = launch<T, 1>(xp, o, seq_len, dim, limit_h, limit_w, stream);
         break;
     }
-    return launch_status(ctx, op, err);
+    return device::launch_status(ctx, op, err);
   });
 }
 

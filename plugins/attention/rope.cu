@@ -22,11 +22,14 @@
 
 #include "attention.hpp"
 #include "checks.hpp"
-#include "launch.cuh"
+#include "kreg/device/fast_divisor.cuh"
+#include "kreg/device/launch.cuh"
+#include "kreg/device/vec.cuh"
 
 namespace kreg::attention {
 namespace {
 
+using device::FastDivisor;
 using device::to_float;
 using device::vec_t;
 
@@ -154,8 +157,8 @@ cudaError_t launch_typed(T* q, T* k, const float* cache, const void* positions,
                          const RopeShape& shape, int64_t tokens, cudaStream_t stream) {
   constexpr int kWide = 16 / sizeof(T);
   const int span = kNeox ? shape.rotary_dim / 2 : shape.rotary_dim;
-  const bool fast = span % kWide == 0 && shape.head_dim % kWide == 0 && aligned16(q) &&
-                    aligned16(k) && aligned16(cache);
+  const bool fast = span % kWide == 0 && shape.head_dim % kWide == 0 && device::aligned16(q) &&
+                    device::aligned16(k) && device::aligned16(cache);
   if (fast) return launch<T, kWide, kNeox, true>(q, k, cache, positions, shape, tokens, stream);
   return launch < T, kNeox ? 1 : 2, kNeox, false > (q, k, cache, positions, shape, tokens, stream);
 }
@@ -178,15 +181,17 @@ KernelStatus rope_cuda(Context& ctx, DLTensor& q, DLTensor& k, const DLTensor& c
                         cos_sin_cache.shape[0],       from_dl(positions.dtype) == DType::kI64};
   const float* cache = data_ptr<const float>(cos_sin_cache);
   const void* pos = data_ptr<const void>(positions);
+  const device::DeviceGuard guard(q);
+  if (!guard.ok()) return guard.fail(ctx, op);
   const auto stream = static_cast<cudaStream_t>(ctx.stream());
-  return visit_float_dtype(ctx, op, q, [&](auto tag) {
+  return device::visit_float_dtype(ctx, op, q, [&](auto tag) {
     using T = decltype(tag);
     T* qp = data_ptr<T>(q);
     T* kp = data_ptr<T>(k);
     const cudaError_t err = is_neox
                                 ? launch_typed<T, true>(qp, kp, cache, pos, shape, tokens, stream)
                                 : launch_typed<T, false>(qp, kp, cache, pos, shape, tokens, stream);
-    return launch_status(ctx, op, err);
+    return device::launch_status(ctx, op, err);
   });
 }
 

@@ -29,6 +29,7 @@
 
 #include "diffusion.hpp"
 #include "kreg/device/fast_divisor.cuh"
+#include "kreg/device/launch.cuh"
 #include "kreg/device/reduce.cuh"
 #include "kreg/device/vec.cuh"
 #include "kreg/dtype.hpp"
@@ -359,25 +360,12 @@ KernelStatus group_norm_silu_cuda(Context& ctx, const DLTensor& x, const DLTenso
                     static_cast<long long>(a.shape.batch * a.shape.groups),
                     static_cast<long long>(group_elems));
   }
+  const device::DeviceGuard guard(x);
+  if (!guard.ok()) return guard.fail(ctx, kOp);
   const auto stream = static_cast<cudaStream_t>(ctx.stream());
-  cudaError_t err = cudaSuccess;
-  switch (from_dl(x.dtype).value_or(DType::kCount)) {
-    case DType::kBF16:
-      err = launch_typed<__nv_bfloat16>(a, stream);
-      break;
-    case DType::kF16:
-      err = launch_typed<__half>(a, stream);
-      break;
-    case DType::kF32:
-      err = launch_typed<float>(a, stream);
-      break;
-    default:
-      return ctx.fail(KREG_INVALID_ARGUMENT, "%s: dtype must be bf16, f16 or f32", kOp);
-  }
-  if (err != cudaSuccess) {
-    return ctx.fail(KREG_INTERNAL, "%s: kernel launch failed: %s", kOp, cudaGetErrorString(err));
-  }
-  return kOk;
+  return device::visit_float_dtype(ctx, kOp, x, [&](auto tag) {
+    return device::launch_status(ctx, kOp, launch_typed<decltype(tag)>(a, stream));
+  });
 }
 
 }  // namespace kreg::diffusion

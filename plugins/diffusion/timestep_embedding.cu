@@ -20,6 +20,7 @@
 #include <cstdint>
 
 #include "diffusion.hpp"
+#include "kreg/device/launch.cuh"
 #include "kreg/device/vec.cuh"
 #include "kreg/dtype.hpp"
 
@@ -89,7 +90,7 @@ cudaError_t launch(const DLTensor& t, DLTensor& out, const TimestepEmbedding& e,
                   static_cast<unsigned>(row_blocks));
   const T* tp = data_ptr<const T>(t);
   float* op = data_ptr<float>(out);
-  const bool float4_ok = dim % 8 == 0 && reinterpret_cast<uintptr_t>(op) % 16 == 0;
+  const bool float4_ok = dim % 8 == 0 && device::aligned16(op);
   if (float4_ok) {
     timestep_embedding_kernel<T, true>
         <<<grid, static_cast<unsigned>(threads), 0, stream>>>(tp, op, rows, dim, e);
@@ -113,25 +114,12 @@ KernelStatus timestep_embedding_cuda(Context& ctx, const DLTensor& t, DLTensor& 
     return st;
   }
   if (t.shape[0] == 0 || dim == 0) return kOk;
+  const device::DeviceGuard guard(t);
+  if (!guard.ok()) return guard.fail(ctx, kOp);
   const auto stream = static_cast<cudaStream_t>(ctx.stream());
-  cudaError_t err = cudaSuccess;
-  switch (from_dl(t.dtype).value_or(DType::kCount)) {
-    case DType::kBF16:
-      err = launch<__nv_bfloat16>(t, out, e, stream);
-      break;
-    case DType::kF16:
-      err = launch<__half>(t, out, e, stream);
-      break;
-    case DType::kF32:
-      err = launch<float>(t, out, e, stream);
-      break;
-    default:
-      return ctx.fail(KREG_INVALID_ARGUMENT, "%s: t's dtype must be bf16, f16 or f32", kOp);
-  }
-  if (err != cudaSuccess) {
-    return ctx.fail(KREG_INTERNAL, "%s: kernel launch failed: %s", kOp, cudaGetErrorString(err));
-  }
-  return kOk;
+  return device::visit_float_dtype(ctx, kOp, t, [&](auto tag) {
+    return device::launch_status(ctx, kOp, launch<decltype(tag)>(t, out, e, stream));
+  });
 }
 
 }  // namespace kreg::diffusion

@@ -19,6 +19,7 @@
 #include <cstdint>
 
 #include "canary_hash.hpp"
+#include "kreg/device/launch.cuh"
 #include "kv_canary.hpp"
 
 namespace kreg::kv_canary {
@@ -202,14 +203,7 @@ unsigned grid_for(int64_t rows, int log2_lanes) {
 }
 
 bool pairs_ok(const char* kv, int64_t row_bytes) {
-  return row_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(kv) % 16 == 0;
-}
-
-KernelStatus launched(Context& ctx, const char* op) {
-  if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess) {
-    return ctx.fail(KREG_INTERNAL, "%s: kernel launch failed: %s", op, cudaGetErrorString(err));
-  }
-  return kOk;
+  return row_bytes % 16 == 0 && device::aligned16(kv);
 }
 
 }  // namespace
@@ -225,6 +219,8 @@ KernelStatus stamp_cuda(Context& ctx, DLTensor& canary, const DLTensor& plan, co
     return ctx.fail(KREG_INVALID_ARGUMENT, "%s: plan of %lld rows is too long", kOp,
                     static_cast<long long>(n));
   }
+  const device::DeviceGuard guard(canary);
+  if (!guard.ok()) return guard.fail(ctx, kOp);
   const auto stream = static_cast<cudaStream_t>(ctx.stream());
   auto* rec = data_ptr<int64_t>(canary);
   const auto* p = data_ptr<const int64_t>(plan);
@@ -242,7 +238,7 @@ KernelStatus stamp_cuda(Context& ctx, DLTensor& canary, const DLTensor& plan, co
           rec, p, data, n, num_slots, row_bytes, lg);
     }
   }
-  return launched(ctx, kOp);
+  return device::launch_status(ctx, kOp);
 }
 
 KernelStatus verify_cuda(Context& ctx, const DLTensor& canary, const DLTensor& plan,
@@ -257,6 +253,8 @@ KernelStatus verify_cuda(Context& ctx, const DLTensor& canary, const DLTensor& p
     return ctx.fail(KREG_INVALID_ARGUMENT, "%s: plan of %lld rows is too long", kOp,
                     static_cast<long long>(n));
   }
+  const device::DeviceGuard guard(canary);
+  if (!guard.ok()) return guard.fail(ctx, kOp);
   const auto stream = static_cast<cudaStream_t>(ctx.stream());
   const auto* rec = data_ptr<const int64_t>(canary);
   const auto* p = data_ptr<const int64_t>(plan);
@@ -275,7 +273,7 @@ KernelStatus verify_cuda(Context& ctx, const DLTensor& canary, const DLTensor& p
     verify_kernel<true, false><<<grid_for(n, lg), kBlockThreads, 0, stream>>>(
         rec, p, data, out, total, n, num_slots, cap, row_bytes, lg);
   }
-  return launched(ctx, kOp);
+  return device::launch_status(ctx, kOp);
 }
 
 }  // namespace kreg::kv_canary

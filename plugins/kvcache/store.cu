@@ -20,6 +20,7 @@
 #include <initializer_list>
 #include <type_traits>
 
+#include "kreg/device/launch.cuh"
 #include "kreg/device/vec.cuh"
 #include "kvcache.hpp"
 
@@ -30,29 +31,6 @@ using device::vec_t;
 
 constexpr int kBlockThreads = 256;
 constexpr int kUnroll = 8;
-
-template <int kBytes>
-struct WordOf;
-template <>
-struct WordOf<16> {
-  using type = uint4;
-};
-template <>
-struct WordOf<8> {
-  using type = uint2;
-};
-template <>
-struct WordOf<4> {
-  using type = uint32_t;
-};
-template <>
-struct WordOf<2> {
-  using type = unsigned short;
-};
-template <>
-struct WordOf<1> {
-  using type = unsigned char;
-};
 
 // The widest word (16, 8, 4, 2 or 1 bytes) dividing every size and every address.
 template <typename... Ptrs>
@@ -233,13 +211,6 @@ unsigned grid_for(int64_t rows, int log2_lanes) {
   return static_cast<unsigned>((rows + rows_per_block - 1) / rows_per_block);
 }
 
-KernelStatus launched(Context& ctx, const char* op) {
-  if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess) {
-    return ctx.fail(KREG_INTERNAL, "%s: kernel launch failed: %s", op, cudaGetErrorString(err));
-  }
-  return kOk;
-}
-
 struct StoreArgs {
   const void* k;
   const void* v;
@@ -255,7 +226,7 @@ struct StoreArgs {
 
 template <typename Idx, int kWordBytes>
 void launch_store_copy(const StoreArgs& a, int64_t row_bytes, cudaStream_t stream) {
-  using W = typename WordOf<kWordBytes>::type;
+  using W = device::word_t<kWordBytes>;
   const int64_t words = row_bytes / kWordBytes;
   const int log2_lanes = log2_lanes_for(2 * words);
   store_copy_kernel<Idx, W><<<grid_for(a.tokens, log2_lanes), kBlockThreads, 0, stream>>>(
@@ -316,7 +287,7 @@ void store_fp8_typed(DType in, const StoreArgs& a, cudaStream_t stream) {
 template <typename Idx, int kWordBytes>
 void launch_set_mla(void* buf, const void* loc, const void* nope, const void* rope, int64_t n,
                     int64_t rows, int64_t nope_bytes, int64_t rope_bytes, cudaStream_t stream) {
-  using W = typename WordOf<kWordBytes>::type;
+  using W = device::word_t<kWordBytes>;
   const int64_t nope_words = nope_bytes / kWordBytes, rope_words = rope_bytes / kWordBytes;
   const int log2_lanes = log2_lanes_for(nope_words + rope_words);
   set_mla_kernel<Idx, W><<<grid_for(n, log2_lanes), kBlockThreads, 0, stream>>>(
@@ -367,6 +338,8 @@ KernelStatus store_cuda(Context& ctx, const DLTensor& k, const DLTensor& v,
     return ctx.fail(KREG_INVALID_ARGUMENT, "%s: rows of %lld bytes are too long", kOp,
                     static_cast<long long>(row_bytes));
   }
+  const device::DeviceGuard guard(k);
+  if (!guard.ok()) return guard.fail(ctx, kOp);
   const auto stream = static_cast<cudaStream_t>(ctx.stream());
   const bool i32 = dtype_of(slot_mapping) == DType::kI32;
   if (dtype_of(k_cache) == DType::kF8E4M3) {
@@ -380,7 +353,7 @@ KernelStatus store_cuda(Context& ctx, const DLTensor& k, const DLTensor& v,
   } else {
     store_copy<int64_t>(a, row_bytes, stream);
   }
-  return launched(ctx, kOp);
+  return device::launch_status(ctx, kOp);
 }
 
 KernelStatus set_mla_kv_buffer_cuda(Context& ctx, DLTensor& kv_buffer, const DLTensor& loc,
@@ -395,6 +368,8 @@ KernelStatus set_mla_kv_buffer_cuda(Context& ctx, DLTensor& kv_buffer, const DLT
     return ctx.fail(KREG_INVALID_ARGUMENT, "%s: rows of %lld bytes are too long", kOp,
                     static_cast<long long>(nope_bytes + rope_bytes));
   }
+  const device::DeviceGuard guard(kv_buffer);
+  if (!guard.ok()) return guard.fail(ctx, kOp);
   const auto stream = static_cast<cudaStream_t>(ctx.stream());
   void* buf = data_ptr<void>(kv_buffer);
   const void* idx = data_ptr<const void>(loc);
@@ -405,7 +380,7 @@ KernelStatus set_mla_kv_buffer_cuda(Context& ctx, DLTensor& kv_buffer, const DLT
   } else {
     set_mla<int64_t>(buf, idx, nope, rope, n, rows, nope_bytes, rope_bytes, stream);
   }
-  return launched(ctx, kOp);
+  return device::launch_status(ctx, kOp);
 }
 
 }  // namespace kreg::kvcache

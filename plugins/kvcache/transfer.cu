@@ -27,6 +27,7 @@
 #include <bit>
 #include <cstdint>
 
+#include "kreg/device/launch.cuh"
 #include "kvcache.hpp"
 
 namespace kreg::kvcache {
@@ -209,10 +210,7 @@ KernelStatus launch(Context& ctx, const char* op, TransferParams p) {
       launch_variant<8>(p, stream);
       break;
   }
-  if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess) {
-    return ctx.fail(KREG_INTERNAL, "%s: kernel launch failed: %s", op, cudaGetErrorString(err));
-  }
-  return kOk;
+  return device::launch_status(ctx, op);
 }
 
 // The address the kernel uses for tensor `t`. A tensor on the device is used as is (the
@@ -267,6 +265,9 @@ KernelStatus transfer_cuda(Context& ctx, const DLTensor& src_idx, const DLTensor
   constexpr const char* kOp = "kvcache.transfer";
   if (KernelStatus st = check_transfer(ctx, kOp, src, dst); !st.ok()) return st;
   const int64_t row = row_bytes_of(src);
+  // Before device_address: a mapped host pointer's device address is the current device's.
+  const device::DeviceGuard guard(src_idx);
+  if (!guard.ok()) return guard.fail(ctx, kOp);
   TransferParams p{};
   uint8_t* src_addr = nullptr;
   if (KernelStatus st = device_address(ctx, kOp, "src", src, src.shape[0] * row, &src_addr);
@@ -314,6 +315,8 @@ KernelStatus transfer_layers_cuda(Context& ctx, const DLTensor& src_idx, const D
   p.dst_stride = dst_stride != 0 ? dst_stride : row_bytes;
   p.row_bytes = row_bytes;
   if (p.n == 0 || p.layers == 0 || src_rows == 0 || dst_rows == 0) return kOk;
+  const device::DeviceGuard guard(src_idx);
+  if (!guard.ok()) return guard.fail(ctx, kOp);
   return launch(ctx, kOp, p);
 }
 

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "kreg/device/launch.cuh"
 #include "kreg/device/reduce.cuh"
 #include "kreg/device/vec.cuh"
 #include "kreg/dtype.hpp"
@@ -222,24 +223,13 @@ KernelStatus run(Context& ctx, const char* op, const DLTensor& x, const NormArgs
     return ctx.fail(KREG_INVALID_ARGUMENT, "%s: hidden size %lld is too large", op,
                     static_cast<long long>(a.hidden));
   }
+  const device::DeviceGuard guard(x);
+  if (!guard.ok()) return guard.fail(ctx, op);
   const auto stream = static_cast<cudaStream_t>(ctx.stream());
-  switch (from_dl(x.dtype).value_or(DType::kCount)) {
-    case DType::kBF16:
-      launch_typed<__nv_bfloat16, kFusedAdd, kGemma>(a, stream);
-      break;
-    case DType::kF16:
-      launch_typed<__half, kFusedAdd, kGemma>(a, stream);
-      break;
-    case DType::kF32:
-      launch_typed<float, kFusedAdd, kGemma>(a, stream);
-      break;
-    default:
-      return ctx.fail(KREG_INVALID_ARGUMENT, "%s: dtype must be bf16, f16 or f32", op);
-  }
-  if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess) {
-    return ctx.fail(KREG_INTERNAL, "%s: kernel launch failed: %s", op, cudaGetErrorString(err));
-  }
-  return kOk;
+  return device::visit_float_dtype(ctx, op, x, [&](auto tag) {
+    launch_typed<decltype(tag), kFusedAdd, kGemma>(a, stream);
+    return device::launch_status(ctx, op);
+  });
 }
 
 template <bool kGemma>

@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "args.hpp"
+#include "kreg/device/launch.cuh"
 #include "kreg/dtype.hpp"
 #include "lplb.hpp"
 
@@ -65,37 +66,22 @@ __global__ void __launch_bounds__(kBlock)
 KernelStatus build_lp_cuda(Context& ctx, const DLTensor& counts, const DLTensor& log2phy,
                            const DLTensor& phy2gpu, DLTensor& out_a, DLTensor& out_b,
                            DLTensor& out_c, int64_t num_gpus) {
+  constexpr const char* kOp = "lplb.build_lp";
   if (KernelStatus st = check_build_lp(ctx, counts, phy2gpu, out_a, num_gpus); !st.ok()) return st;
   const int64_t L = counts.shape[0], C = log2phy.shape[1], R = phy2gpu.shape[0], G = num_gpus;
   const int64_t total = (L + G) * (R + 1 + G) + (L + G) + (R + 1 + G);
   const auto blocks = static_cast<unsigned>(std::min(kMaxBlocks, (total + kBlock - 1) / kBlock));
+  const device::DeviceGuard guard(counts);
+  if (!guard.ok()) return guard.fail(ctx, kOp);
   const auto stream = static_cast<cudaStream_t>(ctx.stream());
-  auto launch = [&](auto tag) {
+  return device::visit_dtype<int32_t, int64_t, float>(ctx, kOp, counts, [&](auto tag) {
     using Count = decltype(tag);
     build_lp_kernel<Count><<<blocks, kBlock, 0, stream>>>(
         data_ptr<const Count>(counts), data_ptr<const int32_t>(log2phy),
         data_ptr<const int32_t>(phy2gpu), data_ptr<float>(out_a), data_ptr<float>(out_b),
         data_ptr<float>(out_c), L, C, R, G);
-  };
-  switch (from_dl(counts.dtype).value_or(DType::kCount)) {
-    case DType::kI32:
-      launch(int32_t{});
-      break;
-    case DType::kI64:
-      launch(int64_t{});
-      break;
-    case DType::kF32:
-      launch(float{});
-      break;
-    default:
-      return ctx.fail(KREG_INVALID_ARGUMENT,
-                      "lplb.build_lp: argument 'counts' must be i32, i64 or f32");
-  }
-  if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess) {
-    return ctx.fail(KREG_INTERNAL, "lplb.build_lp: kernel launch failed: %s",
-                    cudaGetErrorString(err));
-  }
-  return kOk;
+    return device::launch_status(ctx, kOp);
+  });
 }
 
 }  // namespace kreg::lplb

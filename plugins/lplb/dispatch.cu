@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "kreg/device/launch.cuh"
 #include "kreg/dtype.hpp"
 #include "lplb.hpp"
 #include "replica_math.hpp"
@@ -50,53 +51,38 @@ __global__ void __launch_bounds__(kBlock)
   }
 }
 
-KernelStatus launch_status(Context& ctx, const char* op) {
-  if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess) {
-    return ctx.fail(KREG_INTERNAL, "%s: kernel launch failed: %s", op, cudaGetErrorString(err));
-  }
-  return kOk;
-}
-
 }  // namespace
 
 KernelStatus replica_probabilities_cuda(Context& ctx, const DLTensor& counts,
                                         const DLTensor& log2phy, const DLTensor& x,
                                         const DLTensor& status, DLTensor& out_probs) {
+  constexpr const char* kOp = "lplb.replica_probabilities";
   const int64_t L = log2phy.shape[0], C = log2phy.shape[1];
   if (L == 0 || C == 0) return kOk;
+  const device::DeviceGuard guard(counts);
+  if (!guard.ok()) return guard.fail(ctx, kOp);
   const auto stream = static_cast<cudaStream_t>(ctx.stream());
-  auto launch = [&](auto tag) {
+  return device::visit_dtype<int32_t, int64_t, float>(ctx, kOp, counts, [&](auto tag) {
     using Count = decltype(tag);
     probabilities_kernel<Count><<<blocks_for(L), kBlock, 0, stream>>>(
         data_ptr<const Count>(counts), data_ptr<const int32_t>(log2phy), data_ptr<const float>(x),
         data_ptr<const float>(status), data_ptr<float>(out_probs), L, C, x.shape[0]);
-  };
-  switch (from_dl(counts.dtype).value_or(DType::kCount)) {
-    case DType::kI32:
-      launch(int32_t{});
-      break;
-    case DType::kI64:
-      launch(int64_t{});
-      break;
-    case DType::kF32:
-      launch(float{});
-      break;
-    default:
-      return ctx.fail(KREG_INVALID_ARGUMENT,
-                      "lplb.replica_probabilities: argument 'counts' must be i32, i64 or f32");
-  }
-  return launch_status(ctx, "lplb.replica_probabilities");
+    return device::launch_status(ctx, kOp);
+  });
 }
 
 KernelStatus dispatch_cuda(Context& ctx, const DLTensor& topk_ids, const DLTensor& probs,
                            const DLTensor& log2phy, const DLTensor& u, DLTensor& out_phy_ids) {
+  constexpr const char* kOp = "lplb.dispatch";
   const int64_t slots = numel(topk_ids), L = log2phy.shape[0], C = log2phy.shape[1];
   if (slots == 0) return kOk;
+  const device::DeviceGuard guard(topk_ids);
+  if (!guard.ok()) return guard.fail(ctx, kOp);
   dispatch_kernel<<<blocks_for(slots), kBlock, 0, static_cast<cudaStream_t>(ctx.stream())>>>(
       data_ptr<const int32_t>(topk_ids), data_ptr<const float>(probs),
       data_ptr<const int32_t>(log2phy), data_ptr<const float>(u), data_ptr<int32_t>(out_phy_ids),
       slots, L, C);
-  return launch_status(ctx, "lplb.dispatch");
+  return device::launch_status(ctx, kOp);
 }
 
 }  // namespace kreg::lplb

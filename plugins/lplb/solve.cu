@@ -21,6 +21,7 @@
 #include <cstdint>
 
 #include "args.hpp"
+#include "kreg/device/launch.cuh"
 #include "lplb.hpp"
 
 namespace kreg::lplb {
@@ -688,20 +689,23 @@ KernelStatus solve_cuda(Context& ctx, const DLTensor& a, const DLTensor& b, cons
                     static_cast<long long>(m), static_cast<long long>(n), kMaxRows, kMaxCols);
   }
   const Layout layout = make_layout(static_cast<int>(m), static_cast<int>(n));
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) {
+  // The shared-memory limit and attribute below are the current device's: a's.
+  const device::DeviceGuard guard(a);
+  if (!guard.ok()) return guard.fail(ctx, "lplb.solve");
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) {
     return ctx.fail(KREG_INTERNAL, "lplb.solve: no current CUDA device");
   }
   int optin = 0;
-  cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
   if (layout.total > static_cast<size_t>(optin)) {
     return ctx.fail(KREG_INVALID_ARGUMENT,
                     "lplb.solve: argument 'a' is [%lld,%lld]: the solver needs %zu bytes of "
                     "shared memory, this device has %d per block",
                     static_cast<long long>(m), static_cast<long long>(n), layout.total, optin);
   }
-  if (device < kMaxDevices) {
-    std::atomic<int>& set = g_smem_set[device];
+  if (dev < kMaxDevices) {
+    std::atomic<int>& set = g_smem_set[dev];
     if (set.load(std::memory_order_relaxed) < static_cast<int>(layout.total)) {
       const cudaError_t err = cudaFuncSetAttribute(
           ipm_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(layout.total));
@@ -716,15 +720,12 @@ KernelStatus solve_cuda(Context& ctx, const DLTensor& a, const DLTensor& b, cons
                          static_cast<int>(layout.total));
   }
   const float* a_ptr = data_ptr<const float>(a);
-  const bool vec4 = reinterpret_cast<uintptr_t>(a_ptr) % 16 == 0;
+  const bool vec4 = device::aligned16(a_ptr);
   ipm_kernel<<<1, kThreads, layout.total, static_cast<cudaStream_t>(ctx.stream())>>>(
       a_ptr, data_ptr<const float>(b), data_ptr<const float>(c), data_ptr<float>(out_x),
       data_ptr<float>(out_status), static_cast<int>(m), static_cast<int>(n),
       static_cast<int>(max_iter), tol, vec4);
-  if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess) {
-    return ctx.fail(KREG_INTERNAL, "lplb.solve: kernel launch failed: %s", cudaGetErrorString(err));
-  }
-  return kOk;
+  return device::launch_status(ctx, "lplb.solve");
 }
 
 }  // namespace kreg::lplb

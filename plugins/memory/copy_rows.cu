@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "kreg/device/launch.cuh"
 #include "memory.hpp"
 
 namespace kreg::memory {
@@ -77,6 +78,7 @@ cudaError_t launch(const DLTensor& src, DLTensor& dst, const DLTensor& offset,
 
 KernelStatus copy_rows_cuda(Context& ctx, const DLTensor& src, DLTensor& dst,
                             const DLTensor& offset, const DLTensor& count, bool offset_on_src) {
+  constexpr const char* kOp = "memory.copy_rows";
   RowCopyPlan plan;
   if (KernelStatus st = copy_rows_plan(ctx, src, dst, plan); !st.ok()) return st;
   if (plan.src_rows == 0 || plan.dst_rows == 0 || plan.row_bytes == 0) return kOk;
@@ -85,6 +87,8 @@ KernelStatus copy_rows_cuda(Context& ctx, const DLTensor& src, DLTensor& dst,
   const uintptr_t bits = reinterpret_cast<uintptr_t>(data_ptr<const char>(src)) |
                          reinterpret_cast<uintptr_t>(data_ptr<const char>(dst)) |
                          static_cast<uintptr_t>(plan.row_bytes);
+  const device::DeviceGuard guard(src);
+  if (!guard.ok()) return guard.fail(ctx, kOp);
   const auto stream = static_cast<cudaStream_t>(ctx.stream());
   cudaError_t err;
   if (bits % 16 == 0) {
@@ -98,11 +102,7 @@ KernelStatus copy_rows_cuda(Context& ctx, const DLTensor& src, DLTensor& dst,
   } else {
     err = launch<uint8_t>(src, dst, offset, count, offset_on_src, plan, stream);
   }
-  if (err != cudaSuccess) {
-    return ctx.fail(KREG_INTERNAL, "memory.copy_rows: kernel launch failed: %s",
-                    cudaGetErrorString(err));
-  }
-  return kOk;
+  return device::launch_status(ctx, kOp, err);
 }
 
 }  // namespace kreg::memory

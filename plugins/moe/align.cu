@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "kreg/device/launch.cuh"
 #include "moe.hpp"
 #include "routing.hpp"
 
@@ -187,15 +188,14 @@ KernelStatus align_block_size_cuda(Context& ctx, const DLTensor& topk_ids,
       !st.ok()) {
     return st;
   }
+  const device::DeviceGuard guard(topk_ids);
+  if (!guard.ok()) return guard.fail(ctx, op);
   const int warps = std::min(kMaxWarps, kSmemInts / p.num_experts - 2);
   const size_t smem = static_cast<size_t>(warps + 2) * p.num_experts * sizeof(int32_t);
   align_kernel<<<1, warps * kLanes, smem, static_cast<cudaStream_t>(ctx.stream())>>>(
       data_ptr<const int32_t>(topk_ids), data_ptr<int32_t>(out_sorted_token_ids),
       data_ptr<int32_t>(out_expert_ids), data_ptr<int32_t>(out_num_tokens_post_pad), p);
-  if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess) {
-    return ctx.fail(KREG_INTERNAL, "%s: kernel launch failed: %s", op, cudaGetErrorString(err));
-  }
-  return kOk;
+  return device::launch_status(ctx, op);
 }
 
 }  // namespace kreg::moe

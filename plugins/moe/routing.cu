@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "kreg/device/launch.cuh"
 #include "kreg/device/reduce.cuh"
 #include "kreg/device/vec.cuh"
 #include "kreg/dtype.hpp"
@@ -267,25 +268,13 @@ cudaError_t launch_typed(const DLTensor& gating, DLTensor& out_w, DLTensor& out_
 KernelStatus route_launch(Context& ctx, const char* op, const DLTensor& gating, DLTensor& out_w,
                           DLTensor& out_ids, const RoutingParams& p) {
   if (p.tokens == 0) return kOk;
+  const device::DeviceGuard guard(gating);
+  if (!guard.ok()) return guard.fail(ctx, op);
   const auto stream = static_cast<cudaStream_t>(ctx.stream());
-  cudaError_t err = cudaSuccess;
-  switch (from_dl(gating.dtype).value_or(DType::kCount)) {
-    case DType::kBF16:
-      err = launch_typed<__nv_bfloat16>(gating, out_w, out_ids, p, stream);
-      break;
-    case DType::kF16:
-      err = launch_typed<__half>(gating, out_w, out_ids, p, stream);
-      break;
-    case DType::kF32:
-      err = launch_typed<float>(gating, out_w, out_ids, p, stream);
-      break;
-    default:
-      return ctx.fail(KREG_INVALID_ARGUMENT, "%s: 'gating' must be bf16, f16 or f32", op);
-  }
-  if (err != cudaSuccess) {
-    return ctx.fail(KREG_INTERNAL, "%s: kernel launch failed: %s", op, cudaGetErrorString(err));
-  }
-  return kOk;
+  return device::visit_float_dtype(ctx, op, gating, [&](auto tag) {
+    return device::launch_status(ctx, op,
+                                 launch_typed<decltype(tag)>(gating, out_w, out_ids, p, stream));
+  });
 }
 
 }  // namespace

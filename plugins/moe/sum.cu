@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "kreg/device/launch.cuh"
 #include "kreg/device/vec.cuh"
 #include "kreg/dtype.hpp"
 #include "moe.hpp"
@@ -109,25 +110,12 @@ KernelStatus sum_cuda(Context& ctx, const DLTensor& x, DLTensor& out,
                     static_cast<long long>(k), static_cast<long long>(h));
   }
   const auto scale = static_cast<float>(routed_scaling_factor);
+  const device::DeviceGuard guard(x);
+  if (!guard.ok()) return guard.fail(ctx, op);
   const auto stream = static_cast<cudaStream_t>(ctx.stream());
-  cudaError_t err = cudaSuccess;
-  switch (from_dl(x.dtype).value_or(DType::kCount)) {
-    case DType::kBF16:
-      err = launch_typed<__nv_bfloat16>(x, out, scale, stream);
-      break;
-    case DType::kF16:
-      err = launch_typed<__half>(x, out, scale, stream);
-      break;
-    case DType::kF32:
-      err = launch_typed<float>(x, out, scale, stream);
-      break;
-    default:
-      return ctx.fail(KREG_INVALID_ARGUMENT, "%s: dtype must be bf16, f16 or f32", op);
-  }
-  if (err != cudaSuccess) {
-    return ctx.fail(KREG_INTERNAL, "%s: kernel launch failed: %s", op, cudaGetErrorString(err));
-  }
-  return kOk;
+  return device::visit_float_dtype(ctx, op, x, [&](auto tag) {
+    return device::launch_status(ctx, op, launch_typed<decltype(tag)>(x, out, scale, stream));
+  });
 }
 
 }  // namespace kreg::moe
