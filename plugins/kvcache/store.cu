@@ -9,6 +9,11 @@
 // 4 KiB in one round. Grid: ceil(rows / (256 / G)) blocks. Source rows are read once
 // (evict-first loads); cache rows are stored normally, attention reads them next.
 //
+// The row's index is loaded together with the row's first words, not before them: its
+// value is needed only at the first store, so the index and the data take one round trip
+// to memory instead of two; with short rows (set_mla_kv_buffer's 1152 bytes) the second
+// round trip was a large share of each row's time.
+//
 // Indices outside [0, rows of the cache) (-1 is the padding convention) skip the row.
 // Duplicate indices race: one of the rows lands, which one is unspecified.
 #include <cuda_fp8.h>
@@ -73,12 +78,9 @@ __global__ void __launch_bounds__(kBlockThreads)
                       int log2_lanes) {
   const RowGroup g = row_group(log2_lanes);
   if (g.row >= tokens) return;
-  const int64_t slot = load_index(slots, g.row);
-  if (slot < 0 || slot >= num_slots) return;
+  const int64_t slot = load_index(slots, g.row);  // in flight with the first loads below
   const W* ks = k + g.row * row_words;
   const W* vs = v + g.row * row_words;
-  W* kd = k_cache + slot * row_words;
-  W* vd = v_cache + slot * row_words;
   const int total = 2 * row_words;  // k's words, then v's
   for (int base = g.lane; base < total; base += kUnroll * g.lanes) {
     W buf[kUnroll];
@@ -87,6 +89,9 @@ __global__ void __launch_bounds__(kBlockThreads)
       const int j = base + u * g.lanes;
       if (j < total) buf[u] = j < row_words ? __ldcs(ks + j) : __ldcs(vs + (j - row_words));
     }
+    if (slot < 0 || slot >= num_slots) return;
+    W* kd = k_cache + slot * row_words;
+    W* vd = v_cache + slot * row_words;
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int j = base + u * g.lanes;
@@ -144,12 +149,9 @@ __global__ void __launch_bounds__(kBlockThreads)
   constexpr int kFp8Unroll = 4;
   const RowGroup g = row_group(log2_lanes);
   if (g.row >= tokens) return;
-  const int64_t slot = load_index(slots, g.row);
-  if (slot < 0 || slot >= num_slots) return;
+  const int64_t slot = load_index(slots, g.row);  // in flight with the first loads below
   const T* ks = k + g.row * row_vecs * N;
   const T* vs = v + g.row * row_vecs * N;
-  auto* kd = k_cache + slot * row_vecs;
-  auto* vd = v_cache + slot * row_vecs;
   const int total = 2 * row_vecs;
   for (int base = g.lane; base < total; base += kFp8Unroll * g.lanes) {
     vec_t<T, N> buf[kFp8Unroll];
@@ -158,6 +160,9 @@ __global__ void __launch_bounds__(kBlockThreads)
       const int j = base + u * g.lanes;
       if (j < total) buf[u].load_stream(j < row_vecs ? ks + j * N : vs + (j - row_vecs) * N);
     }
+    if (slot < 0 || slot >= num_slots) return;
+    auto* kd = k_cache + slot * row_vecs;
+    auto* vd = v_cache + slot * row_vecs;
 #pragma unroll
     for (int u = 0; u < kFp8Unroll; ++u) {
       const int j = base + u * g.lanes;
@@ -183,12 +188,10 @@ __global__ void __launch_bounds__(kBlockThreads)
                    int64_t rows, int nope_words, int rope_words, int log2_lanes) {
   const RowGroup g = row_group(log2_lanes);
   if (g.row >= n) return;
-  const int64_t dst_row = load_index(loc, g.row);
-  if (dst_row < 0 || dst_row >= rows) return;
+  const int64_t dst_row = load_index(loc, g.row);  // in flight with the first loads below
   const int total = nope_words + rope_words;
   const W* ns = k_nope + g.row * nope_words;
   const W* rs = k_rope + g.row * rope_words;
-  W* d = kv_buffer + dst_row * total;
   for (int base = g.lane; base < total; base += kUnroll * g.lanes) {
     W buf[kUnroll];
 #pragma unroll
@@ -196,6 +199,8 @@ __global__ void __launch_bounds__(kBlockThreads)
       const int j = base + u * g.lanes;
       if (j < total) buf[u] = j < nope_words ? __ldcs(ns + j) : __ldcs(rs + (j - nope_words));
     }
+    if (dst_row < 0 || dst_row >= rows) return;
+    W* d = kv_buffer + dst_row * total;
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int j = base + u * g.lanes;
