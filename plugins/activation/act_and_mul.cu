@@ -99,18 +99,9 @@ cudaError_t launch_typed(const DLTensor& x, DLTensor& out, cudaStream_t stream) 
   T* outp = data_ptr<T>(out);
   const int64_t rows = x.shape[0];
   const int64_t d = out.shape[1];
-  switch (device::max_vec_elems<T>(d, xp, outp)) {
-    case 8:
-      if constexpr (sizeof(T) == 2) return launch<T, 8, Act>(xp, outp, rows, d, stream);
-      break;
-    case 4:
-      return launch<T, 4, Act>(xp, outp, rows, d, stream);
-    case 2:
-      return launch<T, 2, Act>(xp, outp, rows, d, stream);
-    default:
-      break;
-  }
-  return launch<T, 1, Act>(xp, outp, rows, d, stream);
+  return device::visit_vec_elems<T>(device::max_vec_elems<T>(d, xp, outp), [&](auto vec) {
+    return launch<T, decltype(vec)::value, Act>(xp, outp, rows, d, stream);
+  });
 }
 
 template <typename Act>

@@ -75,25 +75,11 @@ KernelStatus concat_mla_k_cuda(Context& ctx, const DLTensor& k_nope, const DLTen
     const T* nope = data_ptr<const T>(k_nope);
     const T* rope = data_ptr<const T>(k_rope);
     T* o = data_ptr<T>(out);
-    cudaError_t err;
     // Every row length (128, 64, 192) is a multiple of 64 elements: the pointers decide.
-    switch (device::max_vec_elems<T>(kRope, nope, rope, o)) {
-      case 8:
-        if constexpr (sizeof(T) == 2) {
-          err = launch<T, 8>(nope, rope, o, tokens, heads, stream);
-          break;
-        }
-        [[fallthrough]];
-      case 4:
-        err = launch<T, 4>(nope, rope, o, tokens, heads, stream);
-        break;
-      case 2:
-        err = launch<T, 2>(nope, rope, o, tokens, heads, stream);
-        break;
-      default:
-        err = launch<T, 1>(nope, rope, o, tokens, heads, stream);
-        break;
-    }
+    const int vec_elems = device::max_vec_elems<T>(kRope, nope, rope, o);
+    const cudaError_t err = device::visit_vec_elems<T>(vec_elems, [&](auto vec) {
+      return launch<T, decltype(vec)::value>(nope, rope, o, tokens, heads, stream);
+    });
     return device::launch_status(ctx, op, err);
   });
 }

@@ -91,24 +91,10 @@ KernelStatus mrope_interleave_cuda(Context& ctx, const DLTensor& x, DLTensor& ou
     using T = decltype(tag);
     const T* xp = data_ptr<const T>(x);
     T* o = data_ptr<T>(out);
-    cudaError_t err;
-    switch (device::max_vec_elems<T>(dim, xp, o)) {
-      case 8:
-        if constexpr (sizeof(T) == 2) {
-          err = launch<T, 8>(xp, o, seq_len, dim, limit_h, limit_w, stream);
-          break;
-        }
-        [[fallthrough]];
-      case 4:
-        err = launch<T, 4>(xp, o, seq_len, dim, limit_h, limit_w, stream);
-        break;
-      case 2:
-        err = launch<T, 2>(xp, o, seq_len, dim, limit_h, limit_w, stream);
-        break;
-      default:
-        err = launch<T, 1>(xp, o, seq_len, dim, limit_h, limit_w, stream);
-        break;
-    }
+    const int vec_elems = device::max_vec_elems<T>(dim, xp, o);
+    const cudaError_t err = device::visit_vec_elems<T>(vec_elems, [&](auto vec) {
+      return launch<T, decltype(vec)::value>(xp, o, seq_len, dim, limit_h, limit_w, stream);
+    });
     return device::launch_status(ctx, op, err);
   });
 }

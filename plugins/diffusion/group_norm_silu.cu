@@ -312,27 +312,17 @@ template <typename T>
 cudaError_t launch_typed(const GroupArgs& a, cudaStream_t stream) {
   // Rows of L elements (one channel's spatial positions) start every group and
   // channel.
-  switch (device::max_vec_elems<T>(a.shape.spatial, static_cast<const T*>(a.x),
-                                   static_cast<const T*>(a.out))) {
-    case 8:
-      if constexpr (sizeof(T) == 2) {
-        cudaError_t err = cudaSuccess;
-        if (try_resident<T, 8>(a, stream, err)) return err;
-        return launch<T, 8>(a, stream);
-      }
-      break;
-    case 4:
-      if constexpr (sizeof(T) == 4) {
-        cudaError_t err = cudaSuccess;
-        if (try_resident<T, 4>(a, stream, err)) return err;
-      }
-      return launch<T, 4>(a, stream);
-    case 2:
-      return launch<T, 2>(a, stream);
-    default:
-      break;
-  }
-  return launch<T, 1>(a, stream);
+  const int vec_elems = device::max_vec_elems<T>(a.shape.spatial, static_cast<const T*>(a.x),
+                                                 static_cast<const T*>(a.out));
+  return device::visit_vec_elems<T>(vec_elems, [&](auto vec) {
+    constexpr int kVec = decltype(vec)::value;
+    // 16-byte vectors: the resident kernel when the group fits.
+    if constexpr (kVec * sizeof(T) == 16) {
+      cudaError_t err = cudaSuccess;
+      if (try_resident<T, kVec>(a, stream, err)) return err;
+    }
+    return launch<T, kVec>(a, stream);
+  });
 }
 
 }  // namespace

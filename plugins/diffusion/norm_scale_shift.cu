@@ -230,21 +230,11 @@ cudaError_t launch_with_vec(const NormArgs& a, cudaStream_t stream) {
 
 template <typename T>
 cudaError_t launch_typed(const NormArgs& a, cudaStream_t stream) {
-  switch (device::max_vec_elems<T>(a.hidden, static_cast<const T*>(a.x),
-                                   static_cast<const T*>(a.scale), static_cast<const T*>(a.shift),
-                                   static_cast<const T*>(a.weight), static_cast<const T*>(a.bias),
-                                   static_cast<const T*>(a.out))) {
-    case 8:
-      if constexpr (sizeof(T) == 2) return launch_with_vec<T, 8>(a, stream);
-      break;
-    case 4:
-      return launch_with_vec<T, 4>(a, stream);
-    case 2:
-      return launch_with_vec<T, 2>(a, stream);
-    default:
-      break;
-  }
-  return launch_with_vec<T, 1>(a, stream);
+  return device::visit_vec_elems<T>(
+      device::max_vec_elems<T>(a.hidden, static_cast<const T*>(a.x), static_cast<const T*>(a.scale),
+                               static_cast<const T*>(a.shift), static_cast<const T*>(a.weight),
+                               static_cast<const T*>(a.bias), static_cast<const T*>(a.out)),
+      [&](auto vec) { return launch_with_vec<T, decltype(vec)::value>(a, stream); });
 }
 
 }  // namespace

@@ -106,20 +106,11 @@ cudaError_t launch_layout(const GateArgs& a, cudaStream_t stream) {
 
 template <typename T>
 cudaError_t launch_typed(const GateArgs& a, cudaStream_t stream) {
-  switch (device::max_vec_elems<T>(a.hidden, static_cast<const T*>(a.residual),
-                                   static_cast<const T*>(a.x), static_cast<const T*>(a.gate),
-                                   static_cast<const T*>(a.out))) {
-    case 8:
-      if constexpr (sizeof(T) == 2) return launch_layout<T, 8>(a, stream);
-      break;
-    case 4:
-      return launch_layout<T, 4>(a, stream);
-    case 2:
-      return launch_layout<T, 2>(a, stream);
-    default:
-      break;
-  }
-  return launch_layout<T, 1>(a, stream);
+  return device::visit_vec_elems<T>(
+      device::max_vec_elems<T>(a.hidden, static_cast<const T*>(a.residual),
+                               static_cast<const T*>(a.x), static_cast<const T*>(a.gate),
+                               static_cast<const T*>(a.out)),
+      [&](auto vec) { return launch_layout<T, decltype(vec)::value>(a, stream); });
 }
 
 }  // namespace

@@ -202,18 +202,10 @@ void launch_typed(const NormArgs& a, cudaStream_t stream) {
   const auto* out = static_cast<const T*>(a.out);
   const auto* residual = static_cast<const T*>(a.residual);
   // A null residual has every alignment, so plain rmsnorm is not held back by it.
-  switch (device::max_vec_elems<T>(a.hidden, in, weight, out, residual)) {
-    case 8:
-      if constexpr (sizeof(T) == 2) return launch_with_vec<T, 8, kFusedAdd, kGemma>(a, stream);
-      break;
-    case 4:
-      return launch_with_vec<T, 4, kFusedAdd, kGemma>(a, stream);
-    case 2:
-      return launch_with_vec<T, 2, kFusedAdd, kGemma>(a, stream);
-    default:
-      break;
-  }
-  launch_with_vec<T, 1, kFusedAdd, kGemma>(a, stream);
+  return device::visit_vec_elems<T>(
+      device::max_vec_elems<T>(a.hidden, in, weight, out, residual), [&](auto vec) {
+        return launch_with_vec<T, decltype(vec)::value, kFusedAdd, kGemma>(a, stream);
+      });
 }
 
 template <bool kFusedAdd, bool kGemma>

@@ -241,18 +241,9 @@ cudaError_t launch(const T* gating, float* w, int32_t* ids, const RoutingParams&
 template <typename T, int kSlots>
 cudaError_t launch_slots(const T* gating, float* w, int32_t* ids, const RoutingParams& p,
                          cudaStream_t stream) {
-  switch (device::max_vec_elems<T>(p.experts, gating)) {
-    case 8:
-      if constexpr (sizeof(T) == 2) return launch<T, 8, kSlots>(gating, w, ids, p, stream);
-      break;
-    case 4:
-      return launch<T, 4, kSlots>(gating, w, ids, p, stream);
-    case 2:
-      return launch<T, 2, kSlots>(gating, w, ids, p, stream);
-    default:
-      break;
-  }
-  return launch<T, 1, kSlots>(gating, w, ids, p, stream);
+  return device::visit_vec_elems<T>(device::max_vec_elems<T>(p.experts, gating), [&](auto vec) {
+    return launch<T, decltype(vec)::value, kSlots>(gating, w, ids, p, stream);
+  });
 }
 
 template <typename T>

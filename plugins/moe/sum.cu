@@ -80,18 +80,9 @@ cudaError_t launch_typed(const DLTensor& x, DLTensor& out, float scale, cudaStre
   const int64_t tokens = x.shape[0];
   const int k = static_cast<int>(x.shape[1]);
   const int64_t h = x.shape[2];
-  switch (device::max_vec_elems<T>(h, xp, outp)) {
-    case 8:
-      if constexpr (sizeof(T) == 2) return launch<T, 8>(xp, outp, tokens, k, h, scale, stream);
-      break;
-    case 4:
-      return launch<T, 4>(xp, outp, tokens, k, h, scale, stream);
-    case 2:
-      return launch<T, 2>(xp, outp, tokens, k, h, scale, stream);
-    default:
-      break;
-  }
-  return launch<T, 1>(xp, outp, tokens, k, h, scale, stream);
+  return device::visit_vec_elems<T>(device::max_vec_elems<T>(h, xp, outp), [&](auto vec) {
+    return launch<T, decltype(vec)::value>(xp, outp, tokens, k, h, scale, stream);
+  });
 }
 
 }  // namespace

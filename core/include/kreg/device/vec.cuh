@@ -222,4 +222,19 @@ __host__ __device__ inline int max_vec_elems(int64_t row_elems, const Ptrs*... p
   return n;
 }
 
+// Calls fn(std::integral_constant<int, N>{}) with N = vec_elems (a width max_vec_elems<T>
+// returned) and returns fn's result, so that a launcher instantiates its kernel once per
+// width (8, 4, 2, 1 for 16-bit T; 4, 2, 1 for float) without a switch of its own:
+//
+//   return visit_vec_elems<T>(max_vec_elems<T>(d, x, out), [&](auto vec) {
+//     return launch<T, decltype(vec)::value>(x, out, rows, d, stream);
+//   });
+template <typename T, int N = 16 / static_cast<int>(sizeof(T)), typename Fn>
+decltype(auto) visit_vec_elems(int vec_elems, Fn&& fn) {
+  if constexpr (N > 1) {
+    if (vec_elems < N) return visit_vec_elems<T, N / 2>(vec_elems, static_cast<Fn&&>(fn));
+  }
+  return fn(std::integral_constant<int, N>{});
+}
+
 }  // namespace kreg::device
