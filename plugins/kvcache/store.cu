@@ -51,6 +51,14 @@ int log2_lanes_for(int64_t words) {
   return std::countr_zero(lanes);
 }
 
+// Lanes per row for a copy of `words` words: enough lanes that each loads at most
+// `per_lane` of them in one round, so that a short row (set_mla_kv_buffer's 72 words)
+// is taken by fewer lanes, each with several loads in flight, and a warp carries several
+// rows at once; long rows still get a whole warp.
+int log2_lanes_for_copy(int64_t words, int per_lane) {
+  return log2_lanes_for((words + per_lane - 1) / per_lane);
+}
+
 struct RowGroup {
   int64_t row;  // the row this lane's group owns
   int lane;     // the lane within the group
@@ -294,7 +302,7 @@ void launch_set_mla(void* buf, const void* loc, const void* nope, const void* ro
                     int64_t rows, int64_t nope_bytes, int64_t rope_bytes, cudaStream_t stream) {
   using W = device::word_t<kWordBytes>;
   const int64_t nope_words = nope_bytes / kWordBytes, rope_words = rope_bytes / kWordBytes;
-  const int log2_lanes = log2_lanes_for(nope_words + rope_words);
+  const int log2_lanes = log2_lanes_for_copy(nope_words + rope_words, kUnroll);
   set_mla_kernel<Idx, W><<<grid_for(n, log2_lanes), kBlockThreads, 0, stream>>>(
       static_cast<W*>(buf), static_cast<const Idx*>(loc), static_cast<const W*>(nope),
       static_cast<const W*>(rope), n, rows, static_cast<int>(nope_words),
