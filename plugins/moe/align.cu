@@ -2,25 +2,35 @@
 // to a multiple of block_size; the result is deterministic (within an expert, slots in
 // increasing order) and equal to the CPU reference's.
 //
-// One block of W warps (W = 32 when (32 + 2) * E ints fit in 47 KiB of shared memory,
-// fewer for large E: 256 experts get 32 warps, 2048 get 3). The N = T*k slots are cut into W
-// contiguous segments, one per warp.
-//   A. Each warp counts its segment per expert into its own shared histogram row, 32
-//      slots a step: the lanes with the same expert find each other (same_expert_lanes:
-//      one ballot per bit of the expert id) and the lowest of them adds the group's
-//      size (no atomics, no contention between warps).
-//   B. Per expert, the rows become exclusive prefixes over the warps (where warp w's
-//      slots of expert e start inside e's segment) and their total is e's count.
-//   C. A block scan of the padded counts gives each expert's segment start.
-//   D. Each warp walks its segment again and writes every slot at
-//      start[e] + prefix[w][e] + (its rank among the step's lanes with expert e); the
-//      warps also write each expert's padding (the sentinel T*k) and its expert_ids
-//      blocks, and the block fills the unused tails (sentinel, and -1 blocks).
-// Ids outside [0, num_experts) are skipped. Loads are issued 16 steps at a time so one SM
-// keeps enough of the id array in flight; steps with no valid id are skipped.
-// Grouping by ballots rather than __match_any_sync: match.any is a slow instruction (its
-// unit serialises the warps of an SM), and with 32 warps each matching 2 x N / 1024
-// steps it bounded the whole kernel (20 us at 512 slots, 81 us at 32768 on the H200).
+// The N = T*k slots are cut into contiguous pieces, each owned by one warp; what a warp
+// does with its piece is the same in both paths below:
+//   A. It counts its slots per expert into its own shared histogram row, 32 slots a step:
+//      the lanes with the same expert find each other (same_expert_lanes: one ballot per
+//      bit of the expert id) and the lowest of them adds the group's size (no atomics).
+//   B. Per expert, the rows become exclusive prefixes over the warps, plus where the
+//      block's slots of that expert start in the output.
+//   D. It walks its piece again and writes every slot at its row's prefix + its rank among
+//      the step's lanes with the same expert, advancing the prefix by the group's size.
+// Ids outside [0, num_experts) are skipped. Loads are issued 16 steps at a time, and steps
+// with no valid id are skipped. (Grouping by ballots rather than __match_any_sync: that
+// instruction is slow, and the single block took 81 us at 32768 slots with it, 62 without.)
+//
+// Small N (fewer than kMinChunks chunks of slots): one block of W warps does everything
+// (W = 32 when (32 + 2) * E ints fit in 47 KiB of shared memory, fewer for large E), with
+// C. a block scan of the padded counts for each expert's segment start, between B and D.
+//
+// Larger N: three kernels over C chunks of at least 512 slots (C <= 128), so that the
+// work spreads over the SMs instead of one:
+//   1. count: one block per chunk counts its slots per expert (shared atomics; order does
+//      not matter for a count) into a workspace counts[E][C];
+//   2. offsets: one block turns each expert's row into exclusive prefixes over the chunks
+//      (in chunk order, which keeps the slot order), scans the padded totals into segment
+//      starts, adds each expert's start to its row, and writes the padding, the expert_ids
+//      blocks, the unused tails and the total;
+//   3. scatter: one block per chunk runs A, B and D above over its chunk, its warps'
+//      prefixes starting at offsets[e][chunk].
+// The workspace (E * C ints) is allocated on the call's stream with cudaMallocAsync and
+// freed with cudaFreeAsync after the scatter: stream-ordered, so graph-capturable.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -41,6 +51,13 @@ constexpr int kSmemInts = (48 * 1024 - 1024) / 4;
 constexpr int kUnroll = 16;
 constexpr unsigned kFullMask = 0xffffffffu;
 
+// The multi-block path.
+constexpr int kMinChunk = 512;   // slots per chunk, at least
+constexpr int kMaxChunks = 128;  // chunks, at most (bigger N: bigger chunks)
+constexpr int kMinChunks = 9;    // fewer chunks than this: the single-block kernel
+constexpr int kChunkWarps = 8;   // warps of a count or scatter block (fewer for large E)
+constexpr int kOffsetsThreads = 1024;
+
 // The lanes whose `valid` expert id equals this lane's (a mask that includes this lane;
 // meaningless for an invalid lane). Ids are below 2^bits: two ids are equal when every
 // bit is, and one ballot per bit tells each lane which lanes share that bit with it.
@@ -54,13 +71,68 @@ __device__ __forceinline__ unsigned same_expert_lanes(int expert, bool valid, in
   return same;
 }
 
-__global__ void __launch_bounds__(kMaxWarps* kLanes)
-    align_kernel(const int32_t* __restrict__ ids, int32_t* __restrict__ sorted,
-                 int32_t* __restrict__ blocks, int32_t* __restrict__ total_out,
-                 const AlignParams p) {
-  extern __shared__ int32_t smem[];
-  __shared__ int32_t warp_totals[kMaxWarps];
-  __shared__ int32_t total_s;
+__device__ __forceinline__ int expert_bits(int num_experts) {
+  return num_experts > 1 ? 32 - __clz(num_experts - 1) : 0;
+}
+
+// A: this warp's slots [begin, end) counted per expert into my_hist (zeroed by the caller).
+__device__ __forceinline__ void count_piece(const int32_t* __restrict__ ids, int begin, int end,
+                                            int num_experts, int32_t* my_hist) {
+  const int lane = static_cast<int>(threadIdx.x) % kLanes;
+  const int bits = expert_bits(num_experts);
+  for (int base = begin; base < end; base += kUnroll * kLanes) {
+    int e[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int i = base + u * kLanes + lane;
+      e[u] = i < end ? __ldg(ids + i) : -1;
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const bool valid = e[u] >= 0 && e[u] < num_experts;
+      if (!__any_sync(kFullMask, valid)) continue;  // past the piece's end, say
+      const unsigned same = same_expert_lanes(e[u], valid, bits);
+      if (valid && lane == __ffs(same) - 1) my_hist[e[u]] += __popc(same);
+      __syncwarp();
+    }
+  }
+}
+
+// D: this warp's slots [begin, end) written at my_hist[e] (the next free position of
+// expert e for this warp) + the rank among the step's lanes with expert e.
+__device__ __forceinline__ void scatter_piece(const int32_t* __restrict__ ids, int begin, int end,
+                                              int num_experts, int32_t* my_hist,
+                                              int32_t* __restrict__ sorted) {
+  const int lane = static_cast<int>(threadIdx.x) % kLanes;
+  const unsigned lanes_below = (1u << lane) - 1u;
+  const int bits = expert_bits(num_experts);
+  for (int base = begin; base < end; base += kUnroll * kLanes) {
+    int e[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int i = base + u * kLanes + lane;
+      e[u] = i < end ? __ldg(ids + i) : -1;
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const bool valid = e[u] >= 0 && e[u] < num_experts;
+      if (!__any_sync(kFullMask, valid)) continue;
+      const unsigned same = same_expert_lanes(e[u], valid, bits);
+      if (valid) sorted[my_hist[e[u]] + __popc(same & lanes_below)] = base + u * kLanes + lane;
+      __syncwarp();
+      if (valid && lane == __ffs(same) - 1) my_hist[e[u]] += __popc(same);
+      __syncwarp();
+    }
+  }
+}
+
+// C and the outputs that do not depend on slot order, by every thread of the block: from
+// the complete count[E] (shared), start[E] (shared) = exclusive scan of the padded counts;
+// then each expert's padding (the sentinel N) and expert_ids blocks, the unused tails
+// (sentinel, and -1 blocks) and the total. start[] is complete when this returns.
+__device__ void lay_out_segments(const int32_t* count, int32_t* start, int32_t* warp_totals,
+                                 int32_t* __restrict__ sorted, int32_t* __restrict__ blocks,
+                                 int32_t* __restrict__ total_out, const AlignParams& p) {
   const int tid = static_cast<int>(threadIdx.x);
   const int nthreads = static_cast<int>(blockDim.x);
   const int lane = tid % kLanes;
@@ -68,56 +140,10 @@ __global__ void __launch_bounds__(kMaxWarps* kLanes)
   const int nwarps = nthreads / kLanes;
   const int E = p.num_experts;
   const int bs = p.block_size;
-  const int n = static_cast<int>(p.slots);
-  int32_t* hist = smem;                // [nwarps][E]
-  int32_t* count = smem + nwarps * E;  // [E]
-  int32_t* start = count + E;          // [E]
-  int32_t* my_hist = hist + warp * E;
-
-  const int seg = (n + nwarps - 1) / nwarps;
-  const int seg_begin = std::min(n, warp * seg);
-  const int seg_end = std::min(n, seg_begin + seg);
-  const unsigned lanes_below = (1u << lane) - 1u;
-  const int bits = E > 1 ? 32 - __clz(E - 1) : 0;  // expert ids fit in `bits` bits
-
-  for (int i = tid; i < nwarps * E; i += nthreads) hist[i] = 0;
-  __syncthreads();
-
-  // A. Per-warp histograms.
-  for (int base = seg_begin; base < seg_end; base += kUnroll * kLanes) {
-    int e[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int i = base + u * kLanes + lane;
-      e[u] = i < seg_end ? __ldg(ids + i) : -1;
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const bool valid = e[u] >= 0 && e[u] < E;
-      if (!__any_sync(kFullMask, valid)) continue;  // past the segment's end, say
-      const unsigned same = same_expert_lanes(e[u], valid, bits);
-      if (valid && lane == __ffs(same) - 1) my_hist[e[u]] += __popc(same);
-      __syncwarp();
-    }
-  }
-  __syncthreads();
-
-  // B. Prefixes over warps, totals per expert.
-  for (int x = tid; x < E; x += nthreads) {
-    int run = 0;
-    for (int w = 0; w < nwarps; ++w) {
-      const int c = hist[w * E + x];
-      hist[w * E + x] = run;
-      run += c;
-    }
-    count[x] = run;
-  }
-  __syncthreads();
-
-  // C. Exclusive scan of the padded counts: each thread owns a contiguous run of experts.
+  // Each thread owns a contiguous run of experts.
   const int per = (E + nthreads - 1) / nthreads;
-  const int x0 = std::min(E, tid * per);
-  const int x1 = std::min(E, x0 + per);
+  const int x0 = min(E, tid * per);
+  const int x1 = min(E, x0 + per);
   int local = 0;
   for (int x = x0; x < x1; ++x) local += (count[x] + bs - 1) / bs * bs;
   int incl = local;
@@ -129,39 +155,18 @@ __global__ void __launch_bounds__(kMaxWarps* kLanes)
   if (lane == kLanes - 1) warp_totals[warp] = incl;
   __syncthreads();
   int run = incl - local;
-  for (int w = 0; w < warp; ++w) run += warp_totals[w];
+  int total = 0;
+  for (int w = 0; w < nwarps; ++w) {
+    if (w < warp) run += warp_totals[w];
+    total += warp_totals[w];
+  }
   for (int x = x0; x < x1; ++x) {
     start[x] = run;
     run += (count[x] + bs - 1) / bs * bs;
   }
-  if (tid == nthreads - 1) total_s = run;  // the last thread's run ends at the total
   __syncthreads();
 
-  // D. Scatter the slots.
-  for (int base = seg_begin; base < seg_end; base += kUnroll * kLanes) {
-    int e[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int i = base + u * kLanes + lane;
-      e[u] = i < seg_end ? __ldg(ids + i) : -1;
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const bool valid = e[u] >= 0 && e[u] < E;
-      if (!__any_sync(kFullMask, valid)) continue;
-      const unsigned same = same_expert_lanes(e[u], valid, bits);
-      if (valid) {
-        const int pos = start[e[u]] + my_hist[e[u]] + __popc(same & lanes_below);
-        sorted[pos] = base + u * kLanes + lane;
-      }
-      __syncwarp();
-      if (valid && lane == __ffs(same) - 1) my_hist[e[u]] += __popc(same);
-      __syncwarp();
-    }
-  }
-
-  // Padding and expert blocks, one warp per expert.
-  const int sentinel = n;
+  const int sentinel = static_cast<int>(p.slots);
   for (int x = warp; x < E; x += nwarps) {
     const int c = count[x];
     const int padded = (c + bs - 1) / bs * bs;
@@ -169,10 +174,173 @@ __global__ void __launch_bounds__(kMaxWarps* kLanes)
     for (int j = c + lane; j < padded; j += kLanes) sorted[s + j] = sentinel;
     for (int b = lane; b < padded / bs; b += kLanes) blocks[s / bs + b] = x;
   }
-  const int total = total_s;
   for (int j = total + tid; j < p.sorted_len; j += nthreads) sorted[j] = sentinel;
   for (int b = total / bs + tid; b < p.blocks_len; b += nthreads) blocks[b] = -1;
   if (tid == 0) total_out[0] = total;
+}
+
+// ---- Small N: one block ----
+
+__global__ void __launch_bounds__(kMaxWarps* kLanes)
+    align_kernel(const int32_t* __restrict__ ids, int32_t* __restrict__ sorted,
+                 int32_t* __restrict__ blocks, int32_t* __restrict__ total_out,
+                 const AlignParams p) {
+  extern __shared__ int32_t smem[];
+  __shared__ int32_t warp_totals[kMaxWarps];
+  const int tid = static_cast<int>(threadIdx.x);
+  const int nthreads = static_cast<int>(blockDim.x);
+  const int warp = tid / kLanes;
+  const int nwarps = nthreads / kLanes;
+  const int E = p.num_experts;
+  const int n = static_cast<int>(p.slots);
+  int32_t* hist = smem;                // [nwarps][E]
+  int32_t* count = smem + nwarps * E;  // [E]
+  int32_t* start = count + E;          // [E]
+  int32_t* my_hist = hist + warp * E;
+
+  const int seg = (n + nwarps - 1) / nwarps;
+  const int seg_begin = min(n, warp * seg);
+  const int seg_end = min(n, seg_begin + seg);
+
+  for (int i = tid; i < nwarps * E; i += nthreads) hist[i] = 0;
+  __syncthreads();
+  count_piece(ids, seg_begin, seg_end, E, my_hist);  // A
+  __syncthreads();
+  for (int x = tid; x < E; x += nthreads) {  // B
+    int run = 0;
+    for (int w = 0; w < nwarps; ++w) {
+      const int c = hist[w * E + x];
+      hist[w * E + x] = run;
+      run += c;
+    }
+    count[x] = run;
+  }
+  __syncthreads();
+  lay_out_segments(count, start, warp_totals, sorted, blocks, total_out, p);  // C
+  for (int i = tid; i < nwarps * E; i += nthreads) hist[i] += start[i % E];
+  __syncthreads();
+  scatter_piece(ids, seg_begin, seg_end, E, my_hist, sorted);  // D
+}
+
+// ---- Larger N: count, offsets, scatter ----
+
+struct Chunks {
+  int size;   // slots per chunk
+  int count;  // C
+};
+
+Chunks chunks_for(int64_t slots) {
+  const int64_t per_chunk = (slots + kMaxChunks - 1) / kMaxChunks;
+  const int64_t size =
+      std::max<int64_t>(kMinChunk, (per_chunk + kMinChunk - 1) / kMinChunk * kMinChunk);
+  return {static_cast<int>(size), static_cast<int>((slots + size - 1) / size)};
+}
+
+// 1. counts[e * C + chunk] = slots of expert e in the chunk.
+__global__ void align_count_kernel(const int32_t* __restrict__ ids, int32_t* __restrict__ counts,
+                                   int slots, int num_experts, int chunk_size, int num_chunks) {
+  extern __shared__ int32_t hist[];  // [E]
+  const int tid = static_cast<int>(threadIdx.x);
+  const int nthreads = static_cast<int>(blockDim.x);
+  for (int x = tid; x < num_experts; x += nthreads) hist[x] = 0;
+  __syncthreads();
+  const int chunk = static_cast<int>(blockIdx.x);
+  const int begin = chunk * chunk_size;
+  const int end = min(slots, begin + chunk_size);
+  for (int i = begin + tid; i < end; i += nthreads) {
+    const int e = __ldg(ids + i);
+    if (e >= 0 && e < num_experts) atomicAdd(&hist[e], 1);
+  }
+  __syncthreads();
+  for (int x = tid; x < num_experts; x += nthreads) counts[x * num_chunks + chunk] = hist[x];
+}
+
+// 2. counts[e][c] -> start[e] + (slots of expert e in chunks before c); the layout.
+__global__ void __launch_bounds__(kOffsetsThreads)
+    align_offsets_kernel(int32_t* __restrict__ counts, int32_t* __restrict__ sorted,
+                         int32_t* __restrict__ blocks, int32_t* __restrict__ total_out,
+                         const AlignParams p, int num_chunks) {
+  extern __shared__ int32_t smem[];
+  __shared__ int32_t warp_totals[kMaxWarps];
+  const int tid = static_cast<int>(threadIdx.x);
+  const int nthreads = static_cast<int>(blockDim.x);
+  const int E = p.num_experts;
+  const int C = num_chunks;
+  int32_t* count = smem;      // [E]
+  int32_t* start = smem + E;  // [E]
+
+  // `tpe` adjacent lanes (a power of two <= 32) share an expert's row: each sums a run of
+  // it, an exclusive scan over the tpe lanes places the runs, and each writes its run's
+  // prefixes. Every thread takes the same number of rounds (shuffles need the whole warp).
+  int tpe = 1;
+  while (tpe < kLanes && tpe * 2 * E <= nthreads) tpe *= 2;
+  const int sub = tid % tpe;
+  const int experts_per_round = nthreads / tpe;
+  const int per = (C + tpe - 1) / tpe;
+  const int c0 = min(C, sub * per);
+  const int c1 = min(C, c0 + per);
+  for (int e0 = 0; e0 < E; e0 += experts_per_round) {
+    const int e = e0 + tid / tpe;
+    const bool active = e < E;
+    int32_t* row = counts + static_cast<int64_t>(e) * C;
+    int sum = 0;
+    if (active) {
+#pragma unroll 8
+      for (int c = c0; c < c1; ++c) sum += row[c];
+    }
+    int incl = sum;
+    for (int off = 1; off < tpe; off *= 2) {
+      const int v = __shfl_up_sync(kFullMask, incl, off, tpe);
+      if (sub >= off) incl += v;
+    }
+    if (active) {
+      int run = incl - sum;
+      for (int c = c0; c < c1; ++c) {
+        const int v = row[c];
+        row[c] = run;
+        run += v;
+      }
+      if (sub == tpe - 1) count[e] = incl;
+    }
+  }
+  __syncthreads();
+  lay_out_segments(count, start, warp_totals, sorted, blocks, total_out, p);
+  for (int i = tid; i < E * C; i += nthreads) counts[i] += start[i / C];
+}
+
+// 3. One chunk's slots, A, B and D, the warps' prefixes starting at offsets[e][chunk].
+__global__ void align_scatter_kernel(const int32_t* __restrict__ ids,
+                                     const int32_t* __restrict__ offsets,
+                                     int32_t* __restrict__ sorted, int slots, int num_experts,
+                                     int chunk_size, int num_chunks) {
+  extern __shared__ int32_t hist[];  // [nwarps][E]
+  const int tid = static_cast<int>(threadIdx.x);
+  const int nthreads = static_cast<int>(blockDim.x);
+  const int warp = tid / kLanes;
+  const int nwarps = nthreads / kLanes;
+  const int E = num_experts;
+  const int chunk = static_cast<int>(blockIdx.x);
+  const int begin = chunk * chunk_size;
+  const int end = min(slots, begin + chunk_size);
+  const int seg = (end - begin + nwarps - 1) / nwarps;
+  const int seg_begin = min(end, begin + warp * seg);
+  const int seg_end = min(end, seg_begin + seg);
+  int32_t* my_hist = hist + warp * E;
+
+  for (int i = tid; i < nwarps * E; i += nthreads) hist[i] = 0;
+  __syncthreads();
+  count_piece(ids, seg_begin, seg_end, E, my_hist);  // A
+  __syncthreads();
+  for (int x = tid; x < E; x += nthreads) {  // B, from the chunk's place in the output
+    int run = offsets[static_cast<int64_t>(x) * num_chunks + chunk];
+    for (int w = 0; w < nwarps; ++w) {
+      const int c = hist[w * E + x];
+      hist[w * E + x] = run;
+      run += c;
+    }
+  }
+  __syncthreads();
+  scatter_piece(ids, seg_begin, seg_end, E, my_hist, sorted);  // D
 }
 
 }  // namespace
@@ -190,12 +358,40 @@ KernelStatus align_block_size_cuda(Context& ctx, const DLTensor& topk_ids,
   }
   const device::DeviceGuard guard(topk_ids);
   if (!guard.ok()) return guard.fail(ctx, op);
-  const int warps = std::min(kMaxWarps, kSmemInts / p.num_experts - 2);
-  const size_t smem = static_cast<size_t>(warps + 2) * p.num_experts * sizeof(int32_t);
-  align_kernel<<<1, warps * kLanes, smem, static_cast<cudaStream_t>(ctx.stream())>>>(
-      data_ptr<const int32_t>(topk_ids), data_ptr<int32_t>(out_sorted_token_ids),
-      data_ptr<int32_t>(out_expert_ids), data_ptr<int32_t>(out_num_tokens_post_pad), p);
-  return device::launch_status(ctx, op);
+  const auto stream = static_cast<cudaStream_t>(ctx.stream());
+  const auto* ids = data_ptr<const int32_t>(topk_ids);
+  auto* sorted = data_ptr<int32_t>(out_sorted_token_ids);
+  auto* blocks = data_ptr<int32_t>(out_expert_ids);
+  auto* total = data_ptr<int32_t>(out_num_tokens_post_pad);
+  const int E = p.num_experts;
+  const Chunks chunks = chunks_for(p.slots);
+
+  if (chunks.count < kMinChunks) {
+    const int warps = std::min(kMaxWarps, kSmemInts / E - 2);
+    const size_t smem = static_cast<size_t>(warps + 2) * E * sizeof(int32_t);
+    align_kernel<<<1, warps * kLanes, smem, stream>>>(ids, sorted, blocks, total, p);
+    return device::launch_status(ctx, op);
+  }
+
+  int32_t* counts = nullptr;
+  const size_t ws_bytes = static_cast<size_t>(E) * chunks.count * sizeof(int32_t);
+  if (const cudaError_t err = cudaMallocAsync(reinterpret_cast<void**>(&counts), ws_bytes, stream);
+      err != cudaSuccess) {
+    return ctx.fail(KREG_RESOURCE_EXHAUSTED, "%s: workspace allocation of %zu bytes failed: %s", op,
+                    ws_bytes, cudaGetErrorString(err));
+  }
+  const int slots = static_cast<int>(p.slots);
+  const int scatter_warps = std::min(kChunkWarps, kSmemInts / E - 1);
+  align_count_kernel<<<chunks.count, kChunkWarps * kLanes, E * sizeof(int32_t), stream>>>(
+      ids, counts, slots, E, chunks.size, chunks.count);
+  align_offsets_kernel<<<1, kOffsetsThreads, 2 * E * sizeof(int32_t), stream>>>(
+      counts, sorted, blocks, total, p, chunks.count);
+  align_scatter_kernel<<<chunks.count, scatter_warps * kLanes,
+                         static_cast<size_t>(scatter_warps) * E * sizeof(int32_t), stream>>>(
+      ids, counts, sorted, slots, E, chunks.size, chunks.count);
+  const KernelStatus launched = device::launch_status(ctx, op);
+  cudaFreeAsync(counts, stream);  // after the scatter, in stream order
+  return launched;
 }
 
 }  // namespace kreg::moe

@@ -387,9 +387,25 @@ struct AlignShape {
 };
 
 std::vector<AlignShape> align_shapes() {
-  return {{1, 1, 1, 1},       {1, 8, 256, 16},     {3, 2, 5, 4, 7}, {7, 3, 16, 3},
-          {64, 8, 256, 64},   {100, 6, 60, 16},    {0, 8, 32, 16},  {257, 8, 256, 128, 3},
-          {4096, 8, 256, 64}, {1000, 4, 2048, 32}, {33, 5, 700, 1}, {2048, 2, 8, 256}};
+  return {{1, 1, 1, 1},
+          {1, 8, 256, 16},
+          {3, 2, 5, 4, 7},
+          {7, 3, 16, 3},
+          {64, 8, 256, 64},
+          {100, 6, 60, 16},
+          {0, 8, 32, 16},
+          {257, 8, 256, 128, 3},
+          {4096, 8, 256, 64},
+          {1000, 4, 2048, 32},
+          {33, 5, 700, 1},
+          {2048, 2, 8, 256},
+          // The CUDA multi-block path (>= 9 chunks of >= 512 slots): smallest chunk count,
+          // one expert, odd sizes, the most experts, the most chunks.
+          {576, 8, 256, 64},
+          {5000, 1, 1, 4},
+          {700, 7, 3, 5, 11},
+          {20000, 8, 2048, 16},
+          {32768, 8, 256, 64}};
 }
 
 // topk_ids for an align case: each token's k experts distinct when k <= E (as routing
@@ -725,16 +741,24 @@ TEST_F(MoeGpu, AlignMatchesTheCpuReference) {
     for (size_t i = 1; i < 4; ++i)
       expect_equal("output " + std::to_string(i), (*gpu)[i], (*cpu)[i]);
   }
-  // Invalid ids are skipped on the GPU with or without ignore_invalid.
-  const AlignShape s{2, 3, 4, 2};
-  const std::vector<double> ids = {0, 4, 1, -1, 3, 0};
-  auto cpu = run_align("cpu", s, ids, true);
-  ASSERT_TRUE(cpu.ok());
-  for (bool ignore : {true, false}) {
-    auto gpu = run_align("cuda", s, ids, ignore);
-    ASSERT_TRUE(gpu.ok()) << gpu.status().message();
-    for (size_t i = 1; i < 4; ++i)
-      expect_equal("output " + std::to_string(i), (*gpu)[i], (*cpu)[i]);
+  // Invalid ids are skipped on the GPU with or without ignore_invalid, by the single-block
+  // kernel (6 slots) and the multi-block path (8000 slots, one in 7 out of range).
+  const AlignShape small{2, 3, 4, 2};
+  const AlignShape large{1000, 8, 64, 16};
+  std::vector<double> many = align_ids(large, rng);
+  for (size_t i = 0; i < many.size(); i += 7)
+    many[i] = i % 2 ? -1.0 : 64.0 + static_cast<double>(i % 50);
+  const std::pair<AlignShape, std::vector<double>> invalid[] = {{small, {0, 4, 1, -1, 3, 0}},
+                                                                {large, many}};
+  for (const auto& [s, ids] : invalid) {
+    auto cpu = run_align("cpu", s, ids, true);
+    ASSERT_TRUE(cpu.ok());
+    for (bool ignore : {true, false}) {
+      auto gpu = run_align("cuda", s, ids, ignore);
+      ASSERT_TRUE(gpu.ok()) << gpu.status().message();
+      for (size_t i = 1; i < 4; ++i)
+        expect_equal("output " + std::to_string(i), (*gpu)[i], (*cpu)[i]);
+    }
   }
 }
 
