@@ -163,7 +163,8 @@ constexpr KernelDef kKernels[] = {
      .priority = 100,
      .description = KREG_MOE_ALIGN_DOC
      "; without it they are skipped too (a kernel cannot fail "
-     "after launch without a synchronization) (one block, shared histograms)",
+     "after launch without a synchronization) (per-warp shared histograms; one block up "
+     "to 4608 slots, else count, offsets and scatter kernels over <= 128 chunks)",
      .impl = bind<&align_block_size_cuda>,
      .source = "align.cu"},
 #endif
