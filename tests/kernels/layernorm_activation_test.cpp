@@ -170,7 +170,7 @@ class GpuKernels : public ::testing::Test {
 TEST_F(GpuKernels, MatchTheCpuReferenceOverAShapeSweep) {
   const DType dtypes[] = {DType::kBF16, DType::kF16, DType::kF32};
   const int64_t rows[] = {1, 3, 64};
-  const int64_t norm_widths[] = {1, 7, 8, 64, 100, 1024, 4096, 4097, 8192, 16384};
+  const int64_t norm_widths[] = {1, 7, 8, 64, 100, 1024, 4096, 4097, 7168, 8192, 16384};
   const int64_t act_widths[] = {1, 3, 8, 100, 1024, 4097, 14336};
   uint64_t seed = 100;
   for (const OpCase& c : op_cases()) {
