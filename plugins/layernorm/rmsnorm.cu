@@ -185,9 +185,9 @@ void launch_with_vec(const NormArgs& a, cudaStream_t stream) {
   dim3 block(std::min(kMaxThreadsPerRow, round_up((vecs + items - 1) / items, device::kWarpSize)));
   block.y = std::max(1u, kShortRowBlockThreads / block.x);
   if constexpr (kFullWidth) {
-    // The hot path (H <= 8192 bf16): one vector per row per thread. Plain 16-bit rows go
-    // two to a thread, sharing the weight vector, so each thread has two loads in
-    // flight; the fused form already loads two tensors.
+    // One vector per row per thread (the fused form up to H = 8192 bf16). Plain 16-bit
+    // rows shorter than 512 vectors go two to a thread, sharing the weight vector, so
+    // each thread has two loads in flight; the fused form already loads two tensors.
     if (items == 1) {
       constexpr int kRows = kFusedAdd || sizeof(T) == 4 ? 1 : 2;
       return launch<T, kVec, 1, kRows, kFusedAdd, kGemma>(a, block, stream);
