@@ -16,9 +16,8 @@
 #include <set>
 
 #include "harness.hpp"
+#include "kernel_test.hpp"
 #include "kreg/registry.hpp"
-
-namespace fs = std::filesystem;
 
 namespace kreg {
 namespace {
@@ -29,17 +28,7 @@ using Values = std::vector<std::vector<double>>;
 constexpr DLDevice kCpuDevice{kDLCPU, 0};
 constexpr DLDevice kGpuDevice{kDLCUDA, 0};
 
-Registry& registry() {
-  static std::unique_ptr<Registry> reg = [] {
-    auto m = load_manifest(fs::path(KREG_SOURCE_DIR) / "registry.yaml",
-                           ManifestOptions{fs::path(KREG_PLUGIN_DIR), true});
-    EXPECT_TRUE(m.ok()) << m.status().message();
-    auto r = Registry::open(*m);
-    EXPECT_TRUE(r.ok()) << r.status().message();
-    return std::move(r).value();
-  }();
-  return *reg;
-}
+using test::registry;
 
 std::vector<double> values(const Buffer& b) {
   auto v = b.to_doubles();

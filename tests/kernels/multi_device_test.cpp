@@ -11,30 +11,19 @@
 #include <filesystem>
 
 #include "harness.hpp"
+#include "kernel_test.hpp"
 #include "kreg/registry.hpp"
 
 #if defined(KREG_HAVE_CUDA)
 #include <cuda_runtime.h>
 #endif
 
-namespace fs = std::filesystem;
-
 namespace kreg {
 namespace {
 
 using harness::SymbolMap;
 
-Registry& registry() {
-  static std::unique_ptr<Registry> reg = [] {
-    auto m = load_manifest(fs::path(KREG_SOURCE_DIR) / "registry.yaml",
-                           ManifestOptions{fs::path(KREG_PLUGIN_DIR), true});
-    EXPECT_TRUE(m.ok()) << m.status().message();
-    auto r = Registry::open(*m);
-    EXPECT_TRUE(r.ok()) << r.status().message();
-    return std::move(r).value();
-  }();
-  return *reg;
-}
+using test::registry;
 
 const KernelSpec* implementation(const std::string& op, const std::string& backend) {
   for (const KernelSpec* k : registry().implementations(op)) {

@@ -165,7 +165,8 @@ constexpr int index_among(const char (&kinds)[N]) {
   auto is_tensor = [](char k) { return k == 'T' || k == 'O'; };
   const bool tensor = is_tensor(kinds[I]);
   int n = 0;
-  for (size_t j = 0; j < I; ++j) n += (is_tensor(kinds[j]) == tensor) ? 1 : 0;
+  // `j != I`, not `j < I`: nvcc warns that `j < 0` is pointless when I is 0.
+  for (size_t j = 0; j != I; ++j) n += (is_tensor(kinds[j]) == tensor) ? 1 : 0;
   return n;
 }
 
