@@ -3,7 +3,7 @@
 # build (Release), the whole test suite (GPU tests included), the host application on
 # the GPU, `kreg bench` at the issue's shapes against the device copy bandwidth,
 # kreg from Python vs PyTorch eager / torch.compile (tools/bench/vs_torch.py), the Python
-# call overhead, and the dispatch benchmark.
+# call overhead next to the C++ launch floor (kreg-bench-launch), and the dispatch benchmark.
 # Logs go to $OUT (or ./gpu-report). Extra CMake arguments: $KREG_CMAKE_ARGS.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -51,7 +51,11 @@ if [ -d build/python/kreg ] && "$py" -c "import torch" 2>/dev/null; then
   # call overhead. KREG_TORCH_ARGS narrows it, e.g. "--only rmsnorm,silu_and_mul --reps 50".
   PYTHONPATH=build/python "$py" tools/bench/vs_torch.py --out "$out/vs-torch" ${KREG_TORCH_ARGS:-} 2>&1 |
     tee "$out/vs_torch.log" | tail -n 40
-  PYTHONPATH=build/python "$py" tools/bench/py_overhead.py 2>&1 | tee "$out/py_overhead.log"
+  # The C++ floor (an empty launch, the plugin entry, a handle) and the Python call, both on
+  # one core, back to back: docs/python.md compares them.
+  taskset -c 5 ./build/tests/bench/kreg-bench-launch --benchmark_repetitions=5 \
+    --benchmark_report_aggregates_only=true 2>&1 | tee "$out/launch.log" | grep -E "median"
+  PYTHONPATH=build/python taskset -c 5 "$py" tools/bench/py_overhead.py 2>&1 | tee "$out/py_overhead.log"
 else
   echo "gpu_check: $py has no torch, or no kreg Python extension was built: skipping vs_torch.py" \
     "(configure with -DPython3_EXECUTABLE=<a python with torch>)"
