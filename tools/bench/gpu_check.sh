@@ -53,9 +53,10 @@ if [ -d build/python/kreg ] && "$py" -c "import torch" 2>/dev/null; then
     tee "$out/vs_torch.log" | tail -n 40
   # The C++ floor (an empty launch, the plugin entry, a handle) and the Python call, both on
   # one core, back to back: docs/python.md compares them.
-  taskset -c 5 ./build/tests/bench/kreg-bench-launch --benchmark_repetitions=5 \
+  core=$(( $(nproc) - 1 ))
+  taskset -c $core ./build/tests/bench/kreg-bench-launch --benchmark_repetitions=5 \
     --benchmark_report_aggregates_only=true 2>&1 | tee "$out/launch.log" | grep -E "median"
-  PYTHONPATH=build/python taskset -c 5 "$py" tools/bench/py_overhead.py 2>&1 | tee "$out/py_overhead.log"
+  PYTHONPATH=build/python taskset -c $core "$py" tools/bench/py_overhead.py 2>&1 | tee "$out/py_overhead.log"
 else
   echo "gpu_check: $py has no torch, or no kreg Python extension was built: skipping vs_torch.py" \
     "(configure with -DPython3_EXECUTABLE=<a python with torch>)"
