@@ -5,6 +5,7 @@
 
 #include "activation.hpp"
 #include "kreg/dtype.hpp"
+#include "kreg/dtype_visit.hpp"
 #include "kreg/numeric.hpp"
 
 namespace kreg::activation {
@@ -49,19 +50,10 @@ template <typename Act>
 KernelStatus act_and_mul(Context& ctx, const char* op, const DLTensor& x, DLTensor& out) {
   const int64_t rows = x.shape[0];
   const int64_t d = out.shape[1];
-  switch (from_dl(x.dtype).value_or(DType::kCount)) {
-    case DType::kF32:
-      act_and_mul_rows(data_ptr<const float>(x), data_ptr<float>(out), rows, d, Act{});
-      return kOk;
-    case DType::kBF16:
-      act_and_mul_rows(data_ptr<const bf16>(x), data_ptr<bf16>(out), rows, d, Act{});
-      return kOk;
-    case DType::kF16:
-      act_and_mul_rows(data_ptr<const f16>(x), data_ptr<f16>(out), rows, d, Act{});
-      return kOk;
-    default:
-      return ctx.fail(KREG_INVALID_ARGUMENT, "%s: dtype must be bf16, f16 or f32", op);
-  }
+  return cpu::visit_float_dtype(ctx, op, x, [&](auto tag) {
+    using T = decltype(tag);
+    act_and_mul_rows(data_ptr<const T>(x), data_ptr<T>(out), rows, d, Act{});
+  });
 }
 
 }  // namespace

@@ -6,28 +6,11 @@
 
 #include "diffusion.hpp"
 #include "kreg/dtype.hpp"
+#include "kreg/dtype_visit.hpp"
 #include "kreg/numeric.hpp"
 
 namespace kreg::diffusion {
 namespace {
-
-// Calls fn with a value of the tensor's element type: float, bf16 or f16.
-template <typename Fn>
-KernelStatus visit_dtype(Context& ctx, const char* op, const DLTensor& t, Fn&& fn) {
-  switch (from_dl(t.dtype).value_or(DType::kCount)) {
-    case DType::kF32:
-      fn(float{});
-      return kOk;
-    case DType::kBF16:
-      fn(bf16{});
-      return kOk;
-    case DType::kF16:
-      fn(f16{});
-      return kOk;
-    default:
-      return ctx.fail(KREG_INVALID_ARGUMENT, "%s: dtype must be bf16, f16 or f32", op);
-  }
-}
 
 float silu(float v) { return v / (1.0f + std::exp(-v)); }
 
@@ -45,7 +28,7 @@ KernelStatus timestep_embedding_cpu(Context& ctx, const DLTensor& t, DLTensor& o
   }
   const int64_t n = t.shape[0];
   float* o = data_ptr<float>(out);
-  return visit_dtype(ctx, kOp, t, [&](auto tag) {
+  return cpu::visit_float_dtype(ctx, kOp, t, [&](auto tag) {
     using T = decltype(tag);
     const T* tp = data_ptr<const T>(t);
     for (int64_t r = 0; r < n; ++r) {
@@ -75,7 +58,7 @@ KernelStatus norm_scale_shift_cpu(Context& ctx, const DLTensor& x, const DLTenso
     return st;
   const int64_t batch = x.shape[0], tokens = x.shape[1], hidden = x.shape[2];
   const auto feps = static_cast<float>(eps);
-  return visit_dtype(ctx, kOp, x, [&](auto tag) {
+  return cpu::visit_float_dtype(ctx, kOp, x, [&](auto tag) {
     using T = decltype(tag);
     const T* xp = data_ptr<const T>(x);
     const T* scp = data_ptr<const T>(scale);
@@ -119,7 +102,7 @@ KernelStatus residual_gate_add_cpu(Context& ctx, const DLTensor& residual, const
   if (KernelStatus st = modulation_layout(ctx, kOp, "gate", gate, x, per_token); !st.ok())
     return st;
   const int64_t batch = x.shape[0], tokens = x.shape[1], hidden = x.shape[2];
-  return visit_dtype(ctx, kOp, x, [&](auto tag) {
+  return cpu::visit_float_dtype(ctx, kOp, x, [&](auto tag) {
     using T = decltype(tag);
     const T* rp = data_ptr<const T>(residual);
     const T* xp = data_ptr<const T>(x);
@@ -150,7 +133,7 @@ KernelStatus group_norm_silu_cpu(Context& ctx, const DLTensor& x, const DLTensor
   const int64_t channels_per_group = g.channels / g.groups;
   const int64_t group_elems = channels_per_group * g.spatial;
   const auto feps = static_cast<float>(eps);
-  return visit_dtype(ctx, kOp, x, [&](auto tag) {
+  return cpu::visit_float_dtype(ctx, kOp, x, [&](auto tag) {
     using T = decltype(tag);
     const T* xp = data_ptr<const T>(x);
     const T* wp = data_ptr<const T>(weight);

@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "kreg/dtype.hpp"
+#include "kreg/dtype_visit.hpp"
 #include "kreg/numeric.hpp"
 #include "layernorm.hpp"
 
@@ -62,28 +63,10 @@ void fused_add_rmsnorm_rows(T* x, T* residual, const T* w, int64_t rows, int64_t
   }
 }
 
-// Calls fn with a value of the tensor's element type: float, bf16 or f16.
-template <typename Fn>
-KernelStatus visit_dtype(Context& ctx, const char* op, const DLTensor& t, Fn&& fn) {
-  switch (from_dl(t.dtype).value_or(DType::kCount)) {
-    case DType::kF32:
-      fn(float{});
-      return kOk;
-    case DType::kBF16:
-      fn(bf16{});
-      return kOk;
-    case DType::kF16:
-      fn(f16{});
-      return kOk;
-    default:
-      return ctx.fail(KREG_INVALID_ARGUMENT, "%s: dtype must be bf16, f16 or f32", op);
-  }
-}
-
 template <bool kGemma>
 KernelStatus rmsnorm_impl(Context& ctx, const char* op, const DLTensor& x, const DLTensor& weight,
                           DLTensor& out, double eps) {
-  return visit_dtype(ctx, op, x, [&](auto tag) {
+  return cpu::visit_float_dtype(ctx, op, x, [&](auto tag) {
     using T = decltype(tag);
     rmsnorm_rows<kGemma>(data_ptr<const T>(x), data_ptr<const T>(weight), data_ptr<T>(out),
                          x.shape[0], x.shape[1], static_cast<float>(eps));
@@ -93,7 +76,7 @@ KernelStatus rmsnorm_impl(Context& ctx, const char* op, const DLTensor& x, const
 template <bool kGemma>
 KernelStatus fused_add_rmsnorm_impl(Context& ctx, const char* op, DLTensor& x, DLTensor& residual,
                                     const DLTensor& weight, double eps) {
-  return visit_dtype(ctx, op, x, [&](auto tag) {
+  return cpu::visit_float_dtype(ctx, op, x, [&](auto tag) {
     using T = decltype(tag);
     fused_add_rmsnorm_rows<kGemma>(data_ptr<T>(x), data_ptr<T>(residual), data_ptr<const T>(weight),
                                    x.shape[0], x.shape[1], static_cast<float>(eps));

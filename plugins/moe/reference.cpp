@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kreg/dtype.hpp"
+#include "kreg/dtype_visit.hpp"
 #include "kreg/numeric.hpp"
 #include "moe.hpp"
 #include "routing.hpp"
@@ -124,19 +125,9 @@ KernelStatus route_typed(Context& ctx, const char* op, const DLTensor& gating, D
                          DLTensor& out_ids, const RoutingParams& p) {
   float* w = data_ptr<float>(out_w);
   int32_t* ids = data_ptr<int32_t>(out_ids);
-  switch (from_dl(gating.dtype).value_or(DType::kCount)) {
-    case DType::kF32:
-      route_rows(data_ptr<const float>(gating), w, ids, p);
-      return kOk;
-    case DType::kBF16:
-      route_rows(data_ptr<const bf16>(gating), w, ids, p);
-      return kOk;
-    case DType::kF16:
-      route_rows(data_ptr<const f16>(gating), w, ids, p);
-      return kOk;
-    default:
-      return ctx.fail(KREG_INVALID_ARGUMENT, "%s: 'gating' must be bf16, f16 or f32", op);
-  }
+  return cpu::visit_float_dtype(ctx, op, gating, [&](auto tag) {
+    route_rows(data_ptr<const decltype(tag)>(gating), w, ids, p);
+  });
 }
 
 }  // namespace
@@ -149,19 +140,10 @@ KernelStatus sum_cpu(Context& ctx, const DLTensor& x, DLTensor& out, double rout
   }
   const int64_t tokens = x.shape[0], k = x.shape[1], h = x.shape[2];
   const auto scale = static_cast<float>(routed_scaling_factor);
-  switch (from_dl(x.dtype).value_or(DType::kCount)) {
-    case DType::kF32:
-      sum_rows(data_ptr<const float>(x), data_ptr<float>(out), tokens, k, h, scale);
-      return kOk;
-    case DType::kBF16:
-      sum_rows(data_ptr<const bf16>(x), data_ptr<bf16>(out), tokens, k, h, scale);
-      return kOk;
-    case DType::kF16:
-      sum_rows(data_ptr<const f16>(x), data_ptr<f16>(out), tokens, k, h, scale);
-      return kOk;
-    default:
-      return ctx.fail(KREG_INVALID_ARGUMENT, "moe.sum: dtype must be bf16, f16 or f32");
-  }
+  return cpu::visit_float_dtype(ctx, "moe.sum", x, [&](auto tag) {
+    using T = decltype(tag);
+    sum_rows(data_ptr<const T>(x), data_ptr<T>(out), tokens, k, h, scale);
+  });
 }
 
 KernelStatus topk_softmax_cpu(Context& ctx, const DLTensor& gating, const DLTensor* correction_bias,

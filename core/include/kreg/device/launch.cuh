@@ -31,6 +31,7 @@
 #include <cstdio>
 
 #include "kreg/dtype.hpp"
+#include "kreg/dtype_visit.hpp"
 #include "kreg/plugin.hpp"
 
 namespace kreg::device {
@@ -83,53 +84,24 @@ class DeviceGuard {
 
 // ---- The element type ----
 
-// The DType and name of a kernel's C++ element type.
-template <typename T>
-struct ElementType;
+// kreg::ElementType and kreg::visit_dtype (dtype_visit.hpp), with CUDA's 16-bit types.
+using kreg::ElementType;
+using kreg::visit_dtype;
+
+}  // namespace kreg::device
+
 template <>
-struct ElementType<__nv_bfloat16> {
+struct kreg::ElementType<__nv_bfloat16> {
   static constexpr DType kDType = DType::kBF16;
   static constexpr const char* kName = "bf16";
 };
 template <>
-struct ElementType<__half> {
+struct kreg::ElementType<__half> {
   static constexpr DType kDType = DType::kF16;
   static constexpr const char* kName = "f16";
 };
-template <>
-struct ElementType<float> {
-  static constexpr DType kDType = DType::kF32;
-  static constexpr const char* kName = "f32";
-};
-template <>
-struct ElementType<int32_t> {
-  static constexpr DType kDType = DType::kI32;
-  static constexpr const char* kName = "i32";
-};
-template <>
-struct ElementType<int64_t> {
-  static constexpr DType kDType = DType::kI64;
-  static constexpr const char* kName = "i64";
-};
 
-// Calls fn with a value of the element type of `t` among Ts and returns its status:
-// visit_dtype<int32_t, int64_t>(ctx, op, ids, [&](auto tag) { using I = decltype(tag); ... }).
-// Any other dtype: "<op>: dtype must be i32 or i64".
-template <typename... Ts, typename Fn>
-KernelStatus visit_dtype(Context& ctx, const char* op, const DLTensor& t, Fn&& fn) {
-  const DType d = from_dl(t.dtype).value_or(DType::kCount);
-  KernelStatus status;
-  if (((d == ElementType<Ts>::kDType && (status = fn(Ts{}), true)) || ...)) return status;
-  constexpr const char* kNames[] = {ElementType<Ts>::kName...};
-  constexpr int kCount = sizeof...(Ts);
-  char list[64] = "";
-  int len = 0;
-  for (int i = 0; i < kCount && len < static_cast<int>(sizeof list); ++i) {
-    const char* sep = i == 0 ? "" : i + 1 == kCount ? " or " : ", ";
-    len += std::snprintf(list + len, sizeof list - len, "%s%s", sep, kNames[i]);
-  }
-  return ctx.fail(KREG_INVALID_ARGUMENT, "%s: dtype must be %s", op, list);
-}
+namespace kreg::device {
 
 // The floating-point types of most kernels: bf16, f16 or f32.
 template <typename Fn>
