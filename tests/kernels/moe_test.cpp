@@ -461,16 +461,21 @@ TEST(MoeKernels, SumReferenceMatchesTheOracle) {
   }
 }
 
+// A routing case, for failure messages.
+std::string route_label(const RouteSpec& spec, DType dt, const RouteShape& sh) {
+  return spec.method + " renorm=" + std::to_string(spec.renormalize) +
+         " cap=" + std::to_string(spec.softcap) + " bias=" + std::to_string(spec.use_bias) + " " +
+         std::string(dtype_name(dt)) + " T=" + std::to_string(sh.T) + " E=" + std::to_string(sh.E) +
+         " K=" + std::to_string(sh.K) + " groups=" + std::to_string(sh.n_group) + "/" +
+         std::to_string(sh.topk_group);
+}
+
 TEST(MoeKernels, RoutingReferencesMatchTheOracle) {
   std::mt19937_64 rng(9);
   for (const auto& [spec, shapes] : route_sweep()) {
     for (DType dt : kFloatDtypes) {
       for (const RouteShape& sh : shapes) {
-        SCOPED_TRACE(spec.method + " renorm=" + std::to_string(spec.renormalize) + " cap=" +
-                     std::to_string(spec.softcap) + " bias=" + std::to_string(spec.use_bias) + " " +
-                     std::string(dtype_name(dt)) + " T=" + std::to_string(sh.T) +
-                     " E=" + std::to_string(sh.E) + " K=" + std::to_string(sh.K) +
-                     " groups=" + std::to_string(sh.n_group) + "/" + std::to_string(sh.topk_group));
+        SCOPED_TRACE(route_label(spec, dt, sh));
         const auto g = distinct_logits(sh.T, sh.E, rng);
         const auto bias = random_bias(sh.E, rng);
         RouteSpec full = spec;
@@ -653,11 +658,7 @@ TEST_F(MoeGpu, RoutingMatchesTheCpuReference) {
   for (const auto& [spec, shapes] : route_sweep()) {
     for (DType dt : kFloatDtypes) {
       for (const RouteShape& sh : shapes) {
-        SCOPED_TRACE(spec.method + " renorm=" + std::to_string(spec.renormalize) + " cap=" +
-                     std::to_string(spec.softcap) + " bias=" + std::to_string(spec.use_bias) + " " +
-                     std::string(dtype_name(dt)) + " T=" + std::to_string(sh.T) +
-                     " E=" + std::to_string(sh.E) + " K=" + std::to_string(sh.K) +
-                     " groups=" + std::to_string(sh.n_group) + "/" + std::to_string(sh.topk_group));
+        SCOPED_TRACE(route_label(spec, dt, sh));
         const auto g = distinct_logits(sh.T, sh.E, rng);
         const auto bias = random_bias(sh.E, rng);
         auto gpu = run_route("cuda", spec, sh, dt, g, bias);
