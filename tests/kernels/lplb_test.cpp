@@ -427,13 +427,18 @@ TEST(Lplb, CpuSolveOfTheTargetSize) {
 
 TEST(Lplb, CpuSolveReachesTheKnownOptimumOfDenseLps) { check_dense_lps(kCpu); }
 
-TEST(Lplb, CpuSolveReportsFailureWhenInfeasible) {
-  // Expert 1 has tokens and no replica: no feasible x, the solve must not claim success.
+// Expert 1 has tokens and no replica: no feasible x, a solve must not claim success.
+Instance infeasible_instance() {
   Instance in;
   in.L = 2, in.C = 2, in.R = 2, in.G = 2;
   in.log2phy = {0, 1, -1, -1};
   in.phy2gpu = {0, 1};
   in.counts = {10, 4};
+  return in;
+}
+
+TEST(Lplb, CpuSolveReportsFailureWhenInfeasible) {
+  const Instance in = infeasible_instance();
   LpBuffers lp = run_build_lp(in, kCpu, DType::kI32);
   const Solution s = run_solve(lp, in, kCpu);
   EXPECT_EQ(s.status[0], 0.0);
@@ -665,11 +670,7 @@ TEST_F(LplbGpu, SolveReachesTheExactOptimumLikeTheCpuReference) {
 TEST_F(LplbGpu, SolveReachesTheKnownOptimumOfDenseLps) { check_dense_lps(kGpu); }
 
 TEST_F(LplbGpu, SolveReportsInfeasibleAndIterationLimit) {
-  Instance in;
-  in.L = 2, in.C = 2, in.R = 2, in.G = 2;
-  in.log2phy = {0, 1, -1, -1};
-  in.phy2gpu = {0, 1};
-  in.counts = {10, 4};
+  const Instance in = infeasible_instance();
   LpBuffers lp = run_build_lp(in, kGpu, DType::kI32);
   Solution s = run_solve(lp, in, kGpu);
   EXPECT_EQ(s.status[0], 0.0);
