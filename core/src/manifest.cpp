@@ -205,7 +205,8 @@ std::map<std::string, Entry> ManifestParser::read_map(
     const YAML::Node& map, const std::string& path, const std::vector<std::string_view>& allowed) {
   std::map<std::string, Entry> entries;
   for (auto it = map.begin(); it != map.end(); ++it) {
-    const YAML::Node& key = it->first;
+    // A copy: the iterator's dereference is a temporary, a reference would dangle.
+    const YAML::Node key = it->first;
     if (!key.IsScalar()) {
       error(at(key.Mark()), path, "keys must be plain strings, got " + describe(key));
       continue;
