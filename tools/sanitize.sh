@@ -1,28 +1,46 @@
 #!/usr/bin/env bash
-# The hot-swap tests under ThreadSanitizer and AddressSanitizer (docs/hot-swap.md): two
-# more build trees, build-tsan and build-asan (CPU-only, no benchmarks), each building only
-# the core, the test plugins and reload_test, then running it. CI runs this after the
-# normal test suite. Usage: tools/sanitize.sh [thread] [address]   (default: both)
+# The test suite under the sanitizers (docs/validation.md, docs/hot-swap.md). CI runs this
+# after the normal test suite.
+#   address: build-asan, a CPU-only tree (no CUDA, no benchmarks) compiled with
+#            AddressSanitizer + UndefinedBehaviorSanitizer; the WHOLE ctest suite runs in it
+#            (the Python tests with the sanitizer runtimes preloaded into the interpreter).
+#   thread:  build-tsan, ThreadSanitizer over the concurrency tests: the hot-swap suite
+#            (reload_test) and the registry's lazy publishing (registry_test).
+# Any report fails the run. Usage: tools/sanitize.sh [address] [thread]   (default: both)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 sanitizers=("$@")
-[ ${#sanitizers[@]} -eq 0 ] && sanitizers=(thread address)
+[ ${#sanitizers[@]} -eq 0 ] && sanitizers=(address thread)
+jobs=$(nproc)
 for san in "${sanitizers[@]}"; do
-  case "$san" in
-    thread) dir=build-tsan ;;
-    address) dir=build-asan ;;
-    *) echo "sanitize.sh: unknown sanitizer '$san' (thread or address)" >&2; exit 2 ;;
-  esac
   start=$(date +%s)
-  if [ ! -f "$dir/CMakeCache.txt" ]; then
-    cmake -S . -B "$dir" -G Ninja -DKREG_SANITIZE="$san" -DKREG_ENABLE_CUDA=OFF \
-      -DKREG_BUILD_BENCHMARKS=OFF ${KREG_CMAKE_ARGS:-}
-  fi
-  cmake --build "$dir" -j"$(nproc)" --target reload_test
-  # halt_on_error: any report fails the run. The suppressions file says why each entry is
-  # there (none for code in this repository).
-  TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/tools/tsan.supp" \
-  ASAN_OPTIONS="halt_on_error=1 detect_leaks=1" \
-    "$dir/tests/unit/reload_test"
-  echo "sanitize.sh: $san: reload_test clean ($(( $(date +%s) - start )) s with the build)"
+  case "$san" in
+    address)
+      dir=build-asan
+      if [ ! -f "$dir/CMakeCache.txt" ]; then
+        cmake -S . -B "$dir" -G Ninja -DKREG_SANITIZE=address,undefined -DKREG_ENABLE_CUDA=OFF \
+          -DKREG_BUILD_BENCHMARKS=OFF ${KREG_CMAKE_ARGS:-} >/dev/null
+      fi
+      cmake --build "$dir" -j"$jobs"
+      # detect_leaks: a leak is a finding (the Python test turns it off for the interpreter's
+      # own allocations: tests/python/CMakeLists.txt).
+      ASAN_OPTIONS="halt_on_error=1 detect_leaks=1" \
+      UBSAN_OPTIONS="halt_on_error=1 print_stacktrace=1" \
+        ctest --test-dir "$dir" --output-on-failure -j"$jobs"
+      ;;
+    thread)
+      dir=build-tsan
+      if [ ! -f "$dir/CMakeCache.txt" ]; then
+        cmake -S . -B "$dir" -G Ninja -DKREG_SANITIZE=thread -DKREG_ENABLE_CUDA=OFF \
+          -DKREG_BUILD_BENCHMARKS=OFF ${KREG_CMAKE_ARGS:-} >/dev/null
+      fi
+      cmake --build "$dir" -j"$jobs" --target reload_test registry_test
+      for t in reload_test registry_test; do
+        TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/tools/tsan.supp" \
+          "$dir/tests/unit/$t"
+      done
+      ;;
+    *) echo "sanitize.sh: unknown sanitizer '$san' (address or thread)" >&2; exit 2 ;;
+  esac
+  echo "sanitize.sh: $san: clean ($(( $(date +%s) - start )) s with the build)"
 done
