@@ -7,87 +7,147 @@ namespace kreg {
 
 namespace {
 
-// Length of the valid UTF-8 sequence starting at s[i] (1-4), or 0 when it is not one.
-size_t utf8_length(std::string_view s, size_t i) {
+// One decoded character: its code point and byte length, or n == 0 when the byte at the
+// position does not start a valid UTF-8 sequence.
+struct Char {
+  uint32_t cp = 0;
+  size_t n = 0;
+};
+
+Char decode(std::string_view s, size_t i) {
   const auto b0 = static_cast<uint8_t>(s[i]);
   size_t n;
   uint32_t cp;
-  if (b0 < 0x80) return 1;
+  if (b0 < 0x80) return {b0, 1};
   if ((b0 & 0xe0) == 0xc0) { n = 2; cp = b0 & 0x1f; }
   else if ((b0 & 0xf0) == 0xe0) { n = 3; cp = b0 & 0x0f; }
   else if ((b0 & 0xf8) == 0xf0) { n = 4; cp = b0 & 0x07; }
-  else return 0;
-  if (i + n > s.size()) return 0;
+  else return {};
+  if (i + n > s.size()) return {};
   for (size_t k = 1; k < n; ++k) {
     const auto b = static_cast<uint8_t>(s[i + k]);
-    if ((b & 0xc0) != 0x80) return 0;
+    if ((b & 0xc0) != 0x80) return {};
     cp = (cp << 6) | (b & 0x3f);
   }
   // Overlong forms, surrogates and values past U+10FFFF are not valid UTF-8.
   if ((n == 2 && cp < 0x80) || (n == 3 && cp < 0x800) || (n == 4 && cp < 0x10000) ||
       (cp >= 0xd800 && cp <= 0xdfff) || cp > 0x10ffff) {
-    return 0;
+    return {};
   }
-  // C1 controls (U+0080-U+009F, e.g. the 8-bit CSI) act like escape codes on some
-  // terminals; bidirectional overrides and line/paragraph separators reorder or split
-  // what a reader sees.
-  if ((cp >= 0x80 && cp <= 0x9f) || (cp >= 0x202a && cp <= 0x202e) ||
-      (cp >= 0x2066 && cp <= 0x2069) || cp == 0x2028 || cp == 0x2029) {
-    return 0;
-  }
-  return n;
+  return {cp, n};
 }
 
-void append_escaped(std::string& out, std::string_view s, size_t i, size_t* used) {
-  const auto b = static_cast<uint8_t>(s[i]);
-  switch (b) {
-    case '\n': out += "\\n"; *used = 1; return;
-    case '\r': out += "\\r"; *used = 1; return;
-    case '\t': out += "\\t"; *used = 1; return;
-    case '\0': out += "\\0"; *used = 1; return;
-    case '\\': out += "\\\\"; *used = 1; return;
+// Characters that change what a reader sees rather than showing as themselves: C0
+// controls and DEL; C1 controls (U+0080-U+009F, e.g. the 8-bit CSI, which some terminals
+// act on); the bidirectional marks, embeddings, overrides and isolates, which reorder a
+// line; and the line/paragraph separators, which split one.
+bool is_hidden(uint32_t cp) {
+  return cp < 0x20 || (cp >= 0x7f && cp <= 0x9f) || cp == 0x061c || cp == 0x200e ||
+         cp == 0x200f || (cp >= 0x202a && cp <= 0x202e) || (cp >= 0x2066 && cp <= 0x2069) ||
+         cp == 0x2028 || cp == 0x2029;
+}
+
+void append_hex_bytes(std::string& out, std::string_view bytes) {
+  for (char c : bytes) {
+    char buf[8];
+    std::snprintf(buf, sizeof buf, "\\x%02x", static_cast<unsigned>(static_cast<uint8_t>(c)));
+    out += buf;
+  }
+}
+
+// Appends the character at s[i], escaped for a terminal, and returns how many bytes it used.
+size_t append_escaped(std::string& out, std::string_view s, size_t i, bool escape_backslash) {
+  const Char c = decode(s, i);
+  if (c.n == 0) {
+    append_hex_bytes(out, s.substr(i, 1));
+    return 1;
+  }
+  switch (c.cp) {
+    case '\n': out += "\\n"; return 1;
+    case '\r': out += "\\r"; return 1;
+    case '\t': out += "\\t"; return 1;
+    case '\0': out += "\\0"; return 1;
+    case '\\': out += escape_backslash ? "\\\\" : "\\"; return 1;
     default: break;
   }
-  if (b >= 0x20 && b < 0x7f) {
-    out += static_cast<char>(b);
-    *used = 1;
-    return;
+  if (is_hidden(c.cp)) {
+    append_hex_bytes(out, s.substr(i, c.n));
+  } else {
+    out.append(s.substr(i, c.n));
   }
-  if (b >= 0x80) {
-    if (const size_t n = utf8_length(s, i); n > 0) {
-      out.append(s.substr(i, n));
-      *used = n;
-      return;
-    }
-  }
-  char buf[8];
-  std::snprintf(buf, sizeof buf, "\\x%02x", b);
-  out += buf;
-  *used = 1;
+  return c.n;
+}
+
+std::string escape(std::string_view s, bool escape_backslash) {
+  std::string out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < s.size();) i += append_escaped(out, s, i, escape_backslash);
+  return out;
 }
 
 }  // namespace
 
-std::string escape_control(std::string_view s) {
-  std::string out;
-  out.reserve(s.size());
-  for (size_t i = 0; i < s.size();) {
-    size_t used = 1;
-    append_escaped(out, s, i, &used);
-    i += used;
-  }
-  return out;
-}
+std::string escape_control(std::string_view s) { return escape(s, true); }
+
+std::string terminal_safe(std::string_view s) { return escape(s, false); }
 
 std::string excerpt(std::string_view s, size_t max_chars) {
   std::string out;
   size_t i = 0;
-  while (i < s.size() && out.size() < max_chars) {
-    size_t used = 1;
-    append_escaped(out, s, i, &used);
-    i += used;
-  }
+  while (i < s.size() && out.size() < max_chars) i += append_escaped(out, s, i, true);
   if (i < s.size()) out += "... (" + std::to_string(s.size()) + " bytes)";
+  return out;
+}
+
+std::string terminal_message(std::string_view s, std::string_view indent) {
+  if (s.ends_with('\n')) s.remove_suffix(1);
+  std::string out;
+  out.reserve(s.size());
+  bool first = true;
+  while (true) {
+    const size_t eol = s.find('\n');
+    const std::string_view line = s.substr(0, eol);
+    if (!first) {
+      out += '\n';
+      if (!line.empty() && line.front() != ' ') out += indent;
+    }
+    out += terminal_safe(line);
+    first = false;
+    if (eol == std::string_view::npos) break;
+    s.remove_prefix(eol + 1);
+  }
+  return out;
+}
+
+std::string json_escape(std::string_view s) {
+  std::string out;
+  out.reserve(s.size() + 2);
+  for (size_t i = 0; i < s.size();) {
+    const Char c = decode(s, i);
+    if (c.n == 0) {
+      out += "\\ufffd";
+      ++i;
+      continue;
+    }
+    switch (c.cp) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      case '\b': out += "\\b"; break;
+      case '\f': out += "\\f"; break;
+      default:
+        if (is_hidden(c.cp)) {
+          char buf[8];
+          std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned>(c.cp));
+          out += buf;
+        } else {
+          out.append(s.substr(i, c.n));
+        }
+    }
+    i += c.n;
+  }
   return out;
 }
 

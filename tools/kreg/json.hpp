@@ -2,11 +2,14 @@
 // schemas in docs/cli.md). Handles commas and string escaping; nothing more.
 #pragma once
 
+#include <cmath>
 #include <cstdio>
 #include <ostream>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "kreg/text.hpp"
 
 namespace kreg::cli {
 
@@ -40,6 +43,11 @@ class JsonWriter {
   }
   JsonWriter& value(double d) {
     comma();
+    // JSON has no NaN or infinity.
+    if (!std::isfinite(d)) {
+      out_ << "null";
+      return *this;
+    }
     char buf[32];
     std::snprintf(buf, sizeof buf, "%.6g", d);
     out_ << buf;
@@ -92,34 +100,9 @@ class JsonWriter {
       first_.back() = false;
     }
   }
-  void string(std::string_view s) {
-    out_ << '"';
-    for (char c : s) {
-      switch (c) {
-        case '"':
-          out_ << "\\\"";
-          break;
-        case '\\':
-          out_ << "\\\\";
-          break;
-        case '\n':
-          out_ << "\\n";
-          break;
-        case '\t':
-          out_ << "\\t";
-          break;
-        default:
-          if (static_cast<unsigned char>(c) < 0x20) {
-            char buf[8];
-            std::snprintf(buf, sizeof buf, "\\u%04x", c);
-            out_ << buf;
-          } else {
-            out_ << c;
-          }
-      }
-    }
-    out_ << '"';
-  }
+  // kreg::json_escape: every control byte and invalid UTF-8 included, so the output
+  // stays valid JSON whatever a plugin or manifest put in a string.
+  void string(std::string_view s) { out_ << '"' << json_escape(s) << '"'; }
 
   std::ostream& out_;
   std::vector<bool> first_;
