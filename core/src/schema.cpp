@@ -1,8 +1,9 @@
 #include "kreg/schema.hpp"
 
 #include <cctype>
-#include <charconv>
-#include <cstdlib>
+
+#include "kreg/parse_number.hpp"
+#include "kreg/text.hpp"
 
 namespace kreg {
 
@@ -89,6 +90,10 @@ class SchemaParser {
 
   Result<Signature> parse() {
     Signature sig;
+    if (t_.size() > kMaxSignatureBytes) {
+      return fail("longer than " + std::to_string(kMaxSignatureBytes) + " bytes (" +
+                  std::to_string(t_.size()) + ")");
+    }
     sig.text = std::string(t_);
     if (!ident(&sig.name)) return error("an op name");
     if (!expect('(')) return error("'(' after the op name");
@@ -103,6 +108,9 @@ class SchemaParser {
           if (q.name == p.name) return fail("duplicate parameter name '" + p.name + "'");
         }
         if (p.kind == ArgKind::kTensor) {
+          if (sig.num_tensors == kMaxTensors) {
+            return fail("more than " + std::to_string(kMaxTensors) + " tensors (the core's limit)");
+          }
           if (!p.optional) {
             bound.resize(sig.symbols.size());
             for (const DimExpr& d : p.dims) {
@@ -111,6 +119,10 @@ class SchemaParser {
           }
           ++sig.num_tensors;
         } else {
+          if (sig.num_attrs == kMaxAttrs) {
+            return fail("more than " + std::to_string(kMaxAttrs) +
+                        " attributes (the core's limit)");
+          }
           ++sig.num_attrs;
         }
         sig.params.push_back(std::move(p));
@@ -172,6 +184,10 @@ class SchemaParser {
       if (accept('[')) {
         p->ranked = true;
         do {
+          if (p->dims.size() == static_cast<size_t>(kMaxRank)) {
+            return fail("more than " + std::to_string(kMaxRank) +
+                        " dimensions in one tensor (the core's limit)");
+          }
           DimExpr d;
           Status st = dim(sig, &d);
           if (!st.ok()) return st;
@@ -200,16 +216,19 @@ class SchemaParser {
 
   Status dim(Signature& sig, DimExpr* d) {
     skip_ws();
-    int64_t n = 0;
-    bool have_number = number(&n);
-    if (have_number && !accept('*')) {
-      if (n < 0) return fail("a dimension cannot be negative");
-      d->literal = n;
+    if (pos_ < t_.size() && t_[pos_] == '-') return fail("a dimension cannot be negative");
+    const size_t start = pos_;
+    std::string_view digits = number();
+    if (!digits.empty() && !accept('*')) {
+      auto n = parse_int(digits, "dimension", 0);
+      if (!n) return fail_at(start, n.status().message());
+      d->literal = *n;
       return OkStatus();
     }
-    if (have_number) {
-      if (n <= 0) return fail("a dimension coefficient must be positive");
-      d->coef = static_cast<int32_t>(n);
+    if (!digits.empty()) {
+      auto n = parse_int(digits, "dimension coefficient", 1, INT32_MAX);
+      if (!n) return fail_at(start, n.status().message());
+      d->coef = static_cast<int32_t>(*n);
     }
     std::string name;
     if (!ident(&name)) return error("a dimension (a number, a name or N*name)");
@@ -218,6 +237,10 @@ class SchemaParser {
       if (sig.symbols[i] == name) idx = static_cast<int>(i);
     }
     if (idx < 0) {
+      if (sig.symbols.size() == static_cast<size_t>(kMaxSymbols)) {
+        return fail("more than " + std::to_string(kMaxSymbols) +
+                    " dimension names (the core's limit)");
+      }
       idx = static_cast<int>(sig.symbols.size());
       sig.symbols.push_back(name);
     }
@@ -238,6 +261,10 @@ class SchemaParser {
       size_t end = t_.find('"', pos_);
       if (end == std::string_view::npos) return fail("unterminated string default");
       p->default_text = std::string(t_.substr(pos_, end - pos_));
+      // The kernel gets a C string: a NUL would silently cut the default short.
+      if (p->default_text.find('\0') != std::string::npos) {
+        return fail("string default of '" + p->name + "' contains a NUL byte");
+      }
       pos_ = end + 1;
       return OkStatus();
     }
@@ -253,22 +280,17 @@ class SchemaParser {
       } else if (s == "false" || s == "False") {
         p->default_value.value.i = 0;
       } else {
-        return fail("bool default must be true or false, got '" + s + "'");
+        return fail_at(start, "default of bool '" + p->name + "' must be true or false, got '" +
+                    excerpt(s, 40) + "'");
       }
     } else if (p->kind == ArgKind::kInt) {
-      int64_t v = 0;
-      auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-      if (ec != std::errc() || ptr != s.data() + s.size()) {
-        return fail("int default '" + s + "' is not an integer");
-      }
-      p->default_value.value.i = v;
+      auto v = parse_int(s, "default of int '" + p->name + "'");
+      if (!v) return fail_at(start, v.status().message());
+      p->default_value.value.i = *v;
     } else {
-      char* end = nullptr;
-      double v = std::strtod(s.c_str(), &end);
-      if (s.empty() || end != s.c_str() + s.size()) {
-        return fail("float default '" + s + "' is not a number");
-      }
-      p->default_value.value.f = v;
+      auto v = parse_float(s, "default of float '" + p->name + "'");
+      if (!v) return fail_at(start, v.status().message());
+      p->default_value.value.f = *v;
     }
     return OkStatus();
   }
@@ -300,25 +322,21 @@ class SchemaParser {
     *out = std::string(t_.substr(start, pos_ - start));
     return !out->empty();
   }
-  bool number(int64_t* out) {
+  // The digits at the cursor (consumed), or empty. Range and meaning: parse_int.
+  std::string_view number() {
     skip_ws();
-    size_t start = pos_;
-    if (pos_ < t_.size() && t_[pos_] == '-') ++pos_;
+    const size_t start = pos_;
     while (pos_ < t_.size() && std::isdigit(static_cast<unsigned char>(t_[pos_]))) ++pos_;
-    if (pos_ == start || (pos_ == start + 1 && t_[start] == '-')) {
-      pos_ = start;
-      return false;
-    }
-    std::from_chars(t_.data() + start, t_.data() + pos_, *out);
-    return true;
+    return t_.substr(start, pos_ - start);
   }
 
-  Status fail(const std::string& what) const {
-    return Status(KREG_INVALID_ARGUMENT, "signature '" + std::string(t_) + "': column " +
-                                             std::to_string(pos_ + 1) + ": " + what);
+  Status fail(const std::string& what) const { return fail_at(pos_, what); }
+  Status fail_at(size_t pos, const std::string& what) const {
+    return Status(KREG_INVALID_ARGUMENT, "signature '" + excerpt(t_, 400) + "': column " +
+                                             std::to_string(pos + 1) + ": " + what);
   }
   Status error(const std::string& expected) const {
-    std::string found = pos_ < t_.size() ? "'" + std::string(1, t_[pos_]) + "'" : "the end";
+    std::string found = pos_ < t_.size() ? "'" + escape_control(t_.substr(pos_, 1)) + "'" : "the end";
     return fail("expected " + expected + ", found " + found);
   }
 

@@ -65,9 +65,6 @@ std::string device_type_name(int32_t device_type);  // "cpu", "cuda", ...
 // device kind, min <= max), and the core's limits (at most kMaxTensors tensors ...).
 Result<KernelSpec> make_kernel_spec(const kreg_kernel_desc& desc, const Provenance& provenance);
 
-inline constexpr int kMaxTensors = 16;
-inline constexpr int kMaxAttrs = 16;
-inline constexpr int kMaxRank = 8;
-inline constexpr int kMaxSymbols = 16;
+// kMaxTensors, kMaxAttrs, kMaxRank, kMaxSymbols: schema.hpp (the parser enforces them).
 
 }  // namespace kreg

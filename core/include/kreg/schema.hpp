@@ -26,6 +26,7 @@
 // the first tensor, which decides the call's device.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -37,6 +38,15 @@
 #include "kreg/status.hpp"
 
 namespace kreg {
+
+// The core's limits, enforced by parse_signature (every Signature it returns fits the
+// check plan's fixed arrays). Dimension literals are at most INT64_MAX, coefficients in
+// [1, INT32_MAX].
+inline constexpr int kMaxTensors = 16;
+inline constexpr int kMaxAttrs = 16;
+inline constexpr int kMaxRank = 8;
+inline constexpr int kMaxSymbols = 16;
+inline constexpr size_t kMaxSignatureBytes = 4096;
 
 enum class ArgKind : uint8_t { kTensor, kInt, kFloat, kBool, kString };
 std::string_view arg_kind_name(ArgKind k);  // "Tensor", "int", "float", "bool", "str"
