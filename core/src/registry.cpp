@@ -207,6 +207,11 @@ CheckResult CheckPlan::diagnose(std::span<DLTensor* const> t, std::span<const kr
       }
     }
     const TensorRule& r = tensors[i];
+    // Before anything reads the shape: a caller's ndim and shape pointer are not trusted.
+    if (static_cast<uint32_t>(x->ndim) > static_cast<uint32_t>(kMaxCallNdim) ||
+        (x->ndim > 0 && x->shape == nullptr)) {
+      return {CheckFailure::kBadShape, arg};
+    }
     if (r.dtypes == 0) {
       const uint32_t code = pack_dtype(x->dtype);
       if (shared == 0) {
@@ -220,8 +225,12 @@ CheckResult CheckPlan::diagnose(std::span<DLTensor* const> t, std::span<const kr
       auto d = from_dl(x->dtype);
       if (!d || !(r.dtypes & mask_of(*d))) return {CheckFailure::kDType, arg};
     }
+    if (r.ndim >= 0 && x->ndim != r.ndim) return {CheckFailure::kRank, arg};
+    const int bad = check_extents(x->shape, x->ndim, dl_item_bytes(x->dtype.bits, x->dtype.lanes),
+                                  nullptr);
+    if (bad >= 0) return {CheckFailure::kNegativeDim, arg, static_cast<int8_t>(bad)};
+    if (bad == kShapeTooLarge) return {CheckFailure::kTooLarge, arg};
     if (r.ndim >= 0) {
-      if (x->ndim != r.ndim) return {CheckFailure::kRank, arg};
       for (int k = 0; k < r.ndim; ++k) {
         const DimExpr& e = r.dims[k];
         int64_t v = x->shape[k];
@@ -229,6 +238,7 @@ CheckResult CheckPlan::diagnose(std::span<DLTensor* const> t, std::span<const kr
           if (v != e.literal) return {CheckFailure::kDim, arg, static_cast<int8_t>(k)};
           continue;
         }
+        // e.coef is in [1, INT32_MAX] (the schema's range): no division by zero.
         if (e.coef != 1) {
           if (v % e.coef != 0) {
             return {CheckFailure::kDimDivisible, arg, static_cast<int8_t>(k)};
@@ -327,6 +337,20 @@ Status KernelHandle::explain(const detail::CheckResult& r, std::span<DLTensor* c
       return fail(arg_name(i) + " has rank " + std::to_string(tensors[i]->ndim) + " " +
                   shape_string(*tensors[i]) + ", expected rank " +
                   std::to_string(plan.tensors[i].ndim) + " " + sig.shape_name(sig.tensor(i)));
+    case CheckFailure::kBadShape:
+      return fail(arg_name(i) + (tensors[i]->ndim > 0 && tensors[i]->shape == nullptr
+                                     ? " has ndim " + std::to_string(tensors[i]->ndim) +
+                                           " but a null shape"
+                                     : " has ndim " + std::to_string(tensors[i]->ndim) +
+                                           ", outside [0, " + std::to_string(detail::kMaxCallNdim) +
+                                           "]"));
+    case CheckFailure::kNegativeDim:
+      return fail(arg_name(i) + " has shape " + shape_string(*tensors[i]) + ": dim " +
+                  std::to_string(r.dim) + " is negative");
+    case CheckFailure::kTooLarge:
+      return fail(arg_name(i) + " has shape " + shape_string(*tensors[i]) + " of " +
+                  describe_dl(tensors[i]->dtype) +
+                  ": its size in bytes overflows int64 (at most 9223372036854775807 bytes)");
     case CheckFailure::kDimDivisible: {
       const DimExpr& e = plan.tensors[i].dims[r.dim];
       return fail(arg_name(i) + " dim " + std::to_string(r.dim) + " (" + sig.dim_name(e) + ") is " +
@@ -342,6 +366,7 @@ Status KernelHandle::explain(const detail::CheckResult& r, std::span<DLTensor* c
       }
       // Find where the symbol was bound first, to name both sides.
       for (int j = 0; j <= i; ++j) {
+        if (tensors[j] == nullptr) continue;  // an omitted optional tensor binds nothing
         for (int k = 0; k < plan.tensors[j].ndim; ++k) {
           const DimExpr& f = plan.tensors[j].dims[k];
           if (f.symbol != e.symbol) continue;

@@ -341,6 +341,149 @@ TEST_F(CheckTest, NamedAttributes) {
   EXPECT_NE(wrong.status().message().find("attribute 'k' must be int"), std::string::npos);
 }
 
+// ---- call-time shape checks: a caller's DLTensor is not trusted ----
+
+// A tensor header with no data behind it: the checks must refuse it before anything
+// would touch memory, and the kernels these tests bind never read their data.
+struct Header {
+  explicit Header(std::vector<int64_t> shape, DLDataType dt = {kDLFloat, 32, 1})
+      : shape_(std::move(shape)) {
+    t.device = {kDLCPU, 0};
+    t.ndim = static_cast<int32_t>(shape_.size());
+    t.dtype = dt;
+    t.shape = shape_.data();
+  }
+  DLTensor t{};
+  std::vector<int64_t> shape_;
+};
+
+TEST_F(CheckTest, NegativeExtentsAreRefusedNamingTheArgument) {
+  Header x({4, -6}), w({-3}), out({4, -3});
+  Status st = call({&x.t, &w.t, &out.t});
+  EXPECT_EQ(st.code(), KREG_INVALID_ARGUMENT);
+  EXPECT_NE(st.message().find("argument 'x' (tensor 1 of 3) has shape [4,-6]: dim 1 is negative"),
+            std::string::npos)
+      << st.message();
+  Header x2({4, 6}), w2({3}), out2({-4, 3});
+  st = call({&x2.t, &w2.t, &out2.t});
+  EXPECT_NE(st.message().find("argument 'out' (tensor 3 of 3) has shape [-4,3]: dim 0 is negative"),
+            std::string::npos)
+      << st.message();
+}
+
+TEST_F(CheckTest, SizesOverflowingInt64AreRefused) {
+  // 2^31 * 2^31 elements fit int64, times 4 bytes they do not.
+  const int64_t k = int64_t{1} << 31;
+  Header x({k, 2 * k}), w({k}), out({k, k});
+  Status st = call({&x.t, &w.t, &out.t});
+  EXPECT_NE(st.message().find("argument 'x' (tensor 1 of 3) has shape [2147483648,4294967296] of "
+                              "f32: its size in bytes overflows int64"),
+            std::string::npos)
+      << st.message();
+  // A zero extent does not hide the others: rows * cols still overflows in a kernel.
+  Header x0({0, int64_t{1} << 62}), w0({int64_t{1} << 61}), out0({0, int64_t{1} << 61});
+  st = call({&x0.t, &w0.t, &out0.t});
+  EXPECT_NE(st.message().find("argument 'x' (tensor 1 of 3) has shape [0,4611686018427387904]"),
+            std::string::npos)
+      << st.message();
+  Header huge({INT64_MAX, INT64_MAX}), hw({3}), ho({4, 3});
+  st = call({&huge.t, &hw.t, &ho.t});
+  EXPECT_NE(st.message().find("overflows int64"), std::string::npos) << st.message();
+}
+
+KernelStatus pair_kernel(Context&, const DLTensor&, const DLTensor&) { return kOk; }
+
+TEST_F(RegistryTest, DimensionProductsNeverOverflowOrDivideByZero) {
+  ASSERT_TRUE(reg.add(spec("g.coef", "cpu", bind<&pair_kernel>, 0,
+                           "coef(Tensor[N] a, Tensor[2147483647*N] b) -> ()", "u8"))
+                  .ok());
+  auto h = reg.resolve("g.coef", Target{DLDevice{kDLCPU, 0}, DType::kU8});
+  ASSERT_TRUE(h.ok()) << h.status().message();
+  const DLDataType u8{kDLUInt, 8, 1};
+  // N = 2^40 from a: b would need 2^40 * (2^31 - 1) elements, past int64.
+  Header a({int64_t{1} << 40}, u8), b({int64_t{2147483647} * 4}, u8);
+  DLTensor* args[] = {&a.t, &b.t};
+  Status st = h->call(args);
+  EXPECT_NE(st.message().find("argument 'b' (tensor 2 of 2) has shape [8589934588], expected "
+                              "[2147483647*N]: dim 0 (2147483647*N) is 8589934588, but N = "
+                              "1099511627776 from 'a' dim 0"),
+            std::string::npos)
+      << st.message();
+  Header a_ok({4}, u8);
+  DLTensor* ok_args[] = {&a_ok.t, &b.t};
+  EXPECT_TRUE(h->call(ok_args).ok());
+  Header odd({int64_t{2147483647} * 4 + 1}, u8);
+  DLTensor* odd_args[] = {&a_ok.t, &odd.t};
+  st = h->call(odd_args);
+  EXPECT_NE(st.message().find("not a multiple of 2147483647"), std::string::npos) << st.message();
+}
+
+TEST_F(RegistryTest, CoefficientsPastInt32AreRefusedAtRegistration) {
+  for (const char* sig : {"coef(Tensor[4294967296*N] a, Tensor[N] b) -> ()",
+                          "coef(Tensor[2147483649*N] a, Tensor[N] b) -> ()",
+                          "coef(Tensor[0*N] a, Tensor[N] b) -> ()",
+                          "coef(Tensor[99999999999999999999] a, Tensor[N] b) -> ()"}) {
+    kreg_kernel_desc d{};
+    d.struct_size = sizeof d;
+    d.op = "g.coef";
+    d.backend = "cpu";
+    d.caps = kCpu;
+    d.num_caps = 1;
+    d.signature = sig;
+    d.dtypes = "u8";
+    d.arg_kinds = bind<&pair_kernel>.arg_kinds;
+    d.fn = bind<&pair_kernel>.fn;
+    auto s = make_kernel_spec(d, Provenance{"g", "1", "", ""});
+    ASSERT_FALSE(s.ok()) << sig;
+    EXPECT_NE(s.status().message().find("is out of range"), std::string::npos)
+        << s.status().message();
+  }
+}
+
+KernelStatus any_rank(Context&, const DLTensor&, DLTensor&) { return kOk; }
+
+TEST_F(RegistryTest, UnreadableShapesAreRefusedBeforeTheyAreRead) {
+  ASSERT_TRUE(reg.add(spec("g.any", "cpu", bind<&any_rank>, 0,
+                           "any(Tensor x, Tensor(a!) out) -> ()", "f32"))
+                  .ok());
+  auto h = reg.resolve("g.any", Target{DLDevice{kDLCPU, 0}, DType::kF32});
+  ASSERT_TRUE(h.ok());
+  Header x({2, 3}), out({2, 3});
+  DLTensor* args[] = {&x.t, &out.t};
+  EXPECT_TRUE(h->call(args).ok());
+  x.t.ndim = -1;
+  Status st = h->call(args);
+  EXPECT_NE(st.message().find("argument 'x' (tensor 1 of 2) has ndim -1, outside [0, 64]"),
+            std::string::npos)
+      << st.message();
+  x.t.ndim = 1 << 30;  // two entries behind the pointer: ASan catches any read past them
+  st = h->call(args);
+  EXPECT_NE(st.message().find("has ndim 1073741824, outside [0, 64]"), std::string::npos)
+      << st.message();
+  x.t.ndim = 2;
+  x.t.shape = nullptr;
+  st = h->call(args);
+  EXPECT_NE(st.message().find("argument 'x' (tensor 1 of 2) has ndim 2 but a null shape"),
+            std::string::npos)
+      << st.message();
+  x.t.ndim = 0;  // a scalar needs no shape array
+  EXPECT_TRUE(h->call(args).ok());
+  // Resolution by arguments says the same, and never reads the bad shape either.
+  x.t.ndim = -5;
+  auto r = reg.resolve("g.any", args);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("has ndim -5"), std::string::npos) << r.status().message();
+}
+
+TEST_F(CheckTest, RankedTensorWithANullShape) {
+  Header x({4, 6}), w({3}), out({4, 3});
+  x.t.shape = nullptr;
+  Status st = call({&x.t, &w.t, &out.t});
+  EXPECT_NE(st.message().find("argument 'x' (tensor 1 of 3) has ndim 2 but a null shape"),
+            std::string::npos)
+      << st.message();
+}
+
 // out = x * alpha (+ bias when given): an optional tensor arrives as a pointer.
 KernelStatus scale_bias(Context&, const DLTensor& x, const DLTensor* bias, DLTensor& out,
                         double alpha) {

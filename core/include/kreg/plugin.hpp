@@ -21,20 +21,30 @@
 //   KREG_PLUGIN("layernorm", "0.1.0", kKernels);
 //
 // The core checks each call against the signature before the kernel runs (counts,
-// dtypes, ranks, named dimensions, device, contiguity), so decoding here trusts the frame
-// and costs a few loads. The binding also records which argument kinds the function
-// decodes (`arg_kinds`); the core refuses a registration whose signature disagrees.
+// dtypes, ranks, named dimensions, device, contiguity). The decoder still trusts nothing
+// structural in the frame it is given, since anything that can dlopen a plugin can call
+// it: counts against the function, null frame, tensor and attribute arrays, null required
+// tensors, attribute kinds, null strings, ints that do not fit an int32_t parameter,
+// floats past a float parameter's range, bools other than 0/1, and each tensor's ndim
+// (0..64), shape pointer, negative extents and byte size (checked_math.hpp). A bad frame
+// returns INVALID_ARGUMENT with a message naming the argument; the function is not
+// called. That is a few compares per argument and one multiply per dimension. The
+// binding also records which argument kinds the function decodes (`arg_kinds`); the
+// core refuses a registration whose signature disagrees.
 #pragma once
 
+#include <cmath>
 #include <cstdarg>
 #include <cstdint>
 #include <cstdio>
+#include <limits>
 #include <string_view>
 #include <tuple>
 #include <type_traits>
 #include <utility>
 
 #include "kreg/abi.h"
+#include "kreg/checked_math.hpp"
 
 namespace kreg {
 
@@ -73,6 +83,7 @@ class Context {
 
 // ---- Tensor access helpers (the core has validated dtype, rank and contiguity) ----
 
+// Cannot overflow for a tensor that reached a bound kernel: the decoder checked its size.
 inline int64_t numel(const DLTensor& t) {
   int64_t n = 1;
   for (int i = 0; i < t.ndim; ++i) n *= t.shape[i];
@@ -187,10 +198,125 @@ inline P decode(const kreg_call_frame* f, int idx) {
   }
 }
 
+// ---- Frame checks (before any parameter is decoded) ----
+
+inline constexpr int32_t kMaxFrameNdim = 64;
+
+[[gnu::format(printf, 2, 3)]] inline int32_t frame_error(kreg_error* err, const char* fmt, ...) {
+  if (err != nullptr && err->message != nullptr && err->capacity > 0) {
+    va_list args;
+    va_start(args, fmt);
+    std::vsnprintf(err->message, err->capacity, fmt, args);
+    va_end(args);
+  }
+  return KREG_INVALID_ARGUMENT;
+}
+
+template <size_t N>
+constexpr int count_tensors(const char (&kinds)[N]) {
+  int n = 0;
+  for (size_t j = 0; j + 1 < N; ++j) n += (kinds[j] == 'T' || kinds[j] == 'O') ? 1 : 0;
+  return n;
+}
+
+inline int32_t check_tensor(const DLTensor* t, int idx, kreg_error* err) {
+  if (static_cast<uint32_t>(t->ndim) > static_cast<uint32_t>(kMaxFrameNdim)) {
+    return frame_error(err, "tensor %d has ndim %d, outside [0, %d]", idx, t->ndim,
+                       kMaxFrameNdim);
+  }
+  if (t->ndim > 0 && t->shape == nullptr) {
+    return frame_error(err, "tensor %d has ndim %d but a null shape", idx, t->ndim);
+  }
+  const int bad = check_extents(t->shape, t->ndim, dl_item_bytes(t->dtype.bits, t->dtype.lanes),
+                                nullptr);
+  if (bad >= 0) {
+    return frame_error(err, "tensor %d has a negative extent %lld in dim %d", idx,
+                       static_cast<long long>(t->shape[bad]), bad);
+  }
+  if (bad == kShapeTooLarge) {
+    return frame_error(err, "tensor %d is too large: its size in bytes overflows int64", idx);
+  }
+  return KREG_OK;
+}
+
+// One parameter of kind K and type P at index idx among the tensors or the attributes.
+template <typename P, char K>
+inline int32_t check_param(const kreg_call_frame* f, int idx, kreg_error* err) {
+  if constexpr (K == 'T' || K == 'O') {
+    const DLTensor* t = f->tensors[idx];
+    if (t == nullptr) {
+      if constexpr (K == 'O') return KREG_OK;
+      return frame_error(err, "tensor %d is null (not an optional tensor)", idx);
+    }
+    return check_tensor(t, idx, err);
+  } else {
+    const kreg_attr& a = f->attrs[idx];
+    constexpr int32_t want = K == 'i'   ? KREG_ATTR_INT
+                             : K == 'f' ? KREG_ATTR_FLOAT
+                             : K == 'b' ? KREG_ATTR_BOOL
+                                        : KREG_ATTR_STRING;
+    if (a.type != want) {
+      return frame_error(err, "attribute %d has type %d, the function takes type %d", idx, a.type,
+                         want);
+    }
+    if constexpr (K == 'i' && sizeof(P) < sizeof(int64_t)) {
+      if (a.value.i < std::numeric_limits<P>::min() || a.value.i > std::numeric_limits<P>::max()) {
+        return frame_error(err, "attribute %d: %lld does not fit the function's %d-bit int", idx,
+                           static_cast<long long>(a.value.i), static_cast<int>(8 * sizeof(P)));
+      }
+    } else if constexpr (K == 'f' && sizeof(P) < sizeof(double)) {
+      // Converting a finite double past the float range is undefined; inf and nan convert.
+      const double v = a.value.f;
+      if (std::isfinite(v) && std::fabs(v) > static_cast<double>(std::numeric_limits<P>::max())) {
+        return frame_error(err, "attribute %d: %g is outside the function's float range", idx, v);
+      }
+    } else if constexpr (K == 'b') {
+      if (a.value.i != 0 && a.value.i != 1) {
+        return frame_error(err, "attribute %d: bool value %lld is not 0 or 1", idx,
+                           static_cast<long long>(a.value.i));
+      }
+    } else if constexpr (K == 's') {
+      if (a.value.s == nullptr) return frame_error(err, "attribute %d is a null string", idx);
+    }
+    return KREG_OK;
+  }
+}
+
+template <typename Traits, size_t... I>
+inline int32_t check_frame(const kreg_call_frame* f, kreg_error* err, std::index_sequence<I...>) {
+  using Params = typename Traits::Params;
+  constexpr int tensors = count_tensors(Traits::kinds);
+  constexpr int attrs = static_cast<int>(Traits::arity) - tensors;
+  if (f == nullptr) return frame_error(err, "null call frame");
+  if (f->struct_size < sizeof(kreg_call_frame)) {
+    return frame_error(err, "call frame too small (struct_size %zu, expected %zu)", f->struct_size,
+                       sizeof(kreg_call_frame));
+  }
+  if (f->num_tensors != tensors || f->num_attrs != attrs) {
+    return frame_error(err, "frame has %d tensors and %d attributes, the function takes %d and %d",
+                       f->num_tensors, f->num_attrs, tensors, attrs);
+  }
+  if constexpr (tensors > 0) {
+    if (f->tensors == nullptr) return frame_error(err, "null tensor array");
+  }
+  if constexpr (attrs > 0) {
+    if (f->attrs == nullptr) return frame_error(err, "null attribute array");
+  }
+  int32_t rc = KREG_OK;
+  (void)((rc = check_param<std::remove_cv_t<std::remove_reference_t<std::tuple_element_t<I, Params>>>,
+                           Traits::kinds[I]>(f, index_among<I>(Traits::kinds), err),
+          rc == KREG_OK) &&
+         ...);
+  return rc;
+}
+
 template <auto Fn, size_t... I>
-inline int32_t invoke(const kreg_call_frame* f, kreg_error* err, std::index_sequence<I...>) {
+inline int32_t invoke(const kreg_call_frame* f, kreg_error* err, std::index_sequence<I...> seq) {
   using Traits = FnTraits<decltype(Fn)>;
   using Params = typename Traits::Params;
+  if (const int32_t rc = check_frame<Traits>(f, err, seq); rc != KREG_OK) [[unlikely]] {
+    return rc;
+  }
   Context ctx(f->stream, err);
   return Fn(ctx, decode<std::tuple_element_t<I, Params>, Traits::kinds[I]>(
                      f, index_among<I>(Traits::kinds))...)

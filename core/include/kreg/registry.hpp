@@ -38,6 +38,7 @@
 
 #include "kreg/abi.h"
 #include "kreg/backend.hpp"
+#include "kreg/checked_math.hpp"
 #include "kreg/kernel_spec.hpp"
 #include "kreg/manifest.hpp"
 #include "kreg/plugin_library.hpp"
@@ -60,6 +61,9 @@ enum class CheckFailure : uint8_t {
   kDType,
   kSharedDType,
   kRank,
+  kBadShape,    // ndim negative or above kMaxCallNdim, or a null shape with ndim > 0
+  kNegativeDim,
+  kTooLarge,    // elements * itemsize overflows int64
   kDim,
   kDimDivisible,
   kContiguous,
@@ -71,6 +75,10 @@ struct CheckResult {
   int8_t arg = -1;  // tensor or attribute index
   int8_t dim = -1;
 };
+
+// The most dimensions a tensor of any-rank parameter ('Tensor x') may have: the core
+// reads ndim shape entries and trusts nothing more about a caller's DLTensor.
+inline constexpr int32_t kMaxCallNdim = 64;
 
 struct TensorRule {
   int8_t ndim = -1;      // -1: any rank
@@ -249,6 +257,28 @@ inline bool strides_row_major(const DLTensor& x) {
   return true;
 }
 
+// A caller's shape is readable and sane: 0 <= ndim <= kMaxCallNdim, a shape array when
+// ndim > 0, no negative extent, and the byte size (zero extents counted as one) fits in
+// int64. Every later check and every kernel may then multiply extents freely.
+inline bool shape_sane(const DLTensor& x) {
+  if (static_cast<uint32_t>(x.ndim) > static_cast<uint32_t>(kMaxCallNdim)) return false;
+  if (x.ndim > 0 && x.shape == nullptr) return false;
+  return check_extents(x.shape, x.ndim, dl_item_bytes(x.dtype.bits, x.dtype.lanes), nullptr) ==
+         kShapeOk;
+}
+
+// One repeated use of a dimension symbol against its first use: shape == (first / cb) * ca
+// (the divisor check rejects a first use cb does not divide). Never overflows: a product
+// past int64 cannot equal an extent.
+inline bool dim_pair_matches(const DimPair& p, std::span<DLTensor* const> t) {
+  const int64_t a = t[p.ta]->shape[p.da];
+  if (p.tb == DimPair::kLiteral) return a == p.literal;
+  int64_t n = t[p.tb]->shape[p.db];
+  if (p.cb != 1) n /= p.cb;
+  int64_t want;
+  return checked_mul(n, p.ca, &want) && a == want;
+}
+
 inline bool CheckPlan::accepts(std::span<DLTensor* const> t, std::span<const kreg_attr> a) const {
   const size_t n = t.size();
   if (n != static_cast<size_t>(num_tensors) || a.size() > static_cast<size_t>(num_attrs) ||
@@ -301,22 +331,18 @@ inline bool CheckPlan::accepts(std::span<DLTensor* const> t, std::span<const kre
           return false;
         }
       }
+      if (!shape_sane(*x)) [[unlikely]]
+        return false;
       if (x->strides != nullptr && !strides_row_major(*x)) [[unlikely]]
         return false;
     }
     for (int i = 0; i < num_pairs; ++i) {
-      const DimPair& p = pairs[i];
-      const int64_t lhs = t[p.ta]->shape[p.da] * p.cb;
-      const int64_t rhs = p.tb == DimPair::kLiteral ? p.literal : t[p.tb]->shape[p.db] * p.ca;
-      if (lhs != rhs) [[unlikely]]
+      if (!dim_pair_matches(pairs[i], t)) [[unlikely]]
         return false;
     }
     for (int i = num_pairs; i < num_pairs + num_opt_pairs; ++i) {
-      const DimPair& p = pairs[i];
-      if (t[p.ta] == nullptr) continue;
-      const int64_t lhs = t[p.ta]->shape[p.da] * p.cb;
-      const int64_t rhs = p.tb == DimPair::kLiteral ? p.literal : t[p.tb]->shape[p.db] * p.ca;
-      if (lhs != rhs) [[unlikely]]
+      if (t[pairs[i].ta] == nullptr) continue;
+      if (!dim_pair_matches(pairs[i], t)) [[unlikely]]
         return false;
     }
     for (int i = 0; i < num_divisors; ++i) {
