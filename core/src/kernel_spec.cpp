@@ -1,10 +1,39 @@
 #include "kreg/kernel_spec.hpp"
 
+#include <cstring>
+#include <optional>
+#include <tuple>
+
 #include "kreg/backend.hpp"
+#include "kreg/text.hpp"
 
 namespace kreg {
 
 namespace {
+// Longest accepted value of each string field of a kernel record. A record's strings are
+// read at most this far (plus one byte, to tell "too long" from "ends here"), so a string
+// without a NUL costs a bounded read; PluginLibrary has checked that a plugin's strings
+// end inside its own segments.
+constexpr size_t kMaxOpBytes = 128;
+constexpr size_t kMaxBackendBytes = 32;
+constexpr size_t kMaxDtypesBytes = 256;
+constexpr size_t kMaxArgKindsBytes = 64;
+constexpr size_t kMaxDescriptionBytes = 4096;
+constexpr size_t kMaxSourceFileBytes = 1024;
+
+std::string_view bounded(const char* p, size_t cap) {
+  return p == nullptr ? std::string_view() : std::string_view(p, ::strnlen(p, cap + 1));
+}
+
+// The first control byte (C0 or DEL) in `s`, for fields a person or a tool reads as a name.
+std::optional<size_t> control_byte(std::string_view s) {
+  for (size_t i = 0; i < s.size(); ++i) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c < 0x20 || c == 0x7f) return i;
+  }
+  return std::nullopt;
+}
+
 bool is_snake(std::string_view s) {
   if (s.empty() || !(s[0] >= 'a' && s[0] <= 'z')) return false;
   for (char c : s) {
@@ -94,9 +123,11 @@ bool KernelSpec::same_registration(const KernelSpec& o) const {
 }
 
 Result<KernelSpec> make_kernel_spec(const kreg_kernel_desc& d, const Provenance& prov) {
+  const std::string_view op_text = bounded(d.op, kMaxOpBytes);
+  const std::string_view backend_text = bounded(d.backend, kMaxBackendBytes);
   auto fail = [&](const std::string& what) {
-    std::string op = d.op ? d.op : "<null op>";
-    std::string backend = d.backend ? d.backend : "?";
+    std::string op = d.op ? excerpt(op_text) : "<null op>";
+    std::string backend = d.backend ? excerpt(backend_text, 40) : "?";
     return Status(KREG_INVALID_ARGUMENT, "kernel '" + op + "' (backend " + backend + ", group " +
                                              prov.group + "): " + what);
   };
@@ -104,18 +135,51 @@ Result<KernelSpec> make_kernel_spec(const kreg_kernel_desc& d, const Provenance&
     return fail("kernel descriptor too small (struct_size " + std::to_string(d.struct_size) + ")");
   }
   if (d.op == nullptr || d.backend == nullptr || d.signature == nullptr || d.fn == nullptr) {
-    return fail("op, backend, signature and fn are required");
+    std::string missing;
+    for (const auto& [name, null] : {std::pair<const char*, bool>{"op", d.op == nullptr},
+                                     {"backend", d.backend == nullptr},
+                                     {"signature", d.signature == nullptr},
+                                     {"fn", d.fn == nullptr}}) {
+      if (null) missing += (missing.empty() ? "" : ", ") + std::string(name);
+    }
+    return fail("op, backend, signature and fn are required (NULL: " + missing + ")");
+  }
+  const std::string_view sig_text = bounded(d.signature, kMaxSignatureBytes);
+  const std::string_view dtypes_text = bounded(d.dtypes, kMaxDtypesBytes);
+  const std::string_view kinds_text = bounded(d.arg_kinds, kMaxArgKindsBytes);
+  const std::string_view desc_text = bounded(d.description, kMaxDescriptionBytes);
+  const std::string_view source_text = bounded(d.source_file, kMaxSourceFileBytes);
+  for (const auto& [field, text, cap] :
+       {std::tuple<const char*, std::string_view, size_t>{"op", op_text, kMaxOpBytes},
+        {"backend", backend_text, kMaxBackendBytes},
+        {"signature", sig_text, kMaxSignatureBytes},
+        {"dtypes", dtypes_text, kMaxDtypesBytes},
+        {"arg_kinds", kinds_text, kMaxArgKindsBytes},
+        {"description", desc_text, kMaxDescriptionBytes},
+        {"source_file", source_text, kMaxSourceFileBytes}}) {
+    if (text.size() > cap) {
+      return fail(std::string(field) + " is longer than " + std::to_string(cap) + " bytes");
+    }
+    // Free text (the description) may hold anything printable; a name may not hold a
+    // control character, which would forge or break the lines that show it.
+    if (std::string_view(field) == "description") continue;
+    if (auto at = control_byte(text)) {
+      return fail(std::string(field) + " \"" + excerpt(text) + "\" has a control character at byte " +
+                  std::to_string(*at));
+    }
   }
   KernelSpec s;
-  s.op = d.op;
-  s.backend = d.backend;
+  s.op = op_text;
+  s.backend = backend_text;
   if (!is_valid_op_id(s.op)) return fail("op id must be '<group>.<name>' in snake_case");
   if (s.group() != prov.group) {
     return fail("op belongs to group '" + std::string(s.group()) + "', but the plugin is group '" +
                 prov.group + "'");
   }
   const KernelBackend* backend = find_backend(s.backend);
-  if (backend == nullptr) return fail("unknown backend '" + s.backend + "' (known: cpu, cuda)");
+  if (backend == nullptr) {
+    return fail("unknown backend '" + excerpt(s.backend, 40) + "' (known: cpu, cuda)");
+  }
   if (d.num_caps == 0 || d.caps == nullptr) return fail("no capabilities");
   for (uint32_t i = 0; i < d.num_caps; ++i) {
     Capability c{d.caps[i].device_type, d.caps[i].sm_min, d.caps[i].sm_max};
@@ -131,14 +195,14 @@ Result<KernelSpec> make_kernel_spec(const kreg_kernel_desc& d, const Provenance&
     }
     s.capabilities.push_back(c);
   }
-  auto sig = parse_signature(d.signature);
+  auto sig = parse_signature(sig_text);
   if (!sig) return fail(sig.status().message());
   s.signature = std::move(sig).value();
   std::string want = s.signature.arg_kinds();
-  std::string have = d.arg_kinds ? d.arg_kinds : "";
+  std::string have(kinds_text);
   if (want != have) {
     return fail("signature declares argument kinds '" + want + "' but the bound function takes '" +
-                have +
+                excerpt(have) +
                 "' (T tensor, O optional tensor as a pointer, i int, f float, b bool, s str)");
   }
   if (s.signature.name != s.name()) {
@@ -157,17 +221,17 @@ Result<KernelSpec> make_kernel_spec(const kreg_kernel_desc& d, const Provenance&
     if (p.kind == ArgKind::kTensor && p.dtypes == 0) uses_shared = true;
   }
   std::string bad;
-  auto dtypes = parse_dtype_set(d.dtypes ? d.dtypes : "", &bad);
-  if (!dtypes) return fail("unknown dtype '" + bad + "' in dtypes");
+  auto dtypes = parse_dtype_set(dtypes_text, &bad);
+  if (!dtypes) return fail("unknown dtype '" + excerpt(bad, 40) + "' in dtypes");
   s.dtypes = *dtypes;
   if (uses_shared && s.dtypes == 0) {
     return fail("tensors without an explicit <dtype> need the implementation's dtypes set");
   }
   s.traits = d.traits;
   s.priority = d.priority;
-  s.description = d.description ? d.description : "";
+  s.description = desc_text;
   s.provenance = prov;
-  s.provenance.source_file = d.source_file ? d.source_file : "";
+  s.provenance.source_file = source_text;
   s.fn = d.fn;
   return s;
 }

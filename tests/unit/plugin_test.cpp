@@ -158,6 +158,103 @@ TEST(Plugin, RefusesFilesThatAreNotSharedObjects) {
   EXPECT_EQ(d.status().code(), KREG_NOT_FOUND);
 }
 
+// ---- Descriptors and hooks read defensively (fixtures/plugins/bad_descriptor.cpp) ----
+
+std::string open_error(const std::string& fixture, PluginLibrary::Stage* stage = nullptr) {
+  auto lib = PluginLibrary::open(test_plugin(fixture), {"testgrp", std::nullopt}, stage);
+  EXPECT_FALSE(lib.ok()) << fixture << " was accepted";
+  if (lib.ok()) return "";
+  EXPECT_NE(lib.status().message().find(test_plugin(fixture).string()), std::string::npos)
+      << lib.status().message();
+  return lib.status().message();
+}
+
+bool has(const std::string& haystack, const std::string& needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+TEST(PluginDescriptor, NullGroupAndNullVersionAreNamedApart) {
+  PluginLibrary::Stage stage;
+  std::string m = open_error("bad_null_group", &stage);
+  EXPECT_TRUE(has(m, ": the descriptor's group is NULL")) << m;
+  EXPECT_EQ(stage, PluginLibrary::Stage::kGroup);
+  m = open_error("bad_null_version", &stage);
+  EXPECT_TRUE(has(m, ": the descriptor's version is NULL")) << m;
+  EXPECT_EQ(stage, PluginLibrary::Stage::kVersion);
+}
+
+TEST(PluginDescriptor, GroupWithControlCharactersIsRefusedEscaped) {
+  const std::string m = open_error("bad_control_group");
+  EXPECT_TRUE(has(m, "the descriptor's group \"testgrp\\n\\x1b[31mok\" has a space, control or "
+                     "non-ASCII byte at 7"))
+      << m;
+  EXPECT_FALSE(has(m, "\n")) << "a raw newline from the plugin";
+  EXPECT_FALSE(has(m, "\x1b")) << "a raw escape from the plugin";
+}
+
+TEST(PluginDescriptor, ShortKernelTableWithAHugeCountIsRefused) {
+  const std::string m = open_error("bad_short_table");
+  EXPECT_TRUE(has(m, "kernel table of 1000 records (" +
+                         std::to_string(1000 * sizeof(kreg_kernel_desc)) +
+                         " bytes) extends past the library's data segment"))
+      << m;
+}
+
+TEST(PluginDescriptor, PointersOutsideTheLibraryAreRefused) {
+  std::string m = open_error("bad_heap_descriptor");
+  EXPECT_TRUE(has(m, ": descriptor at 0x")) << m;
+  EXPECT_TRUE(has(m, "is outside the library's loaded segments")) << m;
+  m = open_error("bad_heap_string");
+  EXPECT_TRUE(has(m, ": kernel record 1: its description points to 0x")) << m;
+  EXPECT_TRUE(has(m, ", outside the library's loaded segments")) << m;
+}
+
+Status init_of(const std::string& fixture) {
+  auto lib = PluginLibrary::open(test_plugin(fixture), {"testgrp", std::nullopt});
+  EXPECT_TRUE(lib.ok()) << lib.status().message();
+  if (!lib.ok()) return lib.status();
+  return (*lib)->init();
+}
+
+TEST(PluginDescriptor, InitHookFailures) {
+  Status st = init_of("bad_init_no_message");
+  EXPECT_EQ(st.code(), KREG_UNAVAILABLE);
+  EXPECT_EQ(st.message(), "plugin 'testgrp': init hook returned UNAVAILABLE without a message");
+
+  st = init_of("bad_init_unterminated");
+  EXPECT_EQ(st.code(), KREG_INTERNAL);
+  EXPECT_EQ(st.message(), "plugin 'testgrp': init hook failed: " + std::string(512, 'x') +
+                              " [the message fills its 512-byte buffer without a terminating "
+                              "NUL]");
+
+  st = init_of("bad_init_odd_code");
+  EXPECT_EQ(st.code(), KREG_UNKNOWN);
+  EXPECT_EQ(st.message(),
+            "plugin 'testgrp': init hook failed: the table is odd (it returned status 77, which "
+            "is not a canonical (abseil) code)");
+}
+
+TEST(PluginDescriptor, KernelMessageWithoutANulIsReadOnlyToItsBuffer) {
+  auto reg = Registry::open(manifest_for({{"testgrp", test_plugin("bad_kernel_unterminated")}}));
+  ASSERT_TRUE(reg.ok()) << reg.status().message();
+  float in[4] = {1, 2, 3, 4};
+  int64_t shape[1] = {4};
+  DLTensor x{in, {kDLCPU, 0}, 1, {kDLFloat, 32, 1}, shape, nullptr, 0};
+  DLTensor* args[] = {&x};
+  const Status st = (*reg)->call("testgrp.blurt", args);
+  EXPECT_EQ(st.code(), KREG_INTERNAL);
+  EXPECT_EQ(st.message().substr(0, 21), "testgrp.blurt (cpu): ");
+  EXPECT_EQ(st.message().substr(21, 256), std::string(256, 'x'));
+  EXPECT_LT(st.message().size(), 21u + 256u + 100u) << st.message();
+}
+
+TEST(PluginDescriptor, StrippedPluginLoads) {
+  auto lib = PluginLibrary::open(test_plugin("testgrp_stripped"), {"testgrp", std::string("0.1.0")});
+  ASSERT_TRUE(lib.ok()) << lib.status().message();
+  EXPECT_EQ((*lib)->kernels().size(), 2u);
+  EXPECT_TRUE(check_entry_symbol(test_plugin("testgrp_stripped")).ok());
+}
+
 TEST(Plugin, AFailedGroupLeavesTheRegistryUsable) {
   Registry reg;
   GroupEntry good{"testgrp", "", test_plugin("testgrp")};
@@ -250,6 +347,11 @@ INSTANTIATE_TEST_SUITE_P(
                                    "does not export 'kreg_plugin_entry'"},
                       ValidateCase{"testgrp_v2", "plugin-version", "version 0.2.0 does not match"},
                       ValidateCase{"empty_group", "no-empty-groups", "registers no kernels"},
+                      ValidateCase{"entry_data", "library-loads",
+                                   "is STT_OBJECT (a data object), not a function"},
+                      ValidateCase{"bad_null_version", "plugin-version",
+                                   "the descriptor's version is NULL"},
+                      ValidateCase{"bad_short_table", "schema", "kernel table of 1000 records"},
                       ValidateCase{"missing", "library-present", "does not exist"}),
     [](const auto& info) { return std::string(info.param.plugin); });
 

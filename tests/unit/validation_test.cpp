@@ -15,6 +15,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -449,7 +450,11 @@ INSTANTIATE_TEST_SUITE_P(
                    "no-test-ops",
                    {"testgrp.test_noop", "test registration in a shipped plugin"}},
         PluginCase{"abi_major2", "abi-version", {"this core speaks ABI"}},
-        PluginCase{"no_entry", "library-loads", {"does not export 'kreg_plugin_entry'"}}),
+        PluginCase{"no_entry", "library-loads", {"does not export 'kreg_plugin_entry'"}},
+        PluginCase{"entry_data",
+                   "library-loads",
+                   {"its entry symbol 'kreg_plugin_entry' is STT_OBJECT (a data object), not a "
+                    "function"}}),
     [](const auto& info) { return std::string(info.param.plugin); });
 
 // ---- Broken files, written by the tests ----
@@ -564,6 +569,72 @@ TEST_F(BrokenFile, ThirtyTwoBitObject) {
   write_elf_header(lib(), ELFCLASS32, EM_386);
   expect_violation(validate(manifest()), "library-loads", "testgrp",
                    {lib().string() + " is a 32-bit ELF object"});
+}
+
+// A real plugin with bytes patched where the validator's own symbol scan reads: a wild
+// symbol name offset, a string table claiming 6 GB, a section count far past the file.
+// Each is a finding of library-loads naming the problem; none may crash the validator.
+void patch_testgrp(const fs::path& lib, const std::function<void(std::string&)>& patch) {
+  std::string b = read_file(test_plugin("testgrp"));
+  patch(b);
+  std::ofstream(lib, std::ios::binary | std::ios::trunc) << b;
+  fs::permissions(lib, fs::perms(0755));
+}
+
+template <typename T>
+T at(const std::string& b, uint64_t off) {
+  T v;
+  std::memcpy(&v, b.data() + off, sizeof v);
+  return v;
+}
+
+// Section `name`'s header offset in the ELF image `b`.
+uint64_t section_header(const std::string& b, const char* name) {
+  const auto eh = at<Elf64_Ehdr>(b, 0);
+  const auto names = at<Elf64_Shdr>(b, eh.e_shoff + eh.e_shstrndx * sizeof(Elf64_Shdr));
+  for (int i = 1; i < eh.e_shnum; ++i) {
+    const uint64_t h = eh.e_shoff + i * sizeof(Elf64_Shdr);
+    if (std::strcmp(b.data() + names.sh_offset + at<Elf64_Shdr>(b, h).sh_name, name) == 0) {
+      return h;
+    }
+  }
+  ADD_FAILURE() << "no section " << name;
+  return 0;
+}
+
+TEST_F(BrokenFile, HostileSymbolTables) {
+  t.dir("plugins");
+  patch_testgrp(lib(), [](std::string& b) {
+    const auto sym = at<Elf64_Shdr>(b, section_header(b, ".symtab"));
+    const uint32_t wild = 0x7ffffff0;
+    std::memcpy(b.data() + sym.sh_offset + sizeof(Elf64_Sym), &wild, sizeof wild);
+  });
+  expect_violation(validate(manifest()), "library-loads", "testgrp",
+                   {lib().string(), "(SHT_SYMTAB, .symtab) has name offset 2147483632"});
+
+  patch_testgrp(lib(), [](std::string& b) {
+    const uint64_t h = section_header(b, ".strtab");
+    const uint64_t six_gb = uint64_t{6} << 30;
+    std::memcpy(b.data() + h + offsetof(Elf64_Shdr, sh_size), &six_gb, sizeof six_gb);
+  });
+  expect_violation(validate(manifest()), "library-loads", "testgrp",
+                   {lib().string(), "(SHT_STRTAB, .strtab) claims 6442450944 bytes"});
+
+  patch_testgrp(lib(), [](std::string& b) {
+    const uint16_t many = 0xfeff;
+    std::memcpy(b.data() + offsetof(Elf64_Ehdr, e_shnum), &many, sizeof many);
+  });
+  expect_violation(validate(manifest()), "library-loads", "testgrp",
+                   {lib().string() + " is truncated: its section header table (65279 entries"});
+}
+
+TEST_F(BrokenFile, StrippedPluginPasses) {
+  t.dir("plugins");
+  fs::copy_file(test_plugin("testgrp_stripped"), lib());
+  fs::permissions(lib(), fs::perms(0755));
+  const ValidationReport r = validate(manifest());
+  EXPECT_TRUE(r.ok()) << dump(r);
+  EXPECT_TRUE(has_outcome(r, "library-loads", "testgrp"));
 }
 
 TEST_F(BrokenFile, WrongPin) {
@@ -884,6 +955,35 @@ TEST(Cli, ShippedRegistryExitsZeroInWellUnderASecond) {
                         "\"skipped\":false,\"note\":\"not pinned\"}"}) {
     EXPECT_TRUE(contains(json.out, s)) << s << " not in " << json.out;
   }
+}
+
+// The real binary on files that crashed or exhausted the old symbol scan: it reports and
+// exits 1, never dies of a signal.
+TEST(Cli, HostileElfFilesExitOne) {
+  TempTree t;
+  t.dir("plugins");
+  const fs::path wild = t.root() / "plugins" / "libkreg_wild.so";
+  patch_testgrp(wild, [](std::string& b) {
+    const auto sym = at<Elf64_Shdr>(b, section_header(b, ".symtab"));
+    const uint32_t name = 0xfffffff0;
+    for (uint64_t i = 1; i < sym.sh_size / sizeof(Elf64_Sym); ++i) {
+      std::memcpy(b.data() + sym.sh_offset + i * sizeof(Elf64_Sym), &name, sizeof name);
+    }
+  });
+  const fs::path huge = t.root() / "plugins" / "libkreg_huge.so";
+  patch_testgrp(huge, [](std::string& b) {
+    const uint64_t h = section_header(b, ".strtab");
+    const uint64_t six_gb = uint64_t{6} << 30;
+    std::memcpy(b.data() + h + offsetof(Elf64_Shdr, sh_size), &six_gb, sizeof six_gb);
+  });
+  const fs::path m = t.write(
+      "registry.yaml",
+      manifest_text(t.root() / "plugins", {{"alpha", "libkreg_wild.so", ""},
+                                           {"beta", "libkreg_huge.so", ""}}));
+  const CliRun r = kreg_validate({"--manifest", m.string(), "--json"});
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_TRUE(contains(r.out, "has name offset 4294967280")) << r.out;
+  EXPECT_TRUE(contains(r.out, "claims 6442450944 bytes")) << r.out;
 }
 
 TEST(Cli, CrashingAndHangingPluginsExitOne) {

@@ -1,7 +1,10 @@
-// PluginLibrary: one ops group's shared object, loaded with Boost.DLL (rtld_local,
-// rtld_now), its descriptor read and checked (ABI major, struct sizes, group name,
-// version) and its kernel table turned into KernelSpecs. No plugin-owned object outlives
-// the library: specs copy every string; only kernel function pointers point inside.
+// PluginLibrary: one ops group's shared object, read first through the bounds-checked
+// ELF reader (elf_file.hpp: structure, and an entry symbol that is an exported function),
+// loaded with Boost.DLL (rtld_local, rtld_now), its descriptor read defensively (every
+// pointer checked to lie in the library's own loaded segments, every string bounded) and
+// checked (ABI major, struct sizes, group name, version), and its kernel table turned into
+// KernelSpecs. No plugin-owned object outlives the library: specs copy every string; only
+// kernel function pointers point inside.
 #pragma once
 
 #include <filesystem>
@@ -15,6 +18,14 @@
 #include "kreg/status.hpp"
 
 namespace kreg {
+
+// Limits on what a plugin file and its descriptor may make the core read.
+inline constexpr uint64_t kMaxPluginLibraryBytes = uint64_t{4} << 30;  // the .so file
+inline constexpr size_t kMaxPluginStructBytes = 4096;   // any struct_size it hands over
+inline constexpr uint32_t kMaxPluginKernels = 4096;     // num_kernels
+inline constexpr uint32_t kMaxPluginCapabilities = 64;  // num_caps of one kernel
+inline constexpr size_t kMaxPluginNameBytes = 256;      // group, version, build strings
+inline constexpr size_t kMaxPluginStringBytes = 65536;  // any kernel record string (make_kernel_spec caps each field lower)
 
 struct PluginInfo {
   std::string group;
@@ -39,8 +50,8 @@ class PluginLibrary {
   // Where opening failed, for validators that name a check per stage.
   enum class Stage { kFile, kLoad, kEntry, kAbi, kGroup, kVersion, kKernels, kOk };
 
-  // Loads `file` and checks its descriptor. Runs no plugin code except the entry
-  // function (and static initializers, which dlopen runs).
+  // Checks `file` as check_entry_symbol does, loads it and checks its descriptor. Runs no
+  // plugin code except the entry function (and static initializers, which dlopen runs).
   static Result<std::unique_ptr<PluginLibrary>> open(const std::filesystem::path& file,
                                                      const Expect& expect,
                                                      Stage* failed_at = nullptr);
@@ -63,8 +74,10 @@ class PluginLibrary {
   bool initialized_ = false;
 };
 
-// Whether `file` exports the entry symbol, read from its ELF symbol table without loading
-// it (boost::dll::library_info). An error names what is wrong with the file.
+// Whether `file` is a well-formed ELF shared object for this host (ElfFile: headers,
+// segments, sections, symbol tables) that exports the entry symbol as a function, read
+// without loading it. PluginLibrary::open runs the same checks before dlopen. An error
+// names what is wrong and where in the file.
 Status check_entry_symbol(const std::filesystem::path& file);
 
 }  // namespace kreg
