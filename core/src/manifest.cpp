@@ -3,17 +3,17 @@
 // problem pointing at its file:line:col and key path like a compiler diagnostic.
 #include "kreg/manifest.hpp"
 
-#include <yaml-cpp/yaml.h>
-
 #include <algorithm>
 #include <cstdlib>
-#include <fstream>
 #include <map>
 #include <set>
-#include <sstream>
 #include <string_view>
 #include <system_error>
 #include <utility>
+
+#include "kreg/regular_file.hpp"
+#include "kreg/text.hpp"
+#include "manifest_yaml.hpp"
 
 namespace kreg {
 
@@ -57,8 +57,18 @@ ManifestOptions manifest_options_from_env() {
 namespace {
 
 namespace fs = std::filesystem;
+namespace yml = manifest_yaml;
 
 constexpr int kFormatVersion = 1;
+// The longest string value or key a manifest may hold: paths are at most PATH_MAX, and a
+// longer value can only be a mistake or an attack (it would be copied and compared at
+// every use, and an anchor can make it used thousands of times).
+constexpr size_t kMaxValueBytes = 4096;
+// Diagnostics shown; the rest are counted. One broken pattern repeated (or aliased) ten
+// thousand times needs one screenful to be understood, not ten thousand lines.
+constexpr size_t kMaxShownDiagnostics = 50;
+// How much of a value a message quotes.
+constexpr size_t kQuoteChars = 80;
 constexpr std::string_view kDefaultPluginDir = "build/plugins";
 
 const std::vector<std::string_view> kTopKeys = {"kreg_manifest", "plugin_dir",    "groups",
@@ -113,24 +123,55 @@ std::string join(const std::vector<std::string_view>& items) {
   return out;
 }
 
+// A value from the file inside a message: escaped, and cut to a short excerpt.
+std::string quote_value(std::string_view s) { return "'" + excerpt(s, kQuoteChars) + "'"; }
+
 // Plain (unquoted) scalars carry the non-specific tag "?"; quoted ones carry "!". Only a
 // plain `true` is a boolean: `"true"` is a string the author chose to quote.
-bool is_plain(const YAML::Node& node) { return node.Tag() == "?"; }
+bool is_plain(const yml::Node& node) { return node.Tag() == "?"; }
 
-std::string describe(const YAML::Node& node) {
-  switch (node.Type()) {
-    case YAML::NodeType::Map:
-      return "a map";
-    case YAML::NodeType::Sequence:
-      return "a sequence";
-    case YAML::NodeType::Scalar:
-      return is_plain(node) ? "'" + node.Scalar() + "'" : "the string \"" + node.Scalar() + "\"";
-    case YAML::NodeType::Null:
-      return "nothing (null)";
-    case YAML::NodeType::Undefined:
+// No value in a manifest needs a tag; the core schema's own tags for the type a key takes
+// are accepted, anything else (`!!binary`, `!custom`) would be silently reinterpreted.
+bool has_foreign_tag(const yml::Node& node, std::string_view allowed) {
+  const std::string& tag = node.Tag();
+  return !(tag.empty() || tag == "?" || tag == "!" || tag == allowed);
+}
+
+std::string describe(const yml::Node& node) {
+  std::string out;
+  switch (node.kind()) {
+    case yml::Node::Kind::kMap:
+      out = "a map";
+      break;
+    case yml::Node::Kind::kSequence:
+      out = "a sequence";
+      break;
+    case yml::Node::Kind::kScalar:
+      out = is_plain(node) || has_foreign_tag(node, "")
+                ? quote_value(node.Scalar())
+                : "the string \"" + excerpt(node.Scalar(), kQuoteChars) + "\"";
+      break;
+    case yml::Node::Kind::kNull:
+      out = "nothing (null)";
       break;
   }
-  return "nothing";
+  if (has_foreign_tag(node, "")) out += " tagged " + quote_value(node.Tag());
+  return out;
+}
+
+// Where a string value holds a character no manifest string may: NUL and other controls
+// (an escape sequence in a double-quoted scalar can write any), or invalid UTF-8. Line
+// breaks and tabs only where `text` allows them (a deprecation message, a waiver reason).
+std::optional<std::string> bad_character(std::string_view value, bool text) {
+  const size_t at = yml::find_unprintable(value, text);
+  if (at == std::string_view::npos) return std::nullopt;
+  const auto b = static_cast<unsigned char>(value[at]);
+  const std::string what = b == 0 ? "a NUL byte (\\0)"
+                           : b < 0x20 || b == 0x7f
+                               ? "a control character (" + escape_control(value.substr(at, 1)) + ")"
+                               : "a character that is not printable UTF-8 (" +
+                                     escape_control(value.substr(at, 1)) + ")";
+  return "contains " + what + " at byte " + std::to_string(at) + " of the value";
 }
 
 std::string index_path(const std::string& path, size_t i) {
@@ -143,8 +184,8 @@ std::string child_path(const std::string& path, std::string_view key) {
 
 // Keys are kept beside their values so a problem with a value can point at its key.
 struct Entry {
-  YAML::Node key;
-  YAML::Node value;
+  yml::Node key;
+  yml::Node value;
 };
 
 class ManifestParser {
@@ -155,7 +196,7 @@ class ManifestParser {
   Result<Manifest> parse(const std::string& text, std::vector<ManifestDiagnostic>* out);
 
  private:
-  SourceLocation at(const YAML::Mark& mark) const {
+  SourceLocation at(const yml::Mark& mark) const {
     // yaml-cpp's marks are 0-based and -1 when unknown (e.g. an empty document).
     SourceLocation loc{display_name_, 1, 1};
     if (mark.line >= 0) loc.line = mark.line + 1;
@@ -165,29 +206,36 @@ class ManifestParser {
   // A null value (`key:` with nothing after it) is marked where the next token starts,
   // often the following line, so such values are reported at their key instead.
   SourceLocation at_value(const Entry& entry) const {
-    return entry.value.IsNull() ? at(entry.key.Mark()) : at(entry.value.Mark());
+    return entry.value.IsNull() && !entry.value.IsAlias() ? at(entry.key.GetMark())
+                                                          : at(entry.value.GetMark());
   }
 
-  void error(SourceLocation where, std::string key, std::string message) {
-    diagnostics_.push_back({std::move(where), std::move(key), std::move(message)});
-  }
+  void error(SourceLocation where, std::string key, std::string message);
+  void sort_and_trim();  // file order; beyond kMaxShownDiagnostics only counted
 
-  std::map<std::string, Entry> read_map(const YAML::Node& map, const std::string& path,
+  std::map<std::string, Entry> read_map(const yml::Node& map, const std::string& path,
                                         const std::vector<std::string_view>& allowed);
-  std::optional<std::string> read_string(const Entry& entry, const std::string& path);
+  // `text`: free text (a message, a reason) that may span lines.
+  std::optional<std::string> read_string(const Entry& entry, const std::string& path,
+                                         bool text = false);
+  // A string-valued node's problem (not a scalar, a tag, too long, a bad character); empty
+  // when it is usable as a string.
+  std::string string_problem(const yml::Node& node, bool text) const;
+  // Reports a collection's foreign tag; false when it has one.
+  bool check_collection_tag(const yml::Node& node, const std::string& path, std::string_view tag);
   std::optional<bool> read_bool(const Entry& entry, const std::string& path);
   // Looks up `key` in `entries`; reports it missing (at `map`) when required.
   const Entry* find(const std::map<std::string, Entry>& entries, std::string_view key,
-                    const YAML::Node& map, const std::string& path, bool required);
+                    const yml::Node& map, const std::string& path, bool required);
 
-  void parse_document(const YAML::Node& root, Manifest& manifest);
+  void parse_document(const yml::Node& root, Manifest& manifest);
   void parse_version(const Entry& entry);
   void parse_groups(const Entry& entry, Manifest& manifest);
-  void parse_group(const YAML::Node& node, const std::string& path, Manifest& manifest);
+  void parse_group(const yml::Node& node, const std::string& path, Manifest& manifest);
   void parse_aliases(const Entry& entry, Manifest& manifest);
   void parse_expect_groups(const Entry& entry, Manifest& manifest);
   void parse_waivers(const Entry& entry, Manifest& manifest);
-  void parse_alias(const YAML::Node& node, const std::string& path, Manifest& manifest);
+  void parse_alias(const yml::Node& node, const std::string& path, Manifest& manifest);
   fs::path resolve_plugin_dir(const std::map<std::string, Entry>& top);
   void check_groups(const Manifest& manifest);
   void check_aliases(const Manifest& manifest);
@@ -196,50 +244,100 @@ class ManifestParser {
   fs::path file_;  // absolute and normalised; empty when parsing text with no file name
   const ManifestOptions& options_;
   std::vector<ManifestDiagnostic> diagnostics_;
+  size_t omitted_ = 0;  // diagnostics dropped beyond the shown ones
+  SourceLocation first_omitted_;
   // Each accepted group's key path ("groups[2]"): indices in the file and in
   // manifest.groups differ once an invalid entry is skipped.
   std::vector<std::string> group_paths_;
 };
 
+void ManifestParser::error(SourceLocation where, std::string key, std::string message) {
+  diagnostics_.push_back({std::move(where), std::move(key), std::move(message)});
+  // Only the first (in file order) of what will be shown are kept, so memory stays bounded
+  // however many times the file repeats a problem.
+  if (diagnostics_.size() >= 8 * kMaxShownDiagnostics) sort_and_trim();
+}
+
+void ManifestParser::sort_and_trim() {
+  std::stable_sort(diagnostics_.begin(), diagnostics_.end(),
+                   [](const ManifestDiagnostic& a, const ManifestDiagnostic& b) {
+                     return std::pair(a.where.line, a.where.column) <
+                            std::pair(b.where.line, b.where.column);
+                   });
+  for (size_t i = kMaxShownDiagnostics; i < diagnostics_.size(); ++i) {
+    const SourceLocation& w = diagnostics_[i].where;
+    if (omitted_++ == 0 ||
+        std::pair(w.line, w.column) < std::pair(first_omitted_.line, first_omitted_.column)) {
+      first_omitted_ = w;
+    }
+  }
+  if (diagnostics_.size() > kMaxShownDiagnostics) diagnostics_.resize(kMaxShownDiagnostics);
+}
+
+std::string ManifestParser::string_problem(const yml::Node& node, bool text) const {
+  if (!node.IsScalar() || has_foreign_tag(node, "tag:yaml.org,2002:str")) {
+    return "expected a string, got " + describe(node);
+  }
+  const std::string& value = node.Scalar();
+  if (value.size() > kMaxValueBytes) {
+    return "the value is " + std::to_string(value.size()) + " bytes; the limit is " +
+           std::to_string(kMaxValueBytes) + " (" + quote_value(value) + ")";
+  }
+  if (auto bad = bad_character(value, text)) return *bad + " (" + quote_value(value) + ")";
+  return {};
+}
+
+bool ManifestParser::check_collection_tag(const yml::Node& node, const std::string& path,
+                                          std::string_view tag) {
+  if (!has_foreign_tag(node, tag)) return true;
+  error(at(node.GetMark()), path,
+        "unsupported tag " + quote_value(node.Tag()) + " on " +
+            (node.IsMap() ? "a map" : "a sequence") + "; a manifest uses no tags");
+  return false;
+}
+
 std::map<std::string, Entry> ManifestParser::read_map(
-    const YAML::Node& map, const std::string& path, const std::vector<std::string_view>& allowed) {
+    const yml::Node& map, const std::string& path, const std::vector<std::string_view>& allowed) {
   std::map<std::string, Entry> entries;
-  for (auto it = map.begin(); it != map.end(); ++it) {
-    // A copy: the iterator's dereference is a temporary, a reference would dangle.
-    const YAML::Node key = it->first;
-    if (!key.IsScalar()) {
-      error(at(key.Mark()), path, "keys must be plain strings, got " + describe(key));
+  for (size_t i = 0; i < map.size(); ++i) {
+    const yml::Node key = map.key(i);
+    if (!key.IsScalar() || has_foreign_tag(key, "tag:yaml.org,2002:str")) {
+      error(at(key.GetMark()), path, "keys must be plain strings, got " + describe(key));
       continue;
     }
-    const std::string name = key.Scalar();
-    const std::string key_path = child_path(path, name);
+    if (std::string problem = string_problem(key, false); !problem.empty()) {
+      error(at(key.GetMark()), path, "invalid key: " + problem);
+      continue;
+    }
+    const std::string& name = key.Scalar();
+    const std::string key_path = child_path(path, excerpt(name, kQuoteChars));
     if (std::find(allowed.begin(), allowed.end(), name) == allowed.end()) {
-      std::string message = "unknown key '" + name + "'";
+      std::string message = "unknown key " + quote_value(name);
       for (std::string_view candidate : allowed) {
         if (edit_distance(name, candidate) <= 2) {
           message += "; did you mean '" + std::string(candidate) + "'?";
           break;
         }
       }
-      error(at(key.Mark()), key_path, message + " (allowed: " + join(allowed) + ")");
+      error(at(key.GetMark()), key_path, message + " (allowed: " + join(allowed) + ")");
       continue;
     }
-    // yaml-cpp keeps both entries of a repeated key and a lookup silently takes the first.
+    // YAML keeps both entries of a repeated key and a lookup would silently take the first.
     if (auto found = entries.find(name); found != entries.end()) {
-      error(at(key.Mark()), key_path,
-            "duplicate key '" + name + "' (first given at " +
-                at(found->second.key.Mark()).to_string() + ")");
+      error(at(key.GetMark()), key_path,
+            "duplicate key " + quote_value(name) + " (first given at " +
+                at(found->second.key.GetMark()).to_string() + ")");
       continue;
     }
-    entries.emplace(name, Entry{key, it->second});
+    entries.emplace(name, Entry{key, map.value(i)});
   }
   return entries;
 }
 
 std::optional<std::string> ManifestParser::read_string(const Entry& entry,
-                                                       const std::string& path) {
-  if (!entry.value.IsScalar()) {
-    error(at_value(entry), path, "expected a string, got " + describe(entry.value));
+                                                       const std::string& path, bool text) {
+  if (std::string problem = string_problem(entry.value, text); !problem.empty()) {
+    error(at_value(entry), path, problem);
     return std::nullopt;
   }
   return entry.value.Scalar();
@@ -259,10 +357,10 @@ std::optional<bool> ManifestParser::read_bool(const Entry& entry, const std::str
 }
 
 const Entry* ManifestParser::find(const std::map<std::string, Entry>& entries, std::string_view key,
-                                  const YAML::Node& map, const std::string& path, bool required) {
+                                  const yml::Node& map, const std::string& path, bool required) {
   if (auto it = entries.find(std::string(key)); it != entries.end()) return &it->second;
   if (required) {
-    error(at(map.Mark()), child_path(path, key), "missing required key '" + std::string(key) + "'");
+    error(at(map.GetMark()), child_path(path, key), "missing required key '" + std::string(key) + "'");
   }
   return nullptr;
 }
@@ -281,8 +379,8 @@ void ManifestParser::parse_version(const Entry& entry) {
           expected + " (an integer), got " + describe(entry.value));
   } else if (text != std::to_string(kFormatVersion)) {
     error(at_value(entry), "kreg_manifest",
-          "unsupported format version " + text + "; this kreg reads version " +
-              std::to_string(kFormatVersion));
+          "unsupported format version " + excerpt(text, kQuoteChars) +
+              "; this kreg reads version " + std::to_string(kFormatVersion));
   }
 }
 
@@ -319,15 +417,16 @@ fs::path ManifestParser::resolve_plugin_dir(const std::map<std::string, Entry>& 
   return dir;
 }
 
-void ManifestParser::parse_group(const YAML::Node& node, const std::string& path,
+void ManifestParser::parse_group(const yml::Node& node, const std::string& path,
                                  Manifest& manifest) {
   if (!node.IsMap()) {
-    error(at(node.Mark()), path,
+    error(at(node.GetMark()), path,
           "expected a group (a map with name and library), got " + describe(node));
     return;
   }
+  if (!check_collection_tag(node, path, "tag:yaml.org,2002:map")) return;
   GroupEntry group;
-  group.where = at(node.Mark());
+  group.where = at(node.GetMark());
   bool valid = true;
   const auto entries = read_map(node, path, kGroupKeys);
 
@@ -338,7 +437,7 @@ void ManifestParser::parse_group(const YAML::Node& node, const std::string& path
         group.name = *name;
       } else {
         error(at_value(*e), key,
-              "invalid group name '" + *name + "': expected snake_case ([a-z][a-z0-9_]*)");
+              "invalid group name " + quote_value(*name) + ": expected snake_case ([a-z][a-z0-9_]*)");
         valid = false;
       }
     } else {
@@ -389,7 +488,7 @@ void ManifestParser::parse_group(const YAML::Node& node, const std::string& path
       } else if (*load == "lazy") {
         group.load = LoadMode::kLazy;
       } else {
-        error(at_value(*e), key, "invalid load mode '" + *load + "': expected eager or lazy");
+        error(at_value(*e), key, "invalid load mode " + quote_value(*load) + ": expected eager or lazy");
       }
     }
   }
@@ -404,7 +503,7 @@ void ManifestParser::parse_group(const YAML::Node& node, const std::string& path
             sha->size() != 64 ? "got " + std::to_string(sha->size()) + " characters"
                               : "found a character outside 0-9a-f (uppercase is not accepted)";
         error(at_value(*e), key,
-              "invalid sha256 '" + *sha + "': expected 64 lowercase hex digits; " + problem);
+              "invalid sha256 " + quote_value(*sha) + ": expected 64 lowercase hex digits; " + problem);
       }
     }
   }
@@ -424,20 +523,22 @@ void ManifestParser::parse_groups(const Entry& entry, Manifest& manifest) {
               describe(entry.value));
     return;
   }
+  if (!check_collection_tag(entry.value, "groups", "tag:yaml.org,2002:seq")) return;
   for (size_t i = 0; i < entry.value.size(); ++i) {
     parse_group(entry.value[i], index_path("groups", i), manifest);
   }
 }
 
-void ManifestParser::parse_alias(const YAML::Node& node, const std::string& path,
+void ManifestParser::parse_alias(const yml::Node& node, const std::string& path,
                                  Manifest& manifest) {
   if (!node.IsMap()) {
-    error(at(node.Mark()), path,
+    error(at(node.GetMark()), path,
           "expected an alias (a map with from and to), got " + describe(node));
     return;
   }
+  if (!check_collection_tag(node, path, "tag:yaml.org,2002:map")) return;
   AliasEntry alias;
-  alias.where = at(node.Mark());
+  alias.where = at(node.GetMark());
   bool valid = true;
   const auto entries = read_map(node, path, kAliasKeys);
   SourceLocation to_where;
@@ -453,8 +554,8 @@ void ManifestParser::parse_alias(const YAML::Node& node, const std::string& path
       valid = false;
     } else if (!is_op_id(*id)) {
       error(at_value(*e), key,
-            "invalid op id '" + *id +
-                "': expected '<group>.<name>', both snake_case (e.g. layernorm.rmsnorm)");
+            "invalid op id " + quote_value(*id) +
+                ": expected '<group>.<name>', both snake_case (e.g. layernorm.rmsnorm)");
       valid = false;
     } else if (field == "from") {
       alias.from = *id;
@@ -467,7 +568,9 @@ void ManifestParser::parse_alias(const YAML::Node& node, const std::string& path
     error(to_where, child_path(path, "to"), "alias maps '" + alias.from + "' to itself; remove it");
   }
   if (const Entry* e = find(entries, "message", node, path, false)) {
-    if (auto message = read_string(*e, child_path(path, "message"))) alias.message = *message;
+    if (auto message = read_string(*e, child_path(path, "message"), true)) {
+      alias.message = *message;
+    }
   }
   if (valid) manifest.aliases.push_back(std::move(alias));
 }
@@ -479,6 +582,7 @@ void ManifestParser::parse_aliases(const Entry& entry, Manifest& manifest) {
               describe(entry.value));
     return;
   }
+  if (!check_collection_tag(entry.value, "aliases", "tag:yaml.org,2002:seq")) return;
   for (size_t i = 0; i < entry.value.size(); ++i) {
     parse_alias(entry.value[i], index_path("aliases", i), manifest);
   }
@@ -491,16 +595,18 @@ void ManifestParser::parse_waivers(const Entry& entry, Manifest& manifest) {
               describe(entry.value));
     return;
   }
+  if (!check_collection_tag(entry.value, "waivers", "tag:yaml.org,2002:seq")) return;
   for (size_t i = 0; i < entry.value.size(); ++i) {
-    const YAML::Node node = entry.value[i];
+    const yml::Node node = entry.value[i];
     const std::string path = index_path("waivers", i);
     if (!node.IsMap()) {
-      error(at(node.Mark()), path,
+      error(at(node.GetMark()), path,
             "expected a waiver (a map with op, check and reason), got " + describe(node));
       continue;
     }
+    if (!check_collection_tag(node, path, "tag:yaml.org,2002:map")) continue;
     WaiverEntry waiver;
-    waiver.where = at(node.Mark());
+    waiver.where = at(node.GetMark());
     bool valid = true;
     const auto entries = read_map(node, path, kWaiverKeys);
     for (std::string_view field : {"op", "check", "reason"}) {
@@ -510,16 +616,16 @@ void ManifestParser::parse_waivers(const Entry& entry, Manifest& manifest) {
         continue;
       }
       const std::string key = child_path(path, field);
-      auto value = read_string(*e, key);
+      auto value = read_string(*e, key, field == "reason");
       if (!value) {
         valid = false;
       } else if (field == "op" && !is_op_id(*value)) {
-        error(at_value(*e), key, "invalid op id '" + *value + "': expected '<group>.<name>'");
+        error(at_value(*e), key, "invalid op id " + quote_value(*value) + ": expected '<group>.<name>'");
         valid = false;
       } else if (field == "check" && std::find(kWaivableChecks.begin(), kWaivableChecks.end(),
                                                *value) == kWaivableChecks.end()) {
         error(at_value(*e), key,
-              "check '" + *value + "' cannot be waived (waivable: reference-present)");
+              "check " + quote_value(*value) + " cannot be waived (waivable: reference-present)");
         valid = false;
       } else if (field == "reason" && value->find_first_not_of(" \t") == std::string::npos) {
         error(at_value(*e), key, "a waiver needs a reason");
@@ -543,23 +649,28 @@ void ManifestParser::parse_expect_groups(const Entry& entry, Manifest& manifest)
               describe(entry.value));
     return;
   }
+  if (!check_collection_tag(entry.value, "expect_groups", "tag:yaml.org,2002:seq")) return;
   std::vector<std::string> names;
   std::map<std::string, SourceLocation> seen;
   for (size_t i = 0; i < entry.value.size(); ++i) {
-    const YAML::Node& node = entry.value[i];
+    const yml::Node node = entry.value[i];
     const std::string path = index_path("expect_groups", i);
     if (!node.IsScalar()) {
-      error(at(node.Mark()), path, "expected a group name, got " + describe(node));
+      error(at(node.GetMark()), path, "expected a group name, got " + describe(node));
+      continue;
+    }
+    if (std::string problem = string_problem(node, false); !problem.empty()) {
+      error(at(node.GetMark()), path, problem);
       continue;
     }
     const std::string& name = node.Scalar();
     if (!is_snake_case(name)) {
-      error(at(node.Mark()), path,
-            "invalid group name '" + name + "': expected snake_case ([a-z][a-z0-9_]*)");
+      error(at(node.GetMark()), path,
+            "invalid group name " + quote_value(name) + ": expected snake_case ([a-z][a-z0-9_]*)");
       continue;
     }
-    if (auto [it, fresh] = seen.emplace(name, at(node.Mark())); !fresh) {
-      error(at(node.Mark()), path,
+    if (auto [it, fresh] = seen.emplace(name, at(node.GetMark())); !fresh) {
+      error(at(node.GetMark()), path,
             "group '" + name + "' is listed twice (first at " + it->second.to_string() + ")");
       continue;
     }
@@ -584,7 +695,7 @@ void ManifestParser::check_groups(const Manifest& manifest) {
     if (auto [it, inserted] = by_library.emplace(group.library, i); !inserted) {
       const GroupEntry& first = manifest.groups[it->second];
       error(group.library_where, child_path(path, "library"),
-            "duplicate library '" + group.library.string() + "' at " +
+            "duplicate library " + quote_value(group.library.string()) + " at " +
                 group.library_where.to_string() + "; already used by group '" + first.name +
                 "' at " + first.library_where.to_string());
     }
@@ -594,14 +705,16 @@ void ManifestParser::check_groups(const Manifest& manifest) {
     const fs::file_status status = fs::status(group.library, ec);
     if (status.type() == fs::file_type::not_found) {
       error(group.library_where, child_path(path, "library"),
-            "library file not found: " + group.library.string() +
+            "library file not found: " + excerpt(group.library.string(), 4 * kQuoteChars) +
                 " (build the plugins, set KREG_PLUGIN_DIR, or set enabled: false)");
     } else if (ec) {
       error(group.library_where, child_path(path, "library"),
-            "cannot access library " + group.library.string() + ": " + ec.message());
+            "cannot access library " + excerpt(group.library.string(), 4 * kQuoteChars) + ": " +
+                ec.message());
     } else if (status.type() == fs::file_type::directory) {
       error(group.library_where, child_path(path, "library"),
-            "library path is a directory, not a file: " + group.library.string());
+            "library path is a directory, not a file: " +
+                excerpt(group.library.string(), 4 * kQuoteChars));
     }
   }
 }
@@ -641,19 +754,20 @@ void ManifestParser::check_aliases(const Manifest& manifest) {
   }
 }
 
-void ManifestParser::parse_document(const YAML::Node& root, Manifest& manifest) {
+void ManifestParser::parse_document(const yml::Node& root, Manifest& manifest) {
   if (root.IsNull()) {
-    error(at(root.Mark()), "",
+    error(at(root.GetMark()), "",
           "the manifest is empty; expected a map with 'kreg_manifest' and 'groups' (see "
           "docs/manifest.md)");
     return;
   }
   if (!root.IsMap()) {
     error(
-        at(root.Mark()), "",
+        at(root.GetMark()), "",
         "expected a map with 'kreg_manifest' and 'groups' at the top level, got " + describe(root));
     return;
   }
+  if (!check_collection_tag(root, "", "tag:yaml.org,2002:map")) return;
   const auto top = read_map(root, "", kTopKeys);
   if (const Entry* e = find(top, "kreg_manifest", root, "", true)) parse_version(*e);
   manifest.plugin_dir = resolve_plugin_dir(top);
@@ -671,31 +785,38 @@ Result<Manifest> ManifestParser::parse(const std::string& text,
                                        std::vector<ManifestDiagnostic>* out) {
   Manifest manifest;
   manifest.file = file_;
+  bool text_too_long = false;
+  if (text.size() > kMaxManifestBytes) {
+    // The same cap as for a file, so text handed over directly is bounded too.
+    error(SourceLocation{display_name_, 1, 1}, "",
+          "the manifest is " + std::to_string(text.size()) + " bytes; the limit for a manifest is " +
+              std::to_string(kMaxManifestBytes) + " bytes");
+    text_too_long = true;
+  }
   try {
-    const std::vector<YAML::Node> documents = YAML::LoadAll(text);
-    if (documents.empty()) {
-      parse_document(YAML::Node(), manifest);
-    } else {
-      parse_document(documents.front(), manifest);
-      if (documents.size() > 1) {
-        error(at(documents[1].Mark()), "",
+    const yml::Loaded loaded = text_too_long ? yml::Loaded{} : yml::load(text);
+    for (const yml::LoadError& e : loaded.errors) error(at(e.mark), "", e.message);
+    if (!text_too_long && loaded.errors.empty()) {
+      parse_document(loaded.document.root(), manifest);
+      if (loaded.second_document) {
+        error(at(loaded.second_document_mark), "",
               "a manifest is a single YAML document; remove the '---' and what follows");
       }
     }
-  } catch (const YAML::ParserException& e) {
-    error(at(e.mark), "", "YAML syntax error: " + e.msg);
   } catch (const std::exception& e) {
-    // Nothing above is expected to throw beyond parse errors, but a manifest must never take
+    // Nothing above is expected to throw (bad_alloc at worst), but a manifest must never take
     // down a host process.
-    error(SourceLocation{display_name_}, "", std::string("internal error: ") + e.what());
+    error(SourceLocation{display_name_}, "", "internal error: " + excerpt(e.what(), 200));
   }
 
   if (diagnostics_.empty()) return manifest;
-  std::stable_sort(diagnostics_.begin(), diagnostics_.end(),
-                   [](const ManifestDiagnostic& a, const ManifestDiagnostic& b) {
-                     return std::pair(a.where.line, a.where.column) <
-                            std::pair(b.where.line, b.where.column);
-                   });
+  sort_and_trim();
+  if (omitted_ > 0) {
+    diagnostics_.push_back({first_omitted_, "",
+                            "... and " + std::to_string(omitted_) +
+                                " more problems not shown (the first of them here); fix "
+                                "these and run again"});
+  }
   std::string message;
   for (const ManifestDiagnostic& d : diagnostics_) {
     if (!message.empty()) message += '\n';
@@ -721,6 +842,18 @@ Result<Manifest> parse_manifest(const std::string& text, const std::filesystem::
   return parser.parse(text, diagnostics);
 }
 
+namespace {
+
+// The value of `key` in a map (the first, as YAML lookups do); a default Node when absent.
+std::optional<yml::Node> lookup(const yml::Node& map, std::string_view key) {
+  for (size_t i = 0; i < map.size(); ++i) {
+    if (map.key(i).IsScalar() && map.key(i).Scalar() == key) return map.value(i);
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 Result<std::string> rewrite_manifest_pins(const std::string& text,
                                           const std::map<std::string, std::string>& pins) {
   // An edit replaces [begin, end) of the text; edits are applied from the back so earlier
@@ -735,81 +868,99 @@ Result<std::string> rewrite_manifest_pins(const std::string& text,
   auto fail = [](const std::string& why) -> Result<std::string> {
     return Status(KREG_INVALID_ARGUMENT, "cannot update the sha256 pins: " + why);
   };
-  try {
-    const YAML::Node root = YAML::Load(text);
-    const YAML::Node groups = root.IsMap() ? root["groups"] : YAML::Node();
-    if (!groups.IsSequence()) return fail("the manifest has no sequence of groups");
-    for (const YAML::Node& group : groups) {
-      if (!group.IsMap() || !group["name"] || !group["name"].IsScalar()) continue;
-      const std::string name = group["name"].Scalar();
-      auto pin = pins.find(name);
-      if (pin == pins.end()) continue;
-      const std::string where =
-          "group '" + name + "' (line " + std::to_string(group.Mark().line + 1) + ")";
-      if (group.Style() == YAML::EmitterStyle::Flow) {
-        return fail(where + " is written as a flow map; add its sha256 by hand");
-      }
-      // A default YAML::Node is a defined null, so presence is tracked separately.
-      YAML::Node key_library, value_library, key_sha, value_sha;
-      bool has_library = false, has_sha = false;
-      for (auto it = group.begin(); it != group.end(); ++it) {
-        if (!it->first.IsScalar()) continue;
-        if (it->first.Scalar() == "library") {
-          key_library = it->first;
-          value_library = it->second;
-          has_library = true;
-        } else if (it->first.Scalar() == "sha256") {
-          key_sha = it->first;
-          value_sha = it->second;
-          has_sha = true;
-        }
-      }
-      if (has_sha) {
-        if (value_sha.IsScalar() && !value_sha.Scalar().empty()) {
-          const size_t begin = static_cast<size_t>(value_sha.Mark().pos);
-          const char quote = text[begin];
-          size_t end;
-          if (quote == '"' || quote == '\'') {
-            end = text.find(quote, begin + 1);
-            if (end == std::string::npos) return fail(where + ": unterminated sha256 value");
-            edits.push_back({begin + 1, end, pin->second});
-          } else {
-            // A plain scalar on one line is written exactly as yaml-cpp reads it.
-            end = begin + value_sha.Scalar().size();
-            if (text.compare(begin, end - begin, value_sha.Scalar()) != 0) {
-              return fail(where + ": its sha256 value spans lines; fix it by hand");
-            }
-            edits.push_back({begin, end, pin->second});
-          }
-        } else if (value_sha.IsNull()) {
-          // `sha256:` with nothing after it: write the value after the colon.
-          const size_t colon = text.find(':', static_cast<size_t>(key_sha.Mark().pos));
-          if (colon == std::string::npos) return fail(where + ": cannot find its sha256 key");
-          edits.push_back({colon + 1, colon + 1, " " + pin->second});
-        } else {
-          return fail(where + ": its sha256 is not a string; fix it by hand");
-        }
-      } else {
-        if (!has_library || !value_library.IsScalar()) {
-          return fail(where + " has no library line to put the pin under");
-        }
-        const size_t eol = text.find('\n', static_cast<size_t>(value_library.Mark().pos));
-        const size_t column = static_cast<size_t>(key_library.Mark().column);
-        const std::string line = std::string(column, ' ') + "sha256: " + pin->second;
-        if (eol == std::string::npos) {
-          edits.push_back({text.size(), text.size(), "\n" + line});
-        } else {
-          edits.push_back({eol + 1, eol + 1, line + "\n"});
-        }
-      }
-      done.insert(name);
+  // The same bounded reading as the parser's: this runs on the file before it is rewritten.
+  const yml::Loaded loaded = yml::load(text);
+  if (!loaded.errors.empty()) {
+    const yml::LoadError& e = loaded.errors.front();
+    return fail("the manifest does not parse: line " + std::to_string(e.mark.line + 1) +
+                ", column " + std::to_string(e.mark.column + 1) + ": " + e.message);
+  }
+  const yml::Node root = loaded.document.root();
+  const std::optional<yml::Node> groups = root.IsMap() ? lookup(root, "groups") : std::nullopt;
+  if (!groups || !groups->IsSequence()) return fail("the manifest has no sequence of groups");
+  auto mark_pos = [&](const yml::Node& n) -> std::optional<size_t> {
+    const int pos = n.GetMark().pos;
+    if (pos < 0 || static_cast<size_t>(pos) >= text.size()) return std::nullopt;
+    return static_cast<size_t>(pos);
+  };
+  for (size_t g = 0; g < groups->size(); ++g) {
+    const yml::Node group = (*groups)[g];
+    const std::optional<yml::Node> name_node = group.IsMap() ? lookup(group, "name") : std::nullopt;
+    if (!name_node || !name_node->IsScalar()) continue;
+    const std::string& name = name_node->Scalar();
+    auto pin = pins.find(name);
+    if (pin == pins.end()) continue;
+    const std::string where =
+        "group " + quote_value(name) + " (line " + std::to_string(group.GetMark().line + 1) + ")";
+    if (group.IsAlias()) {
+      return fail(where + " is an alias of another node; add its sha256 by hand");
     }
-  } catch (const std::exception& e) {
-    return fail(std::string("the manifest does not parse: ") + e.what());
+    if (group.IsFlow()) {
+      return fail(where + " is written as a flow map; add its sha256 by hand");
+    }
+    std::optional<yml::Node> key_library, value_library, key_sha, value_sha;
+    for (size_t i = 0; i < group.size(); ++i) {
+      const yml::Node key = group.key(i);
+      if (!key.IsScalar()) continue;
+      if (key.Scalar() == "library" && !key_library) {
+        key_library = key;
+        value_library = group.value(i);
+      } else if (key.Scalar() == "sha256" && !key_sha) {
+        key_sha = key;
+        value_sha = group.value(i);
+      }
+    }
+    if (key_sha) {
+      const std::optional<size_t> key_pos = mark_pos(*key_sha);
+      const std::optional<size_t> value_pos = mark_pos(*value_sha);
+      if (value_sha->IsAlias()) {
+        return fail(where + ": its sha256 is an alias; fix it by hand");
+      } else if (value_sha->IsScalar() && !value_sha->Scalar().empty() && value_pos) {
+        const size_t begin = *value_pos;
+        const char quote = text[begin];
+        if (quote == '"' || quote == '\'') {
+          const size_t end = text.find(quote, begin + 1);
+          if (end == std::string::npos) return fail(where + ": unterminated sha256 value");
+          edits.push_back({begin + 1, end, pin->second});
+        } else {
+          // A plain scalar on one line is written exactly as yaml-cpp reads it.
+          const size_t end = begin + value_sha->Scalar().size();
+          if (end > text.size() ||
+              text.compare(begin, end - begin, value_sha->Scalar()) != 0) {
+            return fail(where + ": its sha256 value spans lines or has a tag; fix it by hand");
+          }
+          edits.push_back({begin, end, pin->second});
+        }
+      } else if (value_sha->IsNull() && key_pos) {
+        // `sha256:` with nothing after it: write the value after the colon.
+        const size_t colon = text.find(':', *key_pos);
+        if (colon == std::string::npos) return fail(where + ": cannot find its sha256 key");
+        edits.push_back({colon + 1, colon + 1, " " + pin->second});
+      } else {
+        return fail(where + ": its sha256 is not a string; fix it by hand");
+      }
+    } else {
+      if (!key_library || !value_library->IsScalar() || !mark_pos(*value_library)) {
+        return fail(where + " has no library line to put the pin under");
+      }
+      const size_t eol = text.find('\n', *mark_pos(*value_library));
+      const auto column = static_cast<size_t>(std::max(0, key_library->GetMark().column));
+      const std::string line = std::string(column, ' ') + "sha256: " + pin->second;
+      // The new line ends like the one it follows, so a CRLF file stays CRLF.
+      const std::string eol_text = eol != std::string::npos && eol > 0 && text[eol - 1] == '\r'
+                                       ? "\r\n"
+                                       : "\n";
+      if (eol == std::string::npos) {
+        edits.push_back({text.size(), text.size(), "\n" + line});
+      } else {
+        edits.push_back({eol + 1, eol + 1, line + eol_text});
+      }
+    }
+    done.insert(name);
   }
   for (const auto& [name, sha] : pins) {
-    if (!done.count(name)) return fail("no group named '" + name + "' in the manifest");
-    if (!is_sha256(sha)) return fail("'" + sha + "' is not 64 lowercase hex digits");
+    if (!done.count(name)) return fail("no group named " + quote_value(name) + " in the manifest");
+    if (!is_sha256(sha)) return fail(quote_value(sha) + " is not 64 lowercase hex digits");
   }
   std::sort(edits.begin(), edits.end(),
             [](const Edit& a, const Edit& b) { return a.begin > b.begin; });
@@ -818,26 +969,32 @@ Result<std::string> rewrite_manifest_pins(const std::string& text,
   return out;
 }
 
+Result<std::string> read_manifest_file(const std::filesystem::path& file) {
+  const fs::path shown = absolute_normal(file);
+  auto text = read_regular_file(shown, "manifest", kMaxManifestBytes);
+  if (text) return text;
+  // RegularFile names "the manifest <path>"; say it once, in this function's own words.
+  std::string why = text.status().message();
+  for (const std::string& prefix :
+       {"cannot open the manifest " + shown.string() + ": ", "the manifest " + shown.string() + " "}) {
+    if (why.rfind(prefix, 0) == 0) {
+      why = why.substr(prefix.size());
+      if (why.rfind("is ", 0) == 0) why = "it " + why;
+      break;
+    }
+  }
+  return Status(KREG_NOT_FOUND, "cannot read the manifest " + shown.string() + ": " + why);
+}
+
 Result<Manifest> load_manifest(const std::filesystem::path& file, const ManifestOptions& options,
                                std::vector<ManifestDiagnostic>* diagnostics) {
-  auto fail = [&](const std::string& why) -> Result<Manifest> {
-    ManifestDiagnostic d{SourceLocation{file.string()}, "",
-                         "cannot read the manifest " + absolute_normal(file).string() + ": " + why};
+  auto text = read_manifest_file(file);
+  if (!text) {
+    ManifestDiagnostic d{SourceLocation{file.string()}, "", text.status().message()};
     if (diagnostics != nullptr) diagnostics->push_back(d);
     return Status(KREG_NOT_FOUND, d.to_string());
-  };
-  std::error_code ec;
-  const fs::file_status status = fs::status(file, ec);
-  if (status.type() == fs::file_type::not_found) return fail("no such file");
-  if (ec) return fail(ec.message());
-  if (status.type() == fs::file_type::directory) return fail("it is a directory");
-
-  std::ifstream in(file, std::ios::binary);
-  if (!in) return fail("cannot open it for reading");
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) return fail("read error");
-  return parse_manifest(text.str(), file, options, diagnostics);
+  }
+  return parse_manifest(*text, file, options, diagnostics);
 }
 
 }  // namespace kreg

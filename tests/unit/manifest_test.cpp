@@ -5,7 +5,11 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -451,6 +455,418 @@ TEST(Manifest, NeverThrows) {
       EXPECT_FALSE(m.status().message().empty());
     });
   }
+}
+
+// ---- Hardening: files that are not manifests, and texts built to hurt the parser ----
+
+// A fresh directory under the system temp folder, removed afterwards.
+class TempDir {
+ public:
+  TempDir() {
+    std::string pattern = (fs::temp_directory_path() / "kreg-manifest-XXXXXX").string();
+    path_ = mkdtemp(pattern.data()) != nullptr ? fs::path(pattern) : fs::path();
+  }
+  ~TempDir() {
+    std::error_code ec;
+    if (!path_.empty()) fs::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+};
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Parses `text` and checks it fails within a second (the parse of a hostile text must be
+// bounded) with a message that contains `expected` (location and text).
+void expect_rejected_quickly(const std::string& text, const std::string& expected,
+                             const std::string& label) {
+  SCOPED_TRACE(label);
+  std::vector<ManifestDiagnostic> diagnostics;
+  const auto t0 = Clock::now();
+  Result<Manifest> m = parse_manifest(text, "h.yaml", no_file_checks(), &diagnostics);
+  const double elapsed = seconds_since(t0);
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), KREG_INVALID_ARGUMENT);
+  EXPECT_LT(elapsed, 1.0);
+  EXPECT_NE(m.status().message().find(expected), std::string::npos)
+      << "expected '" << expected << "' in:\n"
+      << m.status().message().substr(0, 2000);
+  EXPECT_LE(diagnostics.size(), 51u);
+  EXPECT_LT(m.status().message().size(), 20000u);
+}
+
+TEST(ManifestFiles, DevZeroIsRefusedWithoutReading) {
+  const auto t0 = Clock::now();
+  Result<Manifest> m = load_manifest("/dev/zero", ManifestOptions{});
+  ASSERT_FALSE(m.ok());
+  EXPECT_LT(seconds_since(t0), 1.0);
+  EXPECT_EQ(m.status().code(), KREG_NOT_FOUND);
+  EXPECT_EQ(m.status().message(),
+            "/dev/zero: cannot read the manifest /dev/zero: it is a character device, not a "
+            "regular file");
+}
+
+TEST(ManifestFiles, FifoIsRefusedWithoutBlocking) {
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  const fs::path fifo = dir.path() / "registry.yaml";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  const auto t0 = Clock::now();
+  std::vector<ManifestDiagnostic> diagnostics;
+  Result<Manifest> m = load_manifest(fifo, ManifestOptions{}, &diagnostics);
+  ASSERT_FALSE(m.ok());
+  EXPECT_LT(seconds_since(t0), 1.0);
+  EXPECT_EQ(m.status().code(), KREG_NOT_FOUND);
+  EXPECT_NE(m.status().message().find("cannot read the manifest " + fifo.string() +
+                                      ": it is a FIFO (named pipe), not a regular file"),
+            std::string::npos)
+      << m.status().message();
+  ASSERT_EQ(diagnostics.size(), 1u);
+  EXPECT_EQ(diagnostics[0].where.file, fifo.string());
+}
+
+TEST(ManifestFiles, DirectoryIsNamedAsSuch) {
+  Result<Manifest> m = load_manifest(kFixtures, ManifestOptions{});
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), KREG_NOT_FOUND);
+  EXPECT_NE(m.status().message().find("it is a directory, not a regular file"), std::string::npos)
+      << m.status().message();
+}
+
+TEST(ManifestFiles, OversizedFileIsRefusedBeforeReading) {
+  TempDir dir;
+  const fs::path big = dir.path() / "big.yaml";
+  { std::ofstream(big) << "kreg_manifest: 1\ngroups: []\n"; }
+  // Sparse: a gigabyte costs nothing on disk and would cost a gigabyte to read.
+  fs::resize_file(big, uint64_t{1} << 30);
+  const auto t0 = Clock::now();
+  Result<Manifest> m = load_manifest(big, ManifestOptions{});
+  ASSERT_FALSE(m.ok());
+  EXPECT_LT(seconds_since(t0), 1.0);
+  EXPECT_NE(m.status().message().find("it is 1073741824 bytes; the limit for a manifest is " +
+                                      std::to_string(kMaxManifestBytes) + " bytes"),
+            std::string::npos)
+      << m.status().message();
+  fs::resize_file(big, kMaxManifestBytes + 1);
+  EXPECT_FALSE(load_manifest(big, ManifestOptions{}).ok());
+  // Text handed to the parser directly is held to the same cap.
+  Result<Manifest> text =
+      parse_manifest(std::string(kMaxManifestBytes + 1, '#'), "t.yaml", no_file_checks());
+  ASSERT_FALSE(text.ok());
+  EXPECT_EQ(text.status().message(), "t.yaml:1:1: the manifest is " +
+                                         std::to_string(kMaxManifestBytes + 1) +
+                                         " bytes; the limit for a manifest is " +
+                                         std::to_string(kMaxManifestBytes) + " bytes");
+}
+
+TEST(ManifestFiles, LargeButSaneFileIsRead) {
+  // 340 KB of comments around a valid manifest: under the cap, parsed as usual.
+  TempDir dir;
+  const fs::path file = dir.path() / "registry.yaml";
+  {
+    std::ofstream out(file);
+    out << "kreg_manifest: 1\ngroups: []\n";
+    for (int i = 0; i < 3400; ++i) out << "# " << std::string(97, 'c') << "\n";
+  }
+  ASSERT_GT(fs::file_size(file), 340000u);
+  Result<Manifest> m = load_manifest(file, ManifestOptions{});
+  ASSERT_TRUE(m.ok()) << m.status().message();
+}
+
+TEST(ManifestFiles, ReadManifestFileReadsRegularFiles) {
+  Result<std::string> text = read_manifest_file(kFixtures / "good" / "minimal.yaml");
+  ASSERT_TRUE(text.ok()) << text.status().message();
+  EXPECT_NE(text->find("kreg_manifest"), std::string::npos);
+  Result<std::string> missing = read_manifest_file(kFixtures / "nope.yaml");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.status().code(), KREG_NOT_FOUND);
+  EXPECT_NE(missing.status().message().find("nope.yaml: no such file"), std::string::npos)
+      << missing.status().message();
+}
+
+// yaml-cpp's LoadAll spins forever (allocating) on a ',' no node consumes (yaml-cpp#1040).
+TEST(ManifestParser, StrayCommaIsASyntaxErrorNotAHang) {
+  const std::string msg = "YAML syntax error: ',' outside a flow collection";
+  expect_rejected_quickly(",", "h.yaml:1:1: " + msg, "lone comma");
+  expect_rejected_quickly(",\n", "h.yaml:1:1: " + msg, "comma line");
+  expect_rejected_quickly(", , ,", "h.yaml:1:1: " + msg, "commas");
+  expect_rejected_quickly("# c\n\n  ,", "h.yaml:3:3: " + msg, "after comments");
+  // After a block map yaml-cpp itself reports the comma.
+  expect_rejected_quickly("kreg_manifest: 1\ngroups: []\n,\n", "h.yaml:3:1: YAML syntax error",
+                          "after the document");
+  expect_rejected_quickly("kreg_manifest: 1\ngroups: []\n, {a: [b}", "h.yaml:3:1: YAML syntax error",
+                          "junk after the comma");
+  expect_rejected_quickly("[a]\n,", "h.yaml:2:1: " + msg, "after a flow sequence");
+  expect_rejected_quickly("\"quoted\"\n, ,", "h.yaml:2:1: " + msg, "after a scalar");
+  expect_rejected_quickly("--- ,", "h.yaml:1:5: " + msg, "after a document marker");
+  expect_rejected_quickly("!tag ,", "h.yaml:1:6: " + msg, "after a tag");
+  expect_rejected_quickly("&a ,", "h.yaml:1:4: " + msg, "after an anchor");
+  // The same texts through the pin rewriter, which reads the file before editing it.
+  for (const char* text : {",", "kreg_manifest: 1\ngroups: []\n,\n"}) {
+    Result<std::string> r = rewrite_manifest_pins(text, {{"a", std::string(64, 'a')}});
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.status().message().find("does not parse"), std::string::npos)
+        << r.status().message();
+  }
+}
+
+TEST(ManifestParser, FlowSyntaxErrorsEndQuickly) {
+  // The flow-context inputs that made older yaml-cpp loop, and their neighbours.
+  for (const char* text : {"[:", "{:", "[", "{", "]", "}", "- !+(.,.)", "[,", "{,", "[?", "{? ,",
+                           "[a,,]", "{a: b,, c: d}", "[{]", "- [,\n- ,", "? ,\n: ,", ":,", "-,",
+                           "[!a ,]", "{&x ,}", "[*x]", "{[: {[: ,"}) {
+    expect_rejected_quickly(text, "h.yaml:", text);
+  }
+}
+
+TEST(ManifestParser, AnchoredScalarUsedThousandsOfTimesGivesBoundedMessages) {
+  // 200 KB scalar, anchored once and used 20 000 times: quoting it whole in each message
+  // would build 4 GB of text.
+  std::string text = "kreg_manifest: 1\nx: &big \"" + std::string(200000, 'a') + "\"\ngroups:\n";
+  for (int i = 0; i < 20000; ++i) text += "- *big\n";
+  ASSERT_GT(text.size(), 300000u);
+  ASSERT_LT(text.size(), kMaxManifestBytes);
+  std::vector<ManifestDiagnostic> diagnostics;
+  const auto t0 = Clock::now();
+  Result<Manifest> m = parse_manifest(text, "big.yaml", no_file_checks(), &diagnostics);
+  EXPECT_LT(seconds_since(t0), 2.0);
+  ASSERT_FALSE(m.ok());
+  const std::string& message = m.status().message();
+  EXPECT_LT(message.size(), 20000u);
+  // 'x' is an unknown key, then one problem per alias: 50 shown, the rest counted.
+  ASSERT_EQ(diagnostics.size(), 51u) << message.substr(0, 2000);
+  EXPECT_NE(message.find("big.yaml:2:1: x: unknown key 'x'"), std::string::npos)
+      << message.substr(0, 2000);
+  // Each use is reported where the alias stands, the value cut to an excerpt.
+  EXPECT_NE(message.find("big.yaml:4:3: groups[0]: expected a group (a map with name and "
+                         "library), got the string \"" +
+                         std::string(80, 'a') + "... (200000 bytes)\""),
+            std::string::npos)
+      << message.substr(0, 2000);
+  EXPECT_NE(message.find("... and 19951 more problems not shown"), std::string::npos)
+      << message.substr(message.size() - 500);
+  EXPECT_EQ(diagnostics.back().where.line, 53);
+  EXPECT_EQ(count_lines(message), diagnostics.size());
+}
+
+TEST(ManifestParser, ManyDistinctProblemsAreCountedBeyondFifty) {
+  std::string text = "kreg_manifest: 1\ngroups: []\n";
+  for (int i = 0; i < 200; ++i) text += "unknown_" + std::to_string(i) + ": 1\n";
+  std::vector<ManifestDiagnostic> diagnostics;
+  Result<Manifest> m = parse_manifest(text, "u.yaml", no_file_checks(), &diagnostics);
+  ASSERT_FALSE(m.ok());
+  ASSERT_EQ(diagnostics.size(), 51u);
+  EXPECT_EQ(diagnostics[0].key, "unknown_0");
+  EXPECT_EQ(diagnostics[49].key, "unknown_49");
+  EXPECT_EQ(diagnostics[50].to_string(),
+            "u.yaml:53:1: ... and 150 more problems not shown (the first of them here); fix "
+            "these and run again");
+}
+
+TEST(ManifestParser, LongValuesAreRefusedAndQuotedShort) {
+  const std::string lib(5000, 'l');
+  std::vector<ManifestDiagnostic> diagnostics;
+  Result<Manifest> m = parse_manifest(
+      "kreg_manifest: 1\ngroups:\n  - name: a\n    library: " + lib + "\n? " +
+          std::string(5000, 'k') + "\n: 1\n",
+      "l.yaml", no_file_checks(), &diagnostics);
+  ASSERT_FALSE(m.ok());
+  ASSERT_EQ(diagnostics.size(), 2u) << m.status().message();
+  EXPECT_EQ(diagnostics[0].to_string(),
+            "l.yaml:4:14: groups[0].library: the value is 5000 bytes; the limit is 4096 ('" +
+                std::string(80, 'l') + "... (5000 bytes)')");
+  EXPECT_EQ(diagnostics[1].to_string(),
+            "l.yaml:5:3: invalid key: the value is 5000 bytes; the limit is 4096 ('" +
+                std::string(80, 'k') + "... (5000 bytes)')");
+  // Lines themselves may be long: a 200 KB comment is no problem.
+  Result<Manifest> ok = parse_manifest(
+      "# " + std::string(200000, 'c') + "\nkreg_manifest: 1\ngroups: []\n", "c.yaml",
+      no_file_checks());
+  EXPECT_TRUE(ok.ok()) << ok.status().message().substr(0, 500);
+}
+
+TEST(ManifestParser, NulBytesAreNamedWithTheirPlace) {
+  // A raw NUL anywhere in the file: named, not cut off at.
+  std::string text = std::string("kreg_manifest: 1\ngroups:\n  - name: a\0b\n    library: x\0\0.so\n",
+                                 59);
+  ASSERT_EQ(text.find('\0'), 36u);
+  std::vector<ManifestDiagnostic> diagnostics;
+  Result<Manifest> m = parse_manifest(text, "n.yaml", no_file_checks(), &diagnostics);
+  ASSERT_FALSE(m.ok());
+  ASSERT_EQ(diagnostics.size(), 1u) << m.status().message();
+  EXPECT_EQ(m.status().message(),
+            "n.yaml:3:12: a NUL byte (\\0) in the manifest (3 in all; this is the first); a "
+            "manifest is UTF-8 text without control characters other than tab and line breaks");
+  // A NUL written as an escape in a double-quoted string reaches the value: refused there.
+  Result<Manifest> escaped = parse_manifest(
+      "kreg_manifest: 1\ngroups:\n  - name: a\n    library: \"lib\\0a.so\"\n", "e.yaml",
+      no_file_checks());
+  ASSERT_FALSE(escaped.ok());
+  EXPECT_EQ(escaped.status().message(),
+            "e.yaml:4:14: groups[0].library: contains a NUL byte (\\0) at byte 3 of the value "
+            "('lib\\0a.so')");
+}
+
+TEST(ManifestParser, ControlCharactersAndBadUtf8AreRefused) {
+  expect_rejected_quickly("kreg_manifest: 1\ngroups: []\nx: a\x04z\n",
+                          "h.yaml:3:5: a control character (\\x04) in the manifest", "EOT");
+  expect_rejected_quickly("kreg_manifest: 1\ngroups: [\x1b[31m]\n",
+                          "h.yaml:2:10: a control character (\\x1b)", "ESC");
+  expect_rejected_quickly("kreg_manifest: 1\ngroups: []\n# \xff\xfe\n",
+                          "h.yaml:3:3: a byte that is not valid UTF-8 (\\xff) in the manifest",
+                          "bad UTF-8");
+  expect_rejected_quickly("kreg_manifest: 1\ngroups: []\n# \xc2\x9b\n",
+                          "h.yaml:3:3: a control character (U+009b)", "C1 CSI");
+  expect_rejected_quickly("kreg_manifest: 1\n\xef\xbb\xbfgroups: []\n",
+                          "h.yaml:2:1: a byte-order mark (U+FEFF) after the start", "inner BOM");
+  expect_rejected_quickly("kreg_manifest: 1\rgroups: []\r",
+                          "h.yaml:1:17: a carriage return (\\r) not followed by a line feed in the "
+                          "manifest (2 in all; this is the first)",
+                          "old Mac line ends");
+  expect_rejected_quickly(std::string("\xff\xfek\0r\0", 6), "h.yaml:1:1: the manifest looks like "
+                          "UTF-16 or UTF-32", "UTF-16LE");
+  expect_rejected_quickly(std::string("\0k\0r", 4), "UTF-16 or UTF-32", "UTF-16BE, no BOM");
+  // Escapes can write controls into a value: an alias message must not recolour a terminal.
+  expect_rejected_quickly(
+      "kreg_manifest: 1\ngroups: []\naliases:\n  - from: a.x\n    to: a.y\n    message: "
+      "\"\\e[31mred\"\n",
+      "h.yaml:6:14: aliases[0].message: contains a control character (\\x1b) at byte 0", "escape");
+}
+
+TEST(ManifestParser, BomCrlfAndDocumentMarkersThatAreFine) {
+  const std::string crlf =
+      "\xef\xbb\xbf--- # doc\r\nkreg_manifest: 1\r\ngroups:\r\n  - name: a\r\n    library: "
+      "liba.so\r\n    enabled: maybe\r\n...\r\n# trailing comment\r\n";
+  std::vector<ManifestDiagnostic> diagnostics;
+  Result<Manifest> m = parse_manifest(crlf, "w.yaml", no_file_checks(), &diagnostics);
+  ASSERT_FALSE(m.ok());
+  ASSERT_EQ(diagnostics.size(), 1u) << m.status().message();
+  // Lines and columns as in an editor: CRLF is one line break, the BOM takes no column.
+  EXPECT_EQ(m.status().message(),
+            "w.yaml:6:14: groups[0].enabled: expected a boolean (true or false), got 'maybe'");
+  std::string fixed = crlf;
+  fixed.replace(fixed.find("maybe"), 5, "false");
+  Result<Manifest> ok = parse_manifest(fixed, "w.yaml", no_file_checks());
+  ASSERT_TRUE(ok.ok()) << ok.status().message();
+  EXPECT_EQ(ok->groups[0].library_spec, "liba.so");
+  EXPECT_EQ(ok->groups[0].library_where.line, 5);
+  // Flow collections a manifest really uses.
+  Result<Manifest> flow = parse_manifest(
+      "kreg_manifest: 1\nexpect_groups: [a, b]\ngroups: [{name: a, library: a.so}, {name: b, "
+      "library: b.so, enabled: false}]\naliases: []\nwaivers: []\n",
+      "f.yaml", no_file_checks());
+  ASSERT_TRUE(flow.ok()) << flow.status().message();
+  EXPECT_EQ(flow->groups.size(), 2u);
+}
+
+TEST(ManifestParser, SecondDocumentsAreRefusedHoweverWritten) {
+  expect_rejected_quickly("kreg_manifest: 1\ngroups: []\n...\nkreg_manifest: 1\n",
+                          "h.yaml:4:1: a manifest is a single YAML document", "after ...");
+  expect_rejected_quickly("kreg_manifest: 1\ngroups: []\n--- !!binary AAAA\n",
+                          "h.yaml:3:1: a manifest is a single YAML document", "---");
+  expect_rejected_quickly("kreg_manifest: 1\ngroups: []\n...\n%YAML 1.2\n---\n",
+                          "h.yaml:5:1: a manifest is a single YAML document", "directive");
+  expect_rejected_quickly("---\n---\n---\n---\n", "h.yaml:2:1: a manifest is a single YAML",
+                          "empty documents");
+}
+
+TEST(ManifestParser, DeepNestingIsRefusedEarly) {
+  for (const char open : {'[', '{'}) {
+    const std::string deep(100000, open);
+    expect_rejected_quickly(deep, "h.yaml:1:129: flow collections ('[' or '{') nested more than "
+                            "128 deep", std::string("100k ") + open);
+    expect_rejected_quickly("kreg_manifest: 1\ngroups: " + deep,
+                            "h.yaml:2:137: flow collections", "under a key");
+  }
+  // Balanced and well-formed, but deeper than any manifest: the tree's own limit.
+  const std::string balanced = std::string(100, '[') + std::string(100, ']');
+  expect_rejected_quickly("groups: " + balanced,
+                          "h.yaml:1:72: collections nested more than 64 levels deep", "balanced");
+  std::string block;
+  for (int i = 0; i < 100000; ++i) block += "- ";
+  expect_rejected_quickly(block, "collections nested more than 64 levels deep", "block");
+  std::string staircase;
+  for (int i = 0; i < 300; ++i) staircase += std::string(i, ' ') + "k:\n";
+  expect_rejected_quickly(staircase, "collections nested more than 64 levels deep", "staircase");
+}
+
+TEST(ManifestParser, AliasExpansionIsBounded) {
+  // Billion laughs: each level ten aliases of the one below; 10^9 nodes expanded.
+  std::string laughs = "kreg_manifest: 1\nl0: &l0 [lol, lol, lol, lol, lol, lol, lol, lol, lol, lol]\n";
+  for (int i = 1; i < 9; ++i) {
+    const std::string below = "*l" + std::to_string(i - 1);
+    laughs += "l" + std::to_string(i) + ": &l" + std::to_string(i) + " [";
+    for (int k = 0; k < 10; ++k) laughs += (k ? ", " : "") + below;
+    laughs += "]\n";
+  }
+  laughs += "groups: *l8\n";
+  expect_rejected_quickly(laughs, "aliases expand the manifest to more than 100000 nodes",
+                          "billion laughs");
+  expect_rejected_quickly("kreg_manifest: 1\ngroups: &g [*g]\n",
+                          "h.yaml:2:13: an alias inside the node its anchor names",
+                          "recursive alias");
+  expect_rejected_quickly("kreg_manifest: 1\ngroups: [*nowhere]\n", "h.yaml:2:", "unknown anchor");
+  // Aliases of scalars, the way a person uses them, are fine.
+  Result<Manifest> m = parse_manifest(
+      "kreg_manifest: 1\ngroups:\n  - name: a\n    library: liba.so\n    version: &v \"1.0\"\n"
+      "  - name: b\n    library: libb.so\n    version: *v\n",
+      "a.yaml", no_file_checks());
+  ASSERT_TRUE(m.ok()) << m.status().message();
+  EXPECT_EQ(m->groups[1].version, "1.0");
+}
+
+TEST(ManifestParser, NodeCountIsBounded) {
+  std::string keys = "kreg_manifest: 1\ngroups: []\n";
+  for (int i = 0; i < 30000; ++i) keys += "k" + std::to_string(i) + ": v\n";
+  expect_rejected_quickly(keys, "the manifest has more than 50000 YAML nodes", "many keys");
+  std::string entries = "kreg_manifest: 1\ngroups: [";
+  for (int i = 0; i < 60000; ++i) entries += "a,";
+  expect_rejected_quickly(entries + "]\n", "the manifest has more than 50000 YAML nodes",
+                          "many entries");
+}
+
+TEST(ManifestParser, TagsOtherThanTheCoreSchemasAreRefused) {
+  expect_rejected_quickly(
+      "kreg_manifest: 1\ngroups:\n  - name: a\n    library: !!binary bGliYS5zbw==\n",
+      "h.yaml:4:14: groups[0].library: expected a string, got 'bGliYS5zbw==' tagged "
+      "'tag:yaml.org,2002:binary'",
+      "binary");
+  expect_rejected_quickly("kreg_manifest: 1\ngroups: !custom []\n",
+                          "h.yaml:2:9: groups: unsupported tag '!custom' on a sequence", "custom");
+  expect_rejected_quickly("kreg_manifest: 1\ngroups:\n  - !group {name: a, library: a.so}\n",
+                          "h.yaml:3:5: groups[0]: unsupported tag '!group' on a map", "group");
+  expect_rejected_quickly("kreg_manifest: 1\n!k groups: []\n",
+                          "h.yaml:2:1: keys must be plain strings, got 'groups' tagged '!k'",
+                          "key");
+  Result<Manifest> m = parse_manifest(
+      "kreg_manifest: 1\ngroups: !!seq\n  - !!map {name: !!str a, library: !!str liba.so, "
+      "enabled: !!bool true}\n",
+      "t.yaml", no_file_checks());
+  ASSERT_TRUE(m.ok()) << m.status().message();
+  EXPECT_EQ(m->groups[0].library_spec, "liba.so");
+}
+
+TEST(ManifestPins, CrlfFileStaysCrlf) {
+  const std::string text =
+      "kreg_manifest: 1\r\ngroups:\r\n  - name: a\r\n    library: liba.so\r\n    load: lazy\r\n";
+  Result<std::string> r = rewrite_manifest_pins(text, {{"a", std::string(64, 'b')}});
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(*r, "kreg_manifest: 1\r\ngroups:\r\n  - name: a\r\n    library: liba.so\r\n    sha256: " +
+                    std::string(64, 'b') + "\r\n    load: lazy\r\n");
+  Result<std::string> aliased = rewrite_manifest_pins(
+      "kreg_manifest: 1\ng: &g {name: a, library: a.so}\ngroups:\n  - *g\n",
+      {{"a", std::string(64, 'b')}});
+  ASSERT_FALSE(aliased.ok());
+  EXPECT_NE(aliased.status().message().find("group 'a' (line 4) is an alias"), std::string::npos)
+      << aliased.status().message();
 }
 
 TEST(Manifest, ToStringFormats) {

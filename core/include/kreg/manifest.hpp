@@ -3,6 +3,7 @@
 // See docs/manifest.md for the format.
 #pragma once
 
+#include <cstdint>
 #include <filesystem>
 #include <map>
 #include <optional>
@@ -87,9 +88,20 @@ struct ManifestOptions {
   bool check_files = true;
 };
 
-// Parses and checks a manifest. On any problem returns INVALID_ARGUMENT (NOT_FOUND if the
-// file itself cannot be read) whose message lists every diagnostic, one per line; the
-// diagnostics are also appended to `diagnostics` when given.
+// The largest manifest file read. registry.yaml is about 1 KB; a manifest of a thousand
+// groups stays under 200 KB. The cap bounds the reading and the parse before either starts.
+inline constexpr uint64_t kMaxManifestBytes = uint64_t{1} << 20;
+
+// A manifest file's text: opened without blocking, refused unless it is a regular file of
+// at most kMaxManifestBytes (a FIFO, /dev/zero or a directory is named as such). NOT_FOUND,
+// whatever the reason, with "cannot read the manifest <absolute path>: <why>".
+Result<std::string> read_manifest_file(const std::filesystem::path& file);
+
+// Parses and checks a manifest (read with read_manifest_file). On any problem returns
+// INVALID_ARGUMENT (NOT_FOUND if the file itself cannot be read) whose message lists the
+// diagnostics, one per line, in file order: at most 50, then one line counting the rest.
+// The diagnostics are also appended to `diagnostics` when given (the same bounded list).
+// Bounded on any input (docs/manifest.md, "Limits"): never throws, hangs or exhausts memory.
 Result<Manifest> load_manifest(const std::filesystem::path& file, const ManifestOptions& options,
                                std::vector<ManifestDiagnostic>* diagnostics = nullptr);
 
