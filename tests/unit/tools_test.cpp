@@ -69,7 +69,7 @@ TEST(Tools, RunComparesWithTheReference) {
   EXPECT_NE(r.output.find("residual"), std::string::npos);
   EXPECT_NE(r.output.find("OK"), std::string::npos);
   Outcome missing = run(kCli + " run layernorm.rmsnorm --shape T=3 --backend cpu");
-  EXPECT_EQ(missing.exit_code, 1);
+  EXPECT_EQ(missing.exit_code, 2);
   EXPECT_NE(missing.output.find("--shape needs a size for 'H'"), std::string::npos)
       << missing.output;
   Outcome bad_attr =
@@ -79,6 +79,80 @@ TEST(Tools, RunComparesWithTheReference) {
             std::string::npos);
   EXPECT_EQ(run(kCli + " run layernorm.rmsnorm --shape T=x --backend cpu").exit_code, 2);
   EXPECT_EQ(run(kCli + " frobnicate").exit_code, 2);
+}
+
+// Every number on the command line is parsed completely and range-checked, every size
+// overflow-checked and compared with free memory before anything is allocated: each bad
+// value is a usage error (exit 2) whose message names the option and the problem.
+TEST(Tools, RunRefusesEveryBadNumberNamingTheArgument) {
+  struct Case {
+    std::string args;
+    std::string expect;
+  } cases[] = {
+      {"layernorm.rmsnorm --shape T=3,H=8 --attr eps=abc", "--attr eps: 'abc' is not a finite number"},
+      {"layernorm.rmsnorm --shape T=3,H=8 --attr eps=1e-5x", "--attr eps: '1e-5x' is not a finite"},
+      {"layernorm.rmsnorm --shape T=3,H=8 --attr eps=nan", "--attr eps: 'nan' is not a finite"},
+      {"layernorm.rmsnorm --shape T=3,H=8 --attr eps=inf", "--attr eps: 'inf' is not a finite"},
+      {"layernorm.rmsnorm --shape T=3,H=8 --attr eps=1e400", "'1e400' is out of range for a double"},
+      {"layernorm.rmsnorm --shape T=3,H=8 --attr eps=", "--attr eps: '' is not a finite number"},
+      {"layernorm.rmsnorm --shape T=3,H=8 --attr eps=1e-5 --attr eps=1e-6",
+       "--attr eps is given twice"},
+      {"moe.topk_softmax --shape T=4,E=8,K=2 --attr renormalize=yes",
+       "--attr renormalize: 'yes' is not a bool (true, false, 1 or 0)"},
+      {"moe.topk_softmax --shape T=4,E=8,K=2 --attr renormalize=TRUE", "is not a bool"},
+      {"moe.grouped_topk --shape T=4,E=8,K=2 --attr n_group=4abc --attr topk_group=1",
+       "--attr n_group: '4abc' is not an integer"},
+      {"moe.grouped_topk --shape T=4,E=8,K=2 --attr n_group=99999999999999999999 --attr "
+       "topk_group=1",
+       "--attr n_group: '99999999999999999999' is out of range"},
+      {"layernorm.rmsnorm --shape T=3,H=8 --seed=-1",
+       "--seed: '-1' is out of range [0, 18446744073709551615]"},
+      {"layernorm.rmsnorm --shape T=3,H=8 --seed 18446744073709551616", "--seed: "
+                                                                         "'18446744073709551616' "
+                                                                         "is out of range"},
+      {"layernorm.rmsnorm --shape T=3,H=8 --seed 12abc", "--seed: '12abc' is not a non-negative"},
+      {"layernorm.rmsnorm --shape T=3,H=8,T=4", "--shape: dimension 'T' is given twice"},
+      {"layernorm.rmsnorm --shape T=3,H=8,X=2", "'X'"},
+      {"layernorm.rmsnorm --shape T=4abc,H=8", "--shape T: '4abc' is not an integer"},
+      {"layernorm.rmsnorm --shape T=-1,H=8",
+       "--shape T: '-1' is out of range [0, 9223372036854775807]"},
+      {"layernorm.rmsnorm --shape T=99999999999999999999,H=8",
+       "--shape T: '99999999999999999999' is out of range [0, 9223372036854775807]"},
+      {"layernorm.rmsnorm --shape T=+3,H=8", "--shape T: '+3' is not an integer"},
+      {"layernorm.rmsnorm --shape T=0x10,H=8", "--shape T: '0x10' is not an integer"},
+      {"layernorm.rmsnorm --shape T=3,,H=8", "--shape: '' is not NAME=SIZE"},
+      {"layernorm.rmsnorm --shape T=3,H=8,", "--shape: '' is not NAME=SIZE"},
+      {"layernorm.rmsnorm --shape T=3,=8", "--shape: '=8' is not NAME=SIZE"},
+      // 2^61 * 8 elements: the element count would wrap to 0.
+      {"layernorm.rmsnorm --shape T=2305843009213693952,H=8",
+       "tensor 'x' [T,H] with T=2305843009213693952, H=8: shape [2305843009213693952,8] of bf16 "
+       "(2 bytes each) is more than 9223372036854775807 bytes"},
+      {"layernorm.rmsnorm --shape T=9223372036854775807,H=9223372036854775807", "is more than"},
+      // 2*D overflows before any product does.
+      {"activation.silu_and_mul --shape T=1,D=4611686018427387904",
+       "dimension 2*D = 2 * 4611686018427387904 overflows int64"},
+      // Fits int64, not this machine: refused before a byte is allocated (no bad_alloc).
+      {"layernorm.rmsnorm --shape T=99999999999,H=8", "of host memory, more than the"},
+      {"layernorm.rmsnorm --shape T=99999999999,H=8", "nothing was allocated"},
+  };
+  for (const Case& c : cases) {
+    Outcome r = run(kCli + " run " + c.args + " --backend cpu");
+    EXPECT_EQ(r.exit_code, 2) << c.args << "\n" << r.output;
+    EXPECT_NE(r.output.find(c.expect), std::string::npos) << c.args << "\n" << r.output;
+    EXPECT_EQ(r.output.find("OK"), std::string::npos) << c.args << "\n" << r.output;
+  }
+  // The edges of the ranges run.
+  Outcome ok = run(kCli +
+                   " run layernorm.rmsnorm --shape T=0,H=8 --backend cpu --seed 18446744073709551615 "
+                   "--attr eps=1e-5");
+  EXPECT_EQ(ok.exit_code, 0) << ok.output;
+  Outcome b = run(kCli + " run moe.topk_softmax --shape T=4,E=8,K=2 --backend cpu --attr "
+                         "renormalize=true");
+  EXPECT_EQ(b.exit_code, 0) << b.output;
+  Outcome reps = run(kCli + " bench layernorm.rmsnorm --shape T=3,H=8 --reps 0");
+  EXPECT_EQ(reps.exit_code, 2) << reps.output;
+  EXPECT_NE(reps.output.find("--reps: '0' is out of range [1, 1000000]"), std::string::npos)
+      << reps.output;
 }
 
 TEST(Tools, BrokenManifestIsAUsageError) {

@@ -1,11 +1,16 @@
 #include "harness.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstring>
 #include <limits>
 
+#include "kreg/checked_math.hpp"
 #include "kreg/numeric.hpp"
+#include "kreg/parse_number.hpp"
+#include "kreg/text.hpp"
+#include "memory.hpp"
 
 #if defined(KREG_HAVE_CUDA)
 #include <cuda_runtime.h>
@@ -21,6 +26,24 @@ Status cuda_status(cudaError_t e, const char* what) {
   return Status(KREG_INTERNAL, std::string(what) + ": " + cudaGetErrorString(e));
 }
 #endif
+
+// Byte sums over several tensors: saturate rather than wrap, so "too much" stays too much.
+uint64_t sat_add(uint64_t a, uint64_t b) { return a + b < a ? UINT64_MAX : a + b; }
+uint64_t sat_mul(uint64_t a, uint64_t b) {
+  uint64_t r;
+  return __builtin_mul_overflow(a, b, &r) ? UINT64_MAX : r;
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? "," : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+bool is_host(DLDevice d) { return d.device_type == kDLCPU || d.device_type == kDLCUDAHost; }
+
+// Below this a buffer is not worth a free-memory query (a file read on the host).
+constexpr uint64_t kCheckFreeAbove = uint64_t{64} << 20;
 
 [[maybe_unused]] Status no_cuda() {
   return Status(KREG_UNAVAILABLE, "this kreg was built without CUDA; only CPU tensors work");
@@ -112,6 +135,34 @@ std::string gpu_name() {
 // ---- Buffer ----
 
 Result<Buffer> Buffer::make(DLDevice device, DType dtype, std::vector<int64_t> shape) {
+  // Every byte count is checked before anything is allocated: a negative extent or a
+  // size past int64 is an argument error, a size past the free memory a resource error.
+  if (shape.size() > static_cast<size_t>(detail::kMaxCallNdim)) {
+    return Status(KREG_INVALID_ARGUMENT, "buffer: " + std::to_string(shape.size()) +
+                                             " dimensions, at most " +
+                                             std::to_string(detail::kMaxCallNdim));
+  }
+  int64_t elements = 0;
+  const int bad = check_extents(shape.data(), static_cast<int>(shape.size()),
+                                static_cast<int64_t>(dtype_size(dtype)), &elements);
+  if (bad >= 0) {
+    return Status(KREG_INVALID_ARGUMENT, "buffer of shape " + shape_text(shape) + ": dim " +
+                                             std::to_string(bad) + " is negative");
+  }
+  if (bad == kShapeTooLarge) {
+    return Status(KREG_INVALID_ARGUMENT, "buffer of shape " + shape_text(shape) + " " +
+                                             std::string(dtype_name(dtype)) +
+                                             ": its size in bytes overflows int64");
+  }
+  const uint64_t want = static_cast<uint64_t>(elements) * dtype_size(dtype);
+  if (want > kCheckFreeAbove) {
+    if (Status st = check_fits(device, want,
+                               "a buffer of shape " + shape_text(shape) + " " +
+                                   std::string(dtype_name(dtype)));
+        !st.ok()) {
+      return st;
+    }
+  }
   Buffer b;
   b.dtype_ = dtype;
   b.shape_ = std::move(shape);
@@ -123,7 +174,12 @@ Result<Buffer> Buffer::make(DLDevice device, DType dtype, std::vector<int64_t> s
   b.t_.byte_offset = 0;
   const size_t n = std::max<size_t>(b.bytes(), 1);
   if (device.device_type == kDLCPU) {
-    b.t_.data = ::operator new(n, std::align_val_t(64));
+    try {
+      b.t_.data = ::operator new(n, std::align_val_t(64));
+    } catch (const std::bad_alloc&) {  // the free figure is a snapshot; another may have won
+      return Status(KREG_RESOURCE_EXHAUSTED, "buffer of shape " + shape_text(b.shape_) + ": " +
+                                                 byte_text(n) + " of host memory not available");
+    }
   } else if (device.device_type == kDLCUDA) {
 #if defined(KREG_HAVE_CUDA)
     // On the tensor's device, whatever device the calling thread has current.
@@ -288,78 +344,224 @@ Status Buffer::fill_random(std::mt19937_64& rng) {
 }
 
 Status Buffer::poison() {
-  std::vector<double> v(static_cast<size_t>(numel()),
-                        is_float(dtype_) ? std::numeric_limits<double>::quiet_NaN() : 127.0);
-  return from_doubles(v);
+  // Written element by element into one host staging copy (no vector of doubles).
+  const double v = is_float(dtype_) ? std::numeric_limits<double>::quiet_NaN() : 127.0;
+  std::vector<char> staging(on_gpu() ? bytes() : 0);
+  void* dst = on_gpu() ? static_cast<void*>(staging.data()) : t_.data;
+  const int64_t n = numel();
+  for (int64_t i = 0; i < n; ++i) write_element(dst, dtype_, i, v);
+  if (!on_gpu()) return OkStatus();
+#if defined(KREG_HAVE_CUDA)
+  return cuda_status(cudaMemcpy(t_.data, staging.data(), bytes(), cudaMemcpyHostToDevice),
+                     "cudaMemcpy to device");
+#else
+  return no_cuda();
+#endif
 }
 
 // ---- Example arguments ----
 
 Result<SymbolMap> parse_shape_spec(const std::string& text) {
   SymbolMap out;
+  if (text.empty()) {
+    return Status(KREG_INVALID_ARGUMENT, "--shape: empty (expected NAME=SIZE,..., e.g. T=64,H=4096)");
+  }
   size_t pos = 0;
-  while (pos < text.size()) {
-    size_t comma = text.find(',', pos);
-    std::string item =
+  while (true) {
+    const size_t comma = text.find(',', pos);
+    const std::string item =
         text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
-    size_t eq = item.find('=');
-    if (eq == std::string::npos || eq == 0) {
-      return Status(KREG_INVALID_ARGUMENT,
-                    "--shape: '" + item + "' is not NAME=SIZE (e.g. T=64,H=4096)");
+    const size_t eq = item.find('=');
+    const std::string name = item.substr(0, eq);
+    bool ident = !name.empty() && !std::isdigit(static_cast<unsigned char>(name[0]));
+    for (char c : name) ident = ident && (std::isalnum(static_cast<unsigned char>(c)) || c == '_');
+    if (eq == std::string::npos || !ident) {
+      return Status(KREG_INVALID_ARGUMENT, "--shape: '" + excerpt(item, 40) +
+                                               "' is not NAME=SIZE (e.g. T=64,H=4096)");
     }
-    char* end = nullptr;
-    const std::string value = item.substr(eq + 1);
-    long long n = std::strtoll(value.c_str(), &end, 10);
-    if (value.empty() || *end != '\0' || n < 0) {
-      return Status(KREG_INVALID_ARGUMENT, "--shape: size of '" + item.substr(0, eq) +
-                                               "' must be a non-negative integer, got '" + value +
-                                               "'");
+    auto n = parse_int(item.substr(eq + 1), "--shape " + name, 0);
+    if (!n) return n.status();
+    if (!out.emplace(name, *n).second) {
+      return Status(KREG_INVALID_ARGUMENT, "--shape: dimension '" + name + "' is given twice");
     }
-    out[item.substr(0, eq)] = n;
     if (comma == std::string::npos) break;
     pos = comma + 1;
   }
   return out;
 }
 
-Result<ExampleArgs> make_example(const KernelSpec& spec, const SymbolMap& symbols, DType dtype,
-                                 DLDevice device, uint64_t seed) {
+namespace {
+
+Status needs_every_symbol(const KernelSpec& spec, const SymbolMap& symbols) {
   const Signature& sig = spec.signature;
   for (const std::string& s : sig.symbols) {
     if (!symbols.count(s)) {
-      std::string all;
-      for (const std::string& t : sig.symbols) all += (all.empty() ? "" : ",") + t + "=N";
+      std::string example;
+      for (const std::string& t : sig.symbols) example += (example.empty() ? "" : ",") + t + "=N";
       return Status(KREG_INVALID_ARGUMENT, spec.op + ": --shape needs a size for '" + s +
                                                "' (signature " + sig.text + "; e.g. --shape " +
-                                               all + ")");
+                                               example + ")");
     }
   }
-  std::mt19937_64 rng(seed);
-  ExampleArgs args;
+  return OkStatus();
+}
+
+}  // namespace
+
+Status check_shape_names(const KernelSpec& spec, const SymbolMap& symbols) {
+  const Signature& sig = spec.signature;
+  std::string all;
+  for (const std::string& t : sig.symbols) all += (all.empty() ? "" : ", ") + t;
+  for (const auto& [name, value] : symbols) {
+    if (std::find(sig.symbols.begin(), sig.symbols.end(), name) == sig.symbols.end()) {
+      return Status(KREG_INVALID_ARGUMENT, "--shape: '" + name + "' is not a dimension of " +
+                                               spec.op + " (its dimensions: " +
+                                               (all.empty() ? "none" : all) + "; signature " +
+                                               sig.text + ")");
+    }
+  }
+  return needs_every_symbol(spec, symbols);
+}
+
+namespace {
+
+// One tensor of an example, sized and checked before anything is allocated.
+struct PlannedTensor {
+  const Param* param = nullptr;
+  std::vector<int64_t> shape;
+  DType dtype = DType::kF32;
+  int64_t numel = 0;
+  int64_t bytes = 0;
+};
+
+Result<std::vector<PlannedTensor>> plan_example(const KernelSpec& spec, const SymbolMap& symbols,
+                                                DType dtype) {
+  const Signature& sig = spec.signature;
+  if (Status st = needs_every_symbol(spec, symbols); !st.ok()) return st;
+  std::vector<PlannedTensor> out;
   for (const Param& p : sig.params) {
     if (!p.is_tensor()) continue;
     if (!p.ranked) {
       return Status(KREG_INVALID_ARGUMENT,
                     spec.op + ": tensor '" + p.name + "' has no named shape to build it from");
     }
-    std::vector<int64_t> shape;
+    PlannedTensor t;
+    t.param = &p;
+    // "tensor 'x' [T,2*D] with T=4, D=8": what a message about this tensor starts with.
+    auto where = [&] {
+      std::string w = spec.op + ": tensor '" + p.name + "' " + sig.shape_name(p);
+      std::string with;
+      for (const DimExpr& d : p.dims) {
+        if (d.symbol < 0) continue;
+        const std::string& name = sig.symbols[static_cast<size_t>(d.symbol)];
+        const std::string item = name + "=" + std::to_string(symbols.at(name));
+        if (with.find(item) == std::string::npos) with += (with.empty() ? "" : ", ") + item;
+      }
+      return with.empty() ? w : w + " with " + with;
+    };
     for (const DimExpr& d : p.dims) {
-      shape.push_back(d.symbol < 0
-                          ? d.literal
-                          : d.coef * symbols.at(sig.symbols[static_cast<size_t>(d.symbol)]));
+      int64_t extent = d.literal;
+      if (d.symbol >= 0) {
+        const int64_t v = symbols.at(sig.symbols[static_cast<size_t>(d.symbol)]);
+        if (!checked_mul(d.coef, v, &extent)) {
+          return Status(KREG_INVALID_ARGUMENT, where() + ": dimension " + sig.dim_name(d) +
+                                                   " = " + std::to_string(d.coef) + " * " +
+                                                   std::to_string(v) + " overflows int64");
+        }
+      }
+      t.shape.push_back(extent);
     }
-    DType dt = dtype;
+    t.dtype = dtype;
     if (p.dtypes != 0) {  // an explicit dtype set: its first member
       for (int i = 0; i < static_cast<int>(DType::kCount); ++i) {
         if (p.dtypes & mask_of(static_cast<DType>(i))) {
-          dt = static_cast<DType>(i);
+          t.dtype = static_cast<DType>(i);
           break;
         }
       }
     }
-    auto buf = Buffer::make(device, dt, shape);
+    const int64_t item = static_cast<int64_t>(dtype_size(t.dtype));
+    const int bad = check_extents(t.shape.data(), static_cast<int>(t.shape.size()), item, &t.numel);
+    if (bad >= 0) {
+      return Status(KREG_INVALID_ARGUMENT, where() + ": dim " + std::to_string(bad) + " is negative");
+    }
+    if (bad == kShapeTooLarge) {
+      return Status(KREG_INVALID_ARGUMENT,
+                    where() + ": shape " + shape_text(t.shape) + " of " +
+                        std::string(dtype_name(t.dtype)) + " (" + std::to_string(item) +
+                        " bytes each) is more than 9223372036854775807 bytes");
+    }
+    t.bytes = t.numel * item;
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+// "x [T=99999999999,H=8] 1.6 TB, out ..." for the message when an example does not fit.
+std::string planned_text(const KernelSpec& spec, const std::vector<PlannedTensor>& plan) {
+  std::string s = spec.op + "'s example tensors (";
+  for (size_t i = 0; i < plan.size(); ++i) {
+    s += (i ? ", " : "") + plan[i].param->name + " " + shape_text(plan[i].shape) + " " +
+         std::string(dtype_name(plan[i].dtype));
+  }
+  return s + ")";
+}
+
+// What an example needs on `device` and, for a device example, in host staging copies.
+Status plan_fits(const KernelSpec& spec, const std::vector<PlannedTensor>& plan,
+                 DLDevice device) {
+  uint64_t total = 0, largest = 0;
+  for (const PlannedTensor& t : plan) {
+    total = sat_add(total, static_cast<uint64_t>(t.bytes));
+    largest = std::max(largest, static_cast<uint64_t>(t.bytes));
+  }
+  // Filling a tensor stages one copy of it on the host.
+  if (is_host(device)) return check_fits(device, sat_add(total, largest), planned_text(spec, plan));
+  if (Status st = check_fits(device, total, planned_text(spec, plan)); !st.ok()) return st;
+  return check_fits(DLDevice{kDLCPU, 0}, largest, planned_text(spec, plan) + " staged on the host");
+}
+
+}  // namespace
+
+Status check_example_fits(const KernelSpec& spec, const SymbolMap& symbols, DType dtype,
+                          DLDevice device, bool with_reference) {
+  auto plan = plan_example(spec, symbols, dtype);
+  if (!plan) return plan.status();
+  if (!with_reference) return plan_fits(spec, *plan, device);
+  // Everything check_against_reference holds at once: the host example, a staging copy,
+  // the device copy, and per written tensor two vectors of doubles (implementation and
+  // reference) plus the copy they are read from.
+  uint64_t total = 0, largest = 0, compare = 0;
+  for (const PlannedTensor& t : *plan) {
+    total = sat_add(total, static_cast<uint64_t>(t.bytes));
+    largest = std::max(largest, static_cast<uint64_t>(t.bytes));
+    if (t.param->written()) {
+      compare = sat_add(compare, sat_add(sat_mul(2 * sizeof(double), static_cast<uint64_t>(t.numel)),
+                                         static_cast<uint64_t>(t.bytes)));
+    }
+  }
+  uint64_t host_need = sat_add(sat_add(total, largest), compare);
+  if (is_host(device)) host_need = sat_add(host_need, total);
+  if (Status st = check_fits(DLDevice{kDLCPU, 0}, host_need,
+                             planned_text(spec, *plan) + ", the reference and the comparison");
+      !st.ok()) {
+    return st;
+  }
+  if (!is_host(device)) return check_fits(device, total, planned_text(spec, *plan));
+  return OkStatus();
+}
+
+Result<ExampleArgs> make_example(const KernelSpec& spec, const SymbolMap& symbols, DType dtype,
+                                 DLDevice device, uint64_t seed) {
+  auto plan = plan_example(spec, symbols, dtype);
+  if (!plan) return plan.status();
+  if (Status st = plan_fits(spec, *plan, device); !st.ok()) return st;
+  std::mt19937_64 rng(seed);
+  ExampleArgs args;
+  for (PlannedTensor& t : *plan) {
+    auto buf = Buffer::make(device, t.dtype, std::move(t.shape));
     if (!buf) return buf.status();
-    Status st = p.read() ? buf->fill_random(rng) : buf->poison();
+    Status st = t.param->read() ? buf->fill_random(rng) : buf->poison();
     if (!st.ok()) return st;
     args.buffers.push_back(std::move(buf).value());
   }
@@ -435,6 +637,7 @@ Result<std::vector<Comparison>> check_against_reference(const Registry& registry
                                                         const AttrList& attrs, uint64_t seed) {
   const KernelSpec& spec = handle.spec();
   const DLDevice device{static_cast<DLDeviceType>(spec.device_type()), 0};
+  if (Status st = check_example_fits(spec, symbols, dtype, device, true); !st.ok()) return st;
   auto host = make_example(spec, symbols, dtype, DLDevice{kDLCPU, 0}, seed);
   if (!host) return host.status();
   auto dev = copy_example(*host, device);
@@ -517,8 +720,13 @@ Result<Timing> time_on_gpu(const KernelHandle& handle, const SymbolMap& symbols,
   t.bytes = bytes_moved(spec, *first);
   const size_t per_set = std::max<size_t>(t.bytes, 1);
   // Enough sets that the total exceeds twice the L2, so each call misses in cache.
-  const int sets =
+  int sets =
       static_cast<int>(std::clamp<size_t>(2 * static_cast<size_t>(l2) / per_set + 1, 2, 64));
+  // No more sets than fit in what the device has free (less a margin for the kernel).
+  if (auto avail = available_memory(DLDevice{kDLCUDA, 0}); avail.ok()) {
+    const uint64_t fit = avail->bytes / 10 * 9 / std::max<uint64_t>(per_set, 1);
+    sets = static_cast<int>(std::clamp<uint64_t>(fit, 1, static_cast<uint64_t>(sets)));
+  }
   std::vector<ExampleArgs> all;
   all.push_back(std::move(first).value());
   for (int s = 1; s < sets; ++s) {  // copies of set 0: distinct memory, same values

@@ -24,6 +24,8 @@ std::string gpu_name();
 // CPU memory, and accessible to CUDA kernels).
 class Buffer {
  public:
+  // Refuses negative extents, sizes past int64 and (above 64 MB) sizes past the device's
+  // free memory before allocating.
   static Result<Buffer> make(DLDevice device, DType dtype, std::vector<int64_t> shape);
   Buffer() = default;
   Buffer(Buffer&&) noexcept;
@@ -55,12 +57,20 @@ class Buffer {
   std::vector<int64_t> shape_;
 };
 
-// "T=64,H=4096" -> {T:64, H:4096}.
+// "T=64,H=4096" -> {T:64, H:4096}. Strict: NAME=SIZE items, names identifiers, each
+// given once, sizes whole decimal integers in [0, INT64_MAX] (kreg/parse_number.hpp).
 using SymbolMap = std::map<std::string, int64_t>;
 Result<SymbolMap> parse_shape_spec(const std::string& text);
 
+// Every name in `symbols` is a dimension of the op's signature and every dimension has a
+// size; the error names the stray or missing dimension and lists the op's.
+Status check_shape_names(const KernelSpec& spec, const SymbolMap& symbols);
+
 // One buffer per tensor parameter of `spec`, shaped from `symbols`: inputs random,
-// write-only outputs poisoned. Tensors without an explicit dtype take `dtype`.
+// write-only outputs poisoned. Tensors without an explicit dtype take `dtype`. Every
+// extent (coef * size) and byte count is overflow-checked and the total compared with the
+// device's free memory (memory.hpp) before anything is allocated; errors name the tensor,
+// its dimensions and the limit.
 struct ExampleArgs {
   std::vector<Buffer> buffers;
   std::vector<DLTensor*> tensors;  // views, in signature order
@@ -68,6 +78,12 @@ struct ExampleArgs {
 Result<ExampleArgs> make_example(const KernelSpec& spec, const SymbolMap& symbols, DType dtype,
                                  DLDevice device, uint64_t seed);
 Result<ExampleArgs> copy_example(const ExampleArgs& src, DLDevice device);
+
+// The checks make_example (with_reference false) or check_against_reference (true: the
+// host copies, the reference's and the comparison's memory too) make before allocating,
+// alone: overflow-checked sizes and free memory. Nothing is allocated.
+Status check_example_fits(const KernelSpec& spec, const SymbolMap& symbols, DType dtype,
+                          DLDevice device, bool with_reference);
 
 // Bytes a call moves at minimum: each read tensor once, each written tensor once.
 size_t bytes_moved(const KernelSpec& spec, const ExampleArgs& args);

@@ -11,7 +11,9 @@
 
 #include "harness.hpp"
 #include "json.hpp"
+#include "kreg/parse_number.hpp"
 #include "kreg/registry.hpp"
+#include "kreg/text.hpp"
 #include "kreg/validation.hpp"
 
 namespace fs = std::filesystem;
@@ -302,9 +304,32 @@ int cmd_validate(const std::string& manifest, const ValidateArgs& a) {
 struct RunArgs {
   std::string op, shape, dtype = "bf16", backend;
   std::vector<std::string> attrs;
+  // Taken as text and parsed by kreg/parse_number.hpp: whole, in range, never wrapped
+  // ("--seed -1" is an error, not 2^64-1).
+  std::string seed_text = "1", reps_text = "100";
   uint64_t seed = 1;
   int reps = 100;
+  bool bench = false;  // size checks for timing on the device instead of the reference run
 };
+
+constexpr int kMaxReps = 1000000;
+
+// --seed and --reps; prints the error and returns the usage exit code.
+int parse_run_numbers(RunArgs* a) {
+  auto seed = kreg::parse_uint(a->seed_text, "--seed");
+  if (!seed) {
+    std::cerr << "kreg: " << seed.status().message() << "\n";
+    return kExitUsage;
+  }
+  a->seed = *seed;
+  auto reps = kreg::parse_int(a->reps_text, "--reps", 1, kMaxReps);
+  if (!reps) {
+    std::cerr << "kreg: " << reps.status().message() << "\n";
+    return kExitUsage;
+  }
+  a->reps = static_cast<int>(*reps);
+  return 0;
+}
 
 int prepare(const std::string& manifest, const RunArgs& a, Opened* o, kreg::KernelHandle* h,
             kreg::harness::SymbolMap* symbols, kreg::DType* dtype, kreg::AttrList* attrs) {
@@ -340,20 +365,50 @@ int prepare(const std::string& manifest, const RunArgs& a, Opened* o, kreg::Kern
     return kExitViolation;
   }
   *h = *handle;
+  // Every dimension of the op has a size and every size names a dimension of the op.
+  if (kreg::Status st = kreg::harness::check_shape_names(h->spec(), *symbols); !st.ok()) {
+    std::cerr << "kreg: " << st.message() << "\n";
+    return kExitUsage;
+  }
+  // Sizes overflow-checked and compared with free memory before anything is allocated.
+  if (kreg::Status st = kreg::harness::check_example_fits(
+          h->spec(), *symbols, *d, DLDevice{be->device_type(), 0}, !a.bench);
+      !st.ok()) {
+    std::cerr << "kreg: " << st.message() << "\n";
+    return kExitUsage;
+  }
   std::vector<kreg::NamedAttr> named;
   for (const std::string& kv : a.attrs) {
     const size_t eq = kv.find('=');
     if (eq == std::string::npos) {
-      std::cerr << "kreg: --attr '" << kv << "' is not NAME=VALUE\n";
+      std::cerr << "kreg: --attr '" << kreg::excerpt(kv, 60) << "' is not NAME=VALUE\n";
       return kExitUsage;
     }
     const std::string name = kv.substr(0, eq), value = kv.substr(eq + 1);
+    for (const kreg::NamedAttr& earlier : named) {
+      if (earlier.name == name) {
+        std::cerr << "kreg: --attr " << kreg::excerpt(name, 60) << " is given twice\n";
+        return kExitUsage;
+      }
+    }
     const kreg::Param* p = h->spec().signature.find(name);
     kreg::NamedAttr na{name, value};
-    if (p && p->kind == kreg::ArgKind::kFloat) na.value = std::strtod(value.c_str(), nullptr);
-    if (p && p->kind == kreg::ArgKind::kInt)
-      na.value = static_cast<int64_t>(std::strtoll(value.c_str(), nullptr, 10));
-    if (p && p->kind == kreg::ArgKind::kBool) na.value = value == "true" || value == "1";
+    const std::string what = "--attr " + kreg::excerpt(name, 60);
+    kreg::Status bad;
+    if (p && p->kind == kreg::ArgKind::kFloat) {
+      auto v = kreg::parse_float(value, what);
+      if (v) na.value = *v; else bad = v.status();
+    } else if (p && p->kind == kreg::ArgKind::kInt) {
+      auto v = kreg::parse_int(value, what);
+      if (v) na.value = *v; else bad = v.status();
+    } else if (p && p->kind == kreg::ArgKind::kBool) {
+      auto v = kreg::parse_bool(value, what);
+      if (v) na.value = *v; else bad = v.status();
+    }
+    if (!bad.ok()) {
+      std::cerr << "kreg: " << bad.message() << " (attribute of " << h->op() << ")\n";
+      return kExitUsage;
+    }
     named.push_back(std::move(na));
   }
   auto list = h->attrs(named);
@@ -397,6 +452,7 @@ int cmd_bench(const std::string& manifest, const RunArgs& a) {
     return kExitViolation;
   }
   RunArgs ra = a;
+  ra.bench = true;
   if (ra.backend.empty()) ra.backend = "cuda";
   Opened o;
   kreg::KernelHandle h;
@@ -495,7 +551,7 @@ int main(int argc, char** argv) {
     sub->add_option("--backend", ra.backend,
                     "implementation to run (default: cuda if a GPU exists)");
     sub->add_option("--attr", ra.attrs, "attribute NAME=VALUE (repeatable)");
-    sub->add_option("--seed", ra.seed, "random seed for inputs");
+    sub->add_option("--seed", ra.seed_text, "random seed for inputs, in [0, 2^64-1]");
   };
   auto* run =
       app.add_subcommand("run", "run an op on random inputs and compare with the CPU reference");
@@ -503,7 +559,8 @@ int main(int argc, char** argv) {
   auto* bench =
       app.add_subcommand("bench", "time an op on the GPU (CUDA events) against a D2D copy");
   add_run_options(bench);
-  bench->add_option("--reps", ra.reps, "timed repetitions (median reported)");
+  bench->add_option("--reps", ra.reps_text,
+                    "timed repetitions (median reported), in [1, 1000000]");
 
   try {
     app.parse(argc, argv);
@@ -518,6 +575,9 @@ int main(int argc, char** argv) {
   if (*list) return cmd_list(manifest, group, json);
   if (*info) return cmd_info(manifest, op, json);
   if (*validate) return cmd_validate(manifest, va);
+  if (*run || *bench) {
+    if (int rc = parse_run_numbers(&ra)) return rc;
+  }
   if (*run) return cmd_run(manifest, ra);
   if (*bench) return cmd_bench(manifest, ra);
   return kExitUsage;
