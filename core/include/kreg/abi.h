@@ -17,7 +17,14 @@
  * ----------------------
  * Only C types cross it: no C++ exceptions, STL types or RTTI. Every pointer a plugin
  * hands out (strings, tables, the descriptor) is owned by the plugin and stays valid
- * while the library is loaded; the core copies what it must keep longer.
+ * while the library is loaded; the core copies what it must keep longer. Those pointers
+ * must point into the library's own static storage (string literals, constant tables,
+ * globals: what KREG_PLUGIN produces), and function pointers into its code: the core
+ * checks each against the library's loaded segments before reading through it, and
+ * refuses a descriptor, table or string elsewhere (the heap, another library). Strings
+ * are NUL-terminated within bounds the core names (kreg/plugin_library.hpp). An array of
+ * structs (the kernel table) has the stride of its first record's struct_size, the same
+ * for every record. The entry symbol must be an exported function (STT_FUNC).
  * Tensors are DLPack `DLTensor`s (dlpack/dlpack.h); the core checks every call against
  * the kernel's signature before the kernel runs, so a kernel may trust the frame.
  */
