@@ -19,8 +19,10 @@ namespace kreg {
 
 std::string SourceLocation::to_string() const {
   // Without a line (e.g. the file could not be read) a column would mean nothing.
-  if (line <= 0) return file;
-  std::string out = file + ":" + std::to_string(line);
+  // The path is outside text (a command line, an environment variable): escaped, so a
+  // newline in it cannot start a line of its own in the message.
+  if (line <= 0) return escape_control(file);
+  std::string out = escape_control(file) + ":" + std::to_string(line);
   if (column > 0) out += ":" + std::to_string(column);
   return out;
 }
@@ -800,7 +802,7 @@ Result<Manifest> ManifestParser::parse(const std::string& text,
       parse_document(loaded.document.root(), manifest);
       if (loaded.second_document) {
         error(at(loaded.second_document_mark), "",
-              "a manifest is a single YAML document; remove the '---' and what follows");
+              "a manifest is a single YAML document; a second one starts here: remove it");
       }
     }
   } catch (const std::exception& e) {
@@ -850,6 +852,79 @@ std::optional<yml::Node> lookup(const yml::Node& map, std::string_view key) {
     if (map.key(i).IsScalar() && map.key(i).Scalar() == key) return map.value(i);
   }
   return std::nullopt;
+}
+
+// Whether two trees are the same: kinds, tags, values and map keys in order.
+bool same_tree(const yml::Node& a, const yml::Node& b) {
+  if (a.kind() != b.kind() || a.Tag() != b.Tag() || a.Scalar() != b.Scalar() ||
+      a.size() != b.size()) {
+    return false;
+  }
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a.IsMap() ? !same_tree(a.key(i), b.key(i)) || !same_tree(a.value(i), b.value(i))
+                  : !same_tree(a[i], b[i])) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// Whether `edited` is `original` with only the pins of `pins` set: every other node the
+// same, each pinned group holding exactly one sha256, its pin.
+bool only_pins_changed(const yml::Node& original, const yml::Node& edited,
+                       const std::map<std::string, std::string>& pins) {
+  auto pinned = [&](const yml::Node& group) -> const std::string* {
+    const std::optional<yml::Node> name = group.IsMap() ? lookup(group, "name") : std::nullopt;
+    if (!name || !name->IsScalar()) return nullptr;
+    auto it = pins.find(name->Scalar());
+    return it == pins.end() ? nullptr : &it->second;
+  };
+  auto same_group = [&](const yml::Node& a, const yml::Node& b) {
+    const std::string* pin = pinned(a);
+    if (pin == nullptr) return same_tree(a, b);
+    if (!b.IsMap() || a.Tag() != b.Tag()) return false;
+    std::vector<std::pair<yml::Node, yml::Node>> rest_a, rest_b;
+    size_t shas = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      if (!(a.key(i).IsScalar() && a.key(i).Scalar() == "sha256")) {
+        rest_a.emplace_back(a.key(i), a.value(i));
+      }
+    }
+    for (size_t i = 0; i < b.size(); ++i) {
+      if (b.key(i).IsScalar() && b.key(i).Scalar() == "sha256") {
+        if (++shas > 1 || !b.value(i).IsScalar() || b.value(i).Scalar() != *pin) return false;
+      } else {
+        rest_b.emplace_back(b.key(i), b.value(i));
+      }
+    }
+    if (shas != 1 || rest_a.size() != rest_b.size()) return false;
+    for (size_t i = 0; i < rest_a.size(); ++i) {
+      if (!same_tree(rest_a[i].first, rest_b[i].first) ||
+          !same_tree(rest_a[i].second, rest_b[i].second)) {
+        return false;
+      }
+    }
+    return true;
+  };
+  if (!original.IsMap() || !edited.IsMap() || original.size() != edited.size() ||
+      original.Tag() != edited.Tag()) {
+    return false;
+  }
+  for (size_t i = 0; i < original.size(); ++i) {
+    const yml::Node key = original.key(i);
+    if (!same_tree(key, edited.key(i))) return false;
+    const yml::Node a = original.value(i);
+    const yml::Node b = edited.value(i);
+    if (!(key.IsScalar() && key.Scalar() == "groups" && a.IsSequence())) {
+      if (!same_tree(a, b)) return false;
+      continue;
+    }
+    if (!b.IsSequence() || a.size() != b.size() || a.Tag() != b.Tag()) return false;
+    for (size_t g = 0; g < a.size(); ++g) {
+      if (!same_group(a[g], b[g])) return false;
+    }
+  }
+  return true;
 }
 
 }  // namespace
@@ -919,7 +994,7 @@ Result<std::string> rewrite_manifest_pins(const std::string& text,
         const size_t begin = *value_pos;
         const char quote = text[begin];
         if (quote == '"' || quote == '\'') {
-          const size_t end = text.find(quote, begin + 1);
+          const size_t end = yml::quoted_end(text, begin);
           if (end == std::string::npos) return fail(where + ": unterminated sha256 value");
           edits.push_back({begin + 1, end, pin->second});
         } else {
@@ -943,7 +1018,19 @@ Result<std::string> rewrite_manifest_pins(const std::string& text,
       if (!key_library || !value_library->IsScalar() || !mark_pos(*value_library)) {
         return fail(where + " has no library line to put the pin under");
       }
-      const size_t eol = text.find('\n', *mark_pos(*value_library));
+      // The pin goes on the line after the library value, which must end on its own line.
+      const size_t value_begin = *mark_pos(*value_library);
+      size_t value_end = std::string::npos;
+      if (text[value_begin] == '"' || text[value_begin] == '\'') {
+        value_end = yml::quoted_end(text, value_begin);
+      } else if (text.compare(value_begin, value_library->Scalar().size(),
+                              value_library->Scalar()) == 0) {
+        value_end = value_begin + value_library->Scalar().size();
+      }
+      if (value_end == std::string::npos) {
+        return fail(where + ": its library value spans lines or has a tag; add the pin by hand");
+      }
+      const size_t eol = text.find('\n', value_end);
       const auto column = static_cast<size_t>(std::max(0, key_library->GetMark().column));
       const std::string line = std::string(column, ' ') + "sha256: " + pin->second;
       // The new line ends like the one it follows, so a CRLF file stays CRLF.
@@ -966,6 +1053,14 @@ Result<std::string> rewrite_manifest_pins(const std::string& text,
             [](const Edit& a, const Edit& b) { return a.begin > b.begin; });
   std::string out = text;
   for (const Edit& e : edits) out.replace(e.begin, e.end - e.begin, e.with);
+  // Line edits of YAML can change what a neighbouring line means (a comment, a scalar
+  // continued on the next line); the result must read as the same manifest with the pins.
+  const yml::Loaded check = yml::load(out);
+  if (!check.errors.empty() || check.second_document ||
+      !only_pins_changed(root, check.document.root(), pins)) {
+    return fail("the edit would change more than the sha256 pins (the layout around a "
+                "library line is unusual); add them by hand");
+  }
   return out;
 }
 
@@ -975,15 +1070,17 @@ Result<std::string> read_manifest_file(const std::filesystem::path& file) {
   if (text) return text;
   // RegularFile names "the manifest <path>"; say it once, in this function's own words.
   std::string why = text.status().message();
+  // RegularFile's messages carry the path escaped; so does this one.
+  const std::string shown_text = escape_control(shown.string());
   for (const std::string& prefix :
-       {"cannot open the manifest " + shown.string() + ": ", "the manifest " + shown.string() + " "}) {
+       {"cannot open the manifest " + shown_text + ": ", "the manifest " + shown_text + " "}) {
     if (why.rfind(prefix, 0) == 0) {
       why = why.substr(prefix.size());
       if (why.rfind("is ", 0) == 0) why = "it " + why;
       break;
     }
   }
-  return Status(KREG_NOT_FOUND, "cannot read the manifest " + shown.string() + ": " + why);
+  return Status(KREG_NOT_FOUND, "cannot read the manifest " + shown_text + ": " + why);
 }
 
 Result<Manifest> load_manifest(const std::filesystem::path& file, const ManifestOptions& options,

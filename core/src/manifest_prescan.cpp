@@ -202,6 +202,22 @@ bool prescan(std::string_view text, std::vector<LoadError>& errors) {
   return errors.size() == errors_before;
 }
 
+size_t quoted_end(std::string_view text, size_t pos) {
+  const char quote = text[pos];
+  for (size_t i = pos + 1; i < text.size(); ++i) {
+    if (quote == '"' && text[i] == '\\') {
+      ++i;
+    } else if (text[i] == quote) {
+      if (quote == '\'' && i + 1 < text.size() && text[i + 1] == '\'') {
+        ++i;
+      } else {
+        return i;
+      }
+    }
+  }
+  return std::string_view::npos;
+}
+
 size_t find_unprintable(std::string_view s, bool text) {
   for (size_t i = 0; i < s.size(); ++i) {
     const auto b = static_cast<uint8_t>(s[i]);

@@ -102,7 +102,8 @@ Node Node::value(size_t i) const {
 
 class Builder : public YAML::EventHandler {
  public:
-  Builder(Document& doc, const Limits& limits) : doc_(doc), limits_(limits) {}
+  Builder(Document& doc, const Limits& limits, std::string_view text)
+      : doc_(doc), limits_(limits), text_(text) {}
 
   void OnDocumentStart(const YAML::Mark&) override {}
   void OnDocumentEnd() override {}
@@ -115,6 +116,7 @@ class Builder : public YAML::EventHandler {
                 const std::string& value) override {
     const uint32_t id = add(mark, Node::Kind::kScalar, tag, anchor, false);
     doc_.nodes_[id].scalar = value;
+    check_quote_closed(mark);
   }
 
   void OnAlias(const YAML::Mark& mark, YAML::anchor_t anchor) override {
@@ -213,8 +215,33 @@ class Builder : public YAML::EventHandler {
     if (anchor != 0) anchors_[anchor - 1] = id;
   }
 
+  // yaml-cpp ends a quoted scalar that is never closed at the end of the text and takes
+  // everything up to there as its value; a missing quote must be an error instead.
+  void check_quote_closed(const YAML::Mark& mark) const {
+    if (mark.pos < 0) return;
+    size_t i = static_cast<size_t>(mark.pos);
+    // Past the node's properties (`!tag`, `&anchor`) to the scalar itself.
+    while (i < text_.size() && (text_[i] == '!' || text_[i] == '&')) {
+      while (i < text_.size() && text_[i] != ' ' && text_[i] != '\t' && text_[i] != '\n' &&
+             text_[i] != '\r') {
+        ++i;
+      }
+      while (i < text_.size() && (text_[i] == ' ' || text_[i] == '\t' || text_[i] == '\n' ||
+                                  text_[i] == '\r')) {
+        ++i;
+      }
+    }
+    if (i >= text_.size() || (text_[i] != '"' && text_[i] != '\'')) return;
+    if (quoted_end(text_, i) == std::string_view::npos) {
+      throw Stop{from_yaml(mark), std::string("YAML syntax error: the ") +
+                                      (text_[i] == '"' ? "double" : "single") +
+                                      "-quoted string that starts here is never closed"};
+    }
+  }
+
   Document& doc_;
   const Limits& limits_;
+  std::string_view text_;
   std::vector<uint32_t> stack_;  // open collections
   std::vector<YAML::anchor_t> open_anchor_;
   std::vector<uint32_t> anchors_;   // anchor_t - 1 -> node id, kOpen while its node is open
@@ -230,7 +257,7 @@ Loaded load(std::string_view text, const Limits& limits) {
   std::istringstream stream{std::string(text)};
   try {
     YAML::Parser parser(stream);
-    Builder builder(out.document, limits);
+    Builder builder(out.document, limits, text);
     // Exactly one document is built and at most the start of a second is looked at:
     // never a loop over documents, which is where yaml-cpp can spin forever.
     if (!parser.HandleNextDocument(builder)) return out;

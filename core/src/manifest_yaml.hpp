@@ -111,6 +111,11 @@ Loaded load(std::string_view text, const Limits& limits = Limits{});
 // than yaml-cpp should be asked to scan. Appends to `errors`; false when any was found.
 bool prescan(std::string_view text, std::vector<LoadError>& errors);
 
+// Given text[pos] is a quote (' or "), the offset of the quote that ends that quoted scalar
+// (YAML's rules: '' inside single quotes, backslash escapes inside double quotes); npos
+// when the text ends first.
+size_t quoted_end(std::string_view text, size_t pos);
+
 // The offset of the first byte in `s` that is not printable UTF-8: NUL and other C0/C1
 // controls, DEL, invalid UTF-8; tab and line feed count as printable when `text` is set.
 // npos when there is none.

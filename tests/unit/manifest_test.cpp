@@ -854,6 +854,32 @@ TEST(ManifestParser, TagsOtherThanTheCoreSchemasAreRefused) {
   EXPECT_EQ(m->groups[0].library_spec, "liba.so");
 }
 
+TEST(ManifestPins, EditsThatWouldChangeMoreThanThePinAreRefused) {
+  const std::string pin(64, 'c');
+  // A library value continued on the next line: a line after its first would split it.
+  Result<std::string> continued = rewrite_manifest_pins(
+      "kreg_manifest: 1\ngroups:\n  - name: a\n    library: lib\n      a.so\n", {{"a", pin}});
+  ASSERT_FALSE(continued.ok());
+  EXPECT_NE(continued.status().message().find("group 'a' (line 3): its library value spans lines"),
+            std::string::npos)
+      << continued.status().message();
+  // An explicit key: the new line would not belong to the group.
+  Result<std::string> explicit_key = rewrite_manifest_pins(
+      "kreg_manifest: 1\ngroups:\n  - name: a\n    ? library\n    : a.so\n", {{"a", pin}});
+  ASSERT_FALSE(explicit_key.ok());
+  EXPECT_NE(explicit_key.status().message().find("the edit would change more than the sha256 "
+                                                 "pins"),
+            std::string::npos)
+      << explicit_key.status().message();
+  // A quoted value with an escaped quote is replaced whole.
+  Result<std::string> escaped = rewrite_manifest_pins(
+      "kreg_manifest: 1\ngroups:\n  - name: a\n    library: a.so\n    sha256: \"x\\\"y\"\n",
+      {{"a", pin}});
+  ASSERT_TRUE(escaped.ok()) << escaped.status().message();
+  EXPECT_EQ(*escaped, "kreg_manifest: 1\ngroups:\n  - name: a\n    library: a.so\n    sha256: \"" +
+                          pin + "\"\n");
+}
+
 TEST(ManifestPins, CrlfFileStaysCrlf) {
   const std::string text =
       "kreg_manifest: 1\r\ngroups:\r\n  - name: a\r\n    library: liba.so\r\n    load: lazy\r\n";
