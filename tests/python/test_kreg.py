@@ -242,6 +242,48 @@ def test_attribute_int_and_numpy_scalar(reg, kind):
     close(kind.numpy(out), rmsnorm_ref(x, w, 0.5))
 
 
+def test_attribute_out_of_range_names_op_attribute_and_range(reg):
+    x, w = randn((2, 16), 3), randn((16,), 4)
+    out = np.empty((2, 16), np.float32)
+    op = reg.op("layernorm.rmsnorm")
+    with pytest.raises(kreg.InvalidArgument,
+                       match=r"layernorm.rmsnorm\(\): attribute 'eps' is too large for a float"):
+        op(x, w, out, eps=10**400)
+    for bad in (float("inf"), float("-inf"), float("nan"), np.float64("nan"), np.float32("inf")):
+        with pytest.raises(kreg.InvalidArgument,
+                           match="layernorm.rmsnorm\\(\\): attribute 'eps' must be a finite float"):
+            op(x, w, out, eps=bad)
+    grouped = reg.op("moe.grouped_topk")
+    gating, bias = randn((4, 8), 5), np.zeros(8, np.float32)
+    ow, oi = np.empty((4, 2), np.float32), np.empty((4, 2), np.int32)
+    for bad in (2**63, -(2**63) - 1, 10**30):
+        with pytest.raises(kreg.InvalidArgument,
+                           match=r"moe.grouped_topk\(\): attribute 'n_group' is out of range "
+                                 r"\[-9223372036854775808, 9223372036854775807\] \(int64\)") as info:
+            grouped(gating, bias, ow, oi, n_group=bad, topk_group=1)
+        assert info.value.code == "INVALID_ARGUMENT"
+    # bool attributes take only bool: 1 is not silently True.
+    topk = reg.op("moe.topk_softmax")
+    with pytest.raises(TypeError, match="attribute 'renormalize' must be bool, not int"):
+        topk(gating, None, ow, oi, renormalize=1)
+    # The handle still works after every failure.
+    op(x, w, out, eps=1e-6)
+    close(out, rmsnorm_ref(x, w))
+
+
+def test_nul_in_a_string_attribute_or_path_is_refused(reg):
+    route = reg.op("moe.route")
+    gating = randn((4, 8), 5)
+    ow, oi = np.empty((4, 2), np.float32), np.empty((4, 2), np.int32)
+    with pytest.raises(kreg.InvalidArgument,
+                       match=r"moe.route\(\): attribute 'method' contains a NUL character"):
+        route(gating, None, ow, oi, method="Default\0ignored")
+    with pytest.raises(kreg.InvalidArgument, match="the manifest path contains a NUL character"):
+        kreg.open(MANIFEST + "\0ignored")
+    with pytest.raises(kreg.InvalidArgument, match="plugin_dir contains a NUL character"):
+        kreg.open(MANIFEST, plugin_dir="/tmp\0ignored")
+
+
 @pytest.mark.parametrize("gemma", [False, True])
 def test_fused_add_rmsnorm_in_place(reg, kind, gemma):
     x, r, w = randn((3, 96), 5), randn((3, 96), 6), randn((96,), 7)

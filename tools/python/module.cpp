@@ -114,6 +114,14 @@ py::dict info(const PyRegistry& r, const std::string& op) {
 std::unique_ptr<PyRegistry> open_registry(const std::string& path,
                                           const std::optional<std::string>& plugin_dir,
                                           bool load_lazy, bool precheck) {
+  // A path is a C string further down: a NUL would silently open a shorter one.
+  if (path.find('\0') != std::string::npos) {
+    throw_status(Status(KREG_INVALID_ARGUMENT, "kreg.open(): the manifest path contains a NUL "
+                                               "character"));
+  }
+  if (plugin_dir && plugin_dir->find('\0') != std::string::npos) {
+    throw_status(Status(KREG_INVALID_ARGUMENT, "kreg.open(): plugin_dir contains a NUL character"));
+  }
   ManifestOptions mo = manifest_options_from_env();
   if (plugin_dir) mo.plugin_dir_override = *plugin_dir;
   auto result = std::make_unique<PyRegistry>();

@@ -7,6 +7,7 @@
 // two only when the call runs on the framework's current stream (no stream= override).
 #include "op.hpp"
 
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -178,7 +179,20 @@ const char* attr_type_name(int32_t t) {
   }
 }
 
-// Converts one keyword value to the attribute's type; false with TypeError set otherwise.
+// A value of the right type but outside what the attribute can hold: kreg.InvalidArgument
+// naming the op, the attribute and the range (the Python exception it replaces, if any,
+// is dropped: OverflowError's text names neither).
+bool attr_range_error(const OpState& s, const AttrSpec& spec, const char* problem) {
+  PyErr_Clear();
+  const char* name = PyUnicode_AsUTF8(spec.name);
+  (void)raise_status(Status(KREG_INVALID_ARGUMENT, s.requested + "(): attribute '" +
+                                                       (name ? name : "?") + "' " + problem));
+  return false;
+}
+
+// Converts one keyword value to the attribute's type; false with TypeError set for a wrong
+// type, kreg.InvalidArgument for a value out of range (ints past int64, floats past
+// double or not finite, strings with a NUL).
 bool convert_attr(const OpState& s, const AttrSpec& spec, PyObject* v, kreg_attr* out) {
   out->type = spec.type;
   const bool is_bool = PyBool_Check(v);
@@ -186,22 +200,33 @@ bool convert_attr(const OpState& s, const AttrSpec& spec, PyObject* v, kreg_attr
     case KREG_ATTR_FLOAT:
       if (PyFloat_Check(v)) {
         out->value.f = PyFloat_AS_DOUBLE(v);
-        return true;
-      }
-      // ints, numpy scalars: anything with __float__ that is not a bool or a string.
-      if (!is_bool && Py_TYPE(v)->tp_as_number != nullptr &&
-          (Py_TYPE(v)->tp_as_number->nb_float != nullptr || PyLong_Check(v))) {
+      } else if (!is_bool && Py_TYPE(v)->tp_as_number != nullptr &&
+                 (Py_TYPE(v)->tp_as_number->nb_float != nullptr || PyLong_Check(v))) {
+        // ints, numpy scalars: anything with __float__ that is not a bool or a string.
         out->value.f = PyFloat_AsDouble(v);
-        return !(out->value.f == -1.0 && PyErr_Occurred());
+        if (out->value.f == -1.0 && PyErr_Occurred()) {
+          if (!PyErr_ExceptionMatches(PyExc_OverflowError)) return false;
+          return attr_range_error(s, spec, "is too large for a float (a double: about 1.8e308)");
+        }
+      } else {
+        break;
       }
-      break;
+      if (!std::isfinite(out->value.f)) {
+        return attr_range_error(s, spec, "must be a finite float, not inf or nan");
+      }
+      return true;
     case KREG_ATTR_INT:
       if (!is_bool && (PyLong_Check(v) || PyIndex_Check(v))) {
         PyObject* i = PyNumber_Index(v);
         if (i == nullptr) return false;
         out->value.i = PyLong_AsLongLong(i);
         Py_DECREF(i);
-        return !(out->value.i == -1 && PyErr_Occurred());
+        if (out->value.i == -1 && PyErr_Occurred()) {
+          if (!PyErr_ExceptionMatches(PyExc_OverflowError)) return false;
+          return attr_range_error(
+              s, spec, "is out of range [-9223372036854775808, 9223372036854775807] (int64)");
+        }
+        return true;
       }
       break;
     case KREG_ATTR_BOOL:
@@ -213,8 +238,14 @@ bool convert_attr(const OpState& s, const AttrSpec& spec, PyObject* v, kreg_attr
     case KREG_ATTR_STRING:
       if (PyUnicode_Check(v)) {
         // The UTF-8 form is cached in the str object, which the caller keeps alive.
-        out->value.s = PyUnicode_AsUTF8(v);
-        return out->value.s != nullptr;
+        Py_ssize_t n = 0;
+        out->value.s = PyUnicode_AsUTF8AndSize(v, &n);
+        if (out->value.s == nullptr) return false;
+        // The kernel gets a C string: a NUL would silently cut the value short.
+        if (std::strlen(out->value.s) != static_cast<size_t>(n)) {
+          return attr_range_error(s, spec, "contains a NUL character");
+        }
+        return true;
       }
       break;
   }
