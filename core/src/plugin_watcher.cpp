@@ -2,6 +2,7 @@
 
 #include <poll.h>
 #include <sys/inotify.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -12,6 +13,35 @@
 namespace kreg {
 
 namespace fs = std::filesystem;
+
+namespace {
+
+// What stat says about a watched file; equal states mean nothing wrote it in between.
+struct FileState {
+  int err = 0;  // errno of a failed stat
+  uint64_t dev = 0, ino = 0, size = 0;
+  unsigned mode = 0;
+  int64_t mtime_ns = 0, ctime_ns = 0;
+  bool operator==(const FileState&) const = default;
+};
+
+FileState file_state(const fs::path& file) {
+  FileState s;
+  struct stat st {};
+  if (::stat(file.c_str(), &st) != 0) {
+    s.err = errno;
+    return s;
+  }
+  s.dev = st.st_dev;
+  s.ino = st.st_ino;
+  s.size = static_cast<uint64_t>(st.st_size);
+  s.mode = st.st_mode;
+  s.mtime_ns = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+  s.ctime_ns = static_cast<int64_t>(st.st_ctim.tv_sec) * 1000000000 + st.st_ctim.tv_nsec;
+  return s;
+}
+
+}  // namespace
 
 PluginWatcher::PluginWatcher(Registry& registry, Callback callback, const WatchOptions& options)
     : registry_(registry), callback_(std::move(callback)), options_(options) {}
@@ -97,14 +127,14 @@ void PluginWatcher::handle(const File& file) {
   WatchEvent ev;
   ev.group = file.group;
   ev.file = file.library;
-  // Wait for a stable size: the same across two stats settle_interval_ms apart.
-  std::error_code ec;
-  uintmax_t size = fs::file_size(file.library, ec);
+  // Wait for a stable file: the same size, times and inode across two stats
+  // settle_interval_ms apart. stat only: opening a FIFO or reading a device could block.
+  FileState last = file_state(file.library);
   for (;;) {
     std::this_thread::sleep_for(std::chrono::milliseconds(options_.settle_interval_ms));
-    const uintmax_t now = fs::file_size(file.library, ec);
-    if (!ec && now == size) break;
-    size = now;
+    const FileState now = file_state(file.library);
+    if (now == last) break;
+    last = now;
     if (std::chrono::steady_clock::now() - t0 >
         std::chrono::milliseconds(options_.settle_timeout_ms)) {
       break;  // reload anyway: an incomplete file is refused and retried on its next event

@@ -563,40 +563,36 @@ Status Registry::load_locked(Group& g) const {
                                                 g.entry->where.to_string() + ")");
   }
   // Nothing of the library is mapped before it proves it is where it should be, that no
-  // one else can change it, and that it is the build the manifest pinned.
-  if (Status st = admit_library(*g.entry); !st.ok()) {
-    g.error = st.message();
-    return st;
+  // one else can change it, and that it is the build the manifest pinned; what is mapped
+  // is exactly what was checked (load_generation, reload.cpp).
+  GenerationRequest request;
+  request.entry = &*g.entry;
+  request.group = g.name;
+  request.library = g.entry->library;
+  request.version = g.entry->version;
+  request.generation = g.generation + 1;
+  request.private_copy = open_options_.private_copy;
+  request.precheck_in_child = open_options_.precheck_in_child;
+  request.precheck_timeout_s = open_options_.precheck_timeout_s;
+  auto loaded = load_generation(request);
+  if (!loaded) {
+    g.error = loaded.status().message();
+    return loaded.status();
   }
-  if (open_options_.precheck_in_child) {
-    ProbeOptions probe_options;
-    probe_options.timeout_s = open_options_.precheck_timeout_s;
-    const ProbeResult probe =
-        probe_plugin(g.entry->library, {g.name, g.entry->version}, probe_options);
-    if (!probe.ok()) {
-      const kreg_status_code code =
-          probe.end == ProbeEnd::kRefused || probe.end == ProbeEnd::kInitFailed ? probe.code
-                                                                                : KREG_ABORTED;
-      g.error = "refused by the pre-check in a child process: " + probe.message;
-      return Status(code == KREG_OK ? KREG_UNKNOWN : code, g.error);
-    }
-  }
-  auto lib = PluginLibrary::open(g.entry->library, {g.name, g.entry->version});
-  if (!lib) {
-    g.error = lib.status().message();
-    return lib.status();
-  }
+  std::unique_ptr<PluginLibrary> lib = std::move(loaded->library);
   // The init hook runs before the kernels become reachable: a lazily loaded group is
   // published while other threads may already be looking it up.
-  if (Status st = (*lib)->init(); !st.ok()) {
+  if (Status st = lib->init(); !st.ok()) {
     g.error = st.message();
     return st;
   }
-  if (Status st = publish_locked(g, (*lib)->kernels()); !st.ok()) {
+  if (Status st = publish_locked(g, loaded->kernels); !st.ok()) {
     g.error = st.message();
     return st;
   }
-  g.library = std::move(lib).value();
+  g.library = std::move(lib);
+  g.private_copy = loaded->private_copy;
+  g.loaded_from = loaded->private_copy ? g.entry->library : std::filesystem::path();
   ++g.generation;
   g.error.clear();
   return OkStatus();
@@ -877,6 +873,7 @@ std::vector<GroupInfo> Registry::groups() const {
       info.plugin = g->library->info();
       // A reloaded generation was mapped from a private copy: name the file it came from.
       if (!g->loaded_from.empty()) info.plugin->path = g->loaded_from;
+      info.private_copy = g->private_copy;
     }
     info.generation = g->generation;
     info.error = g->error;

@@ -1,7 +1,8 @@
 // Registry::reload: hot swapping one group's library (docs/hot-swap.md).
 //
-// The new generation is loaded from a private copy of the library file at a unique path
-// (dlopen caches by path, and the build overwrites the original), checked against the
+// load_generation (also behind the first load) admits the library file, copies it into a
+// private file and loads that; a reload always copies (dlopen caches by path, and the
+// build overwrites the original). The new generation is checked against the
 // running generation, initialized, and only then made reachable: every existing
 // implementation's function pointer is swapped with one atomic store, new ops are
 // published through the copy-on-write op tables. The old generation is never unloaded
@@ -24,6 +25,8 @@
 #include "kreg/admission.hpp"
 #include "kreg/plugin_probe.hpp"
 #include "kreg/registry.hpp"
+#include "kreg/regular_file.hpp"
+#include "kreg/text.hpp"
 #include "registry_group.hpp"
 
 namespace kreg {
@@ -40,52 +43,72 @@ std::string registration_string(const KernelSpec& s) {
          std::to_string(s.priority) + "]";
 }
 
-// A folder only this process can write: $TMPDIR/kreg-<pid>-XXXXXX (mkdtemp, mode 0700),
-// created on first use, removed at exit (it is empty then: every copy is unlinked as soon
-// as it is mapped).
-struct PrivateDir {
-  std::mutex mu;
-  fs::path path;
-  ~PrivateDir() {
-    std::error_code ec;
-    if (!path.empty()) fs::remove(path, ec);
+// `message` with every mention of the private copy replaced by the user's file: the copy
+// is an implementation detail (and already gone when the user reads the message).
+std::string user_path_in(std::string message, const fs::path& copy, const fs::path& user) {
+  const std::string from = copy.string(), to = escape_control(user.string());
+  if (from.empty()) return message;
+  for (size_t at = message.find(from); at != std::string::npos; at = message.find(from, at)) {
+    message.replace(at, from.size(), to);
+    at += to.size();
   }
-};
-
-Result<fs::path> private_dir() {
-  static PrivateDir dir;
-  std::lock_guard lock(dir.mu);
-  if (!dir.path.empty()) return dir.path;
-  std::error_code ec;
-  fs::path base = fs::temp_directory_path(ec);
-  if (ec) base = "/tmp";
-  std::string templ = (base / ("kreg-" + std::to_string(::getpid()) + "-XXXXXX")).string();
-  if (::mkdtemp(templ.data()) == nullptr) {
-    return Status(KREG_UNAVAILABLE, "cannot create a private folder for plugin copies in " +
-                                        base.string() + ": " + std::strerror(errno));
-  }
-  dir.path = templ;
-  return dir.path;
-}
-
-// <private dir>/<group>.<generation>.<counter>.so: a path dlopen has never seen.
-Result<fs::path> private_copy(const fs::path& from, const std::string& group, uint64_t generation) {
-  static std::atomic<uint64_t> counter{0};
-  auto dir = private_dir();
-  if (!dir) return dir.status();
-  fs::path to = *dir / (group + "." + std::to_string(generation) + "." +
-                        std::to_string(counter.fetch_add(1)) + ".so");
-  std::error_code ec;
-  fs::copy_file(from, to, fs::copy_options::overwrite_existing, ec);
-  if (ec) {
-    fs::remove(to, ec);
-    return Status(KREG_UNAVAILABLE,
-                  "cannot copy " + from.string() + " to " + to.string() + ": " + ec.message());
-  }
-  return to;
+  return message;
 }
 
 }  // namespace
+
+Result<LoadedGeneration> load_generation(const GenerationRequest& req) {
+  std::optional<AdmittedLibrary> admitted;
+  AdmitOptions admit;
+  admit.private_copy = req.private_copy;
+  admit.copy_name = req.group + "." + std::to_string(req.generation);
+  if (req.entry != nullptr) {
+    GroupEntry candidate = *req.entry;
+    candidate.library = req.library;
+    auto a = admit_library(candidate, admit);
+    if (!a) return a.status();
+    admitted = std::move(a).value();
+  } else {
+    // No manifest entry, so no admission rules; still one descriptor, checked and copied.
+    auto file = open_library_file(req.library);
+    if (!file) return file.status();
+    admitted = AdmittedLibrary{std::move(file).value(), std::nullopt, ""};
+    if (req.private_copy) {
+      auto copy = copy_to_private(admitted->file, admit.copy_name, false);
+      if (!copy) return copy.status();
+      admitted->copy = std::move(copy).value();
+    }
+  }
+  const fs::path load = admitted->load_path();
+  const fs::path copy = admitted->copy ? admitted->copy->path() : fs::path();
+  if (req.precheck_in_child) {
+    // The child loads the admitted bytes too: under the original path, a forked child's
+    // dlopen would also find a generation already loaded from that path and probe it.
+    ProbeOptions probe_options;
+    probe_options.timeout_s = req.precheck_timeout_s;
+    const ProbeResult probe = probe_plugin(load, {req.group, req.version}, probe_options);
+    if (!probe.ok()) {
+      const kreg_status_code code =
+          probe.end == ProbeEnd::kRefused || probe.end == ProbeEnd::kInitFailed ? probe.code
+                                                                                : KREG_ABORTED;
+      return Status(code == KREG_OK ? KREG_UNKNOWN : code,
+                    req.precheck_failed + user_path_in(probe.message, copy, req.library));
+    }
+  }
+  auto lib = PluginLibrary::open(load, {req.group, req.version});
+  if (!lib) {
+    return Status(lib.status().code(), user_path_in(lib.status().message(), copy, req.library));
+  }
+  LoadedGeneration out;
+  out.library = std::move(lib).value();
+  out.kernels = out.library->kernels();
+  out.private_copy = admitted->copy.has_value();
+  out.copy_path = copy;
+  if (out.private_copy) {
+    for (KernelSpec& k : out.kernels) k.provenance.library = req.library.string();
+  }
+  return out;  // the copy is unlinked here; the mapping stays
+}
 
 Result<ReloadReport> Registry::reload(std::string_view group_name, const ReloadOptions& options) {
   const auto t0 = std::chrono::steady_clock::now();
@@ -108,30 +131,20 @@ Result<ReloadReport> Registry::reload(std::string_view group_name, const ReloadO
   }
 
   // The manifest's admission rules (path safety, sha256 pin) hold for the new file too.
-  if (g.entry) {
-    GroupEntry candidate = *g.entry;
-    candidate.library = source;
-    if (Status st = admit_library(candidate); !st.ok()) {
-      return Status(st.code(), where + ": " + st.message());
-    }
-  }
-  auto copy = private_copy(source, g.name, g.generation + 1);
-  if (!copy) return Status(copy.status().code(), where + ": " + copy.status().message());
-  std::error_code ec;
-  if (options.precheck_in_child) {
-    // The child probes the private copy: under the original path, the forked child's
-    // dlopen would find the running generation (loaded from that path) and probe it.
-    ProbeResult probe = probe_plugin(*copy, {g.name, std::nullopt});
-    if (!probe.ok()) {
-      fs::remove(*copy, ec);
-      return Status(probe.end == ProbeEnd::kRefused ? probe.code : KREG_ABORTED,
-                    where + ": child-process precheck failed: " + probe.message);
-    }
-  }
-  auto lib = PluginLibrary::open(*copy, {g.name, std::nullopt});
-  fs::remove(*copy, ec);  // the mapping stays; nothing else needs the file
-  if (!lib) return Status(lib.status().code(), where + ": " + lib.status().message());
-  const std::vector<KernelSpec>& kernels = (*lib)->kernels();
+  GenerationRequest request;
+  request.entry = g.entry ? &*g.entry : nullptr;
+  request.group = g.name;
+  request.library = source;
+  request.generation = g.generation + 1;
+  request.private_copy = true;  // the build overwrites the original; dlopen caches by path
+  request.precheck_in_child = options.precheck_in_child;
+  request.precheck_timeout_s = options.precheck_timeout_s;
+  request.precheck_failed = "child-process precheck failed: ";
+  auto loaded = load_generation(request);
+  if (!loaded) return Status(loaded.status().code(), where + ": " + loaded.status().message());
+  std::unique_ptr<PluginLibrary> lib = std::move(loaded->library);
+  const fs::path copy = loaded->copy_path;
+  const std::vector<KernelSpec>& kernels = loaded->kernels;
 
   // Admission: every implementation the group has must be in the new library with the same
   // registration, so the compiled argument checks (and callers' assumptions) stay valid.
@@ -179,17 +192,16 @@ Result<ReloadReport> Registry::reload(std::string_view group_name, const ReloadO
     }
     if (known) continue;
     added.push_back(k);
-    added.back().provenance.library = source.string();
   }
 
   // Nothing can reach the new code before its init hook has run.
-  if (Status st = (*lib)->init(); !st.ok()) return Status(st.code(), where + ": " + st.message());
+  if (Status st = lib->init(); !st.ok()) return Status(st.code(), where + ": " + st.message());
   // From here on this generation may run: pin its mapping for the life of the process
   // (RTLD_NODELETE on the already-loaded copy, found by name although the file is gone).
   // Destroying the Registry runs its shutdown hook but never unmaps it: GPU work it
   // enqueued may still be pending, and the CUDA runtime keys registered kernels by host
   // addresses that a later load could otherwise reuse.
-  if (void* pin = ::dlopen(copy->c_str(), RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE)) {
+  if (void* pin = ::dlopen(copy.c_str(), RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE)) {
     (void)pin;  // deliberately never closed
   }
   if (!added.empty()) {
@@ -201,8 +213,9 @@ Result<ReloadReport> Registry::reload(std::string_view group_name, const ReloadO
   // (handles and Registry::call alike) run the new code.
   for (auto& [impl, fn] : swaps) impl->fn.store(fn, std::memory_order_release);
   g.retired.push_back(std::move(g.library));
-  g.library = std::move(lib).value();
+  g.library = std::move(lib);
   g.loaded_from = source;
+  g.private_copy = true;
   ++g.generation;
 
   ReloadReport report;

@@ -2,9 +2,15 @@
 // 200 MB/s, so a pin costs ~5 ms per MB of library at load time.
 #include "kreg/sha256.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
-#include <fstream>
+#include <memory>
+
+#include "kreg/regular_file.hpp"
+#include "kreg/text.hpp"
 
 namespace kreg {
 
@@ -119,17 +125,36 @@ std::string sha256_hex(std::string_view data) {
   return Sha256::hex(h.finish());
 }
 
-Result<std::string> sha256_file(const std::filesystem::path& file) {
-  std::ifstream in(file, std::ios::binary);
-  if (!in) return Status(KREG_NOT_FOUND, "cannot open " + file.string() + " to hash it");
+Result<std::string> sha256_file(const RegularFile& file) {
+  const std::string name = "the " + file.what() + " " + escape_control(file.path().string());
+  constexpr size_t kChunk = size_t{1} << 20;
+  std::unique_ptr<char[]> buf(new char[kChunk]);
   Sha256 h;
-  char buf[1 << 16];
-  while (in) {
-    in.read(buf, sizeof buf);
-    h.update(buf, static_cast<size_t>(in.gcount()));
+  const uint64_t size = file.size();
+  uint64_t done = 0;
+  while (done < size) {
+    const size_t want = static_cast<size_t>(std::min<uint64_t>(size - done, kChunk));
+    const ssize_t n = ::pread(file.fd(), buf.get(), want, static_cast<off_t>(done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      return Status(KREG_DATA_LOSS, "read error while hashing " + name + ": " + std::strerror(errno));
+    }
+    if (n == 0) {
+      return Status(KREG_DATA_LOSS, name + " shrank while being hashed (" + std::to_string(done) +
+                                        " of " + std::to_string(size) +
+                                        " bytes; is something still writing it?)");
+    }
+    h.update(buf.get(), static_cast<size_t>(n));
+    done += static_cast<uint64_t>(n);
   }
-  if (in.bad()) return Status(KREG_DATA_LOSS, "read error while hashing " + file.string());
+  if (Status st = file.unchanged_since_open(); !st.ok()) return st;
   return Sha256::hex(h.finish());
+}
+
+Result<std::string> sha256_file(const std::filesystem::path& file, uint64_t max_bytes) {
+  auto f = RegularFile::open(file, "file", max_bytes);
+  if (!f) return f.status();
+  return sha256_file(*f);
 }
 
 }  // namespace kreg

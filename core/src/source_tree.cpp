@@ -5,10 +5,10 @@
 // unresolved rather than guessed.
 #include "kreg/source_tree.hpp"
 
+#include "kreg/regular_file.hpp"
+
 #include <algorithm>
 #include <cctype>
-#include <fstream>
-#include <sstream>
 #include <system_error>
 
 namespace kreg {
@@ -134,12 +134,8 @@ bool is_keyword(const std::string& arg) {
 
 }  // namespace
 
-Result<std::string> read_text_file(const fs::path& file) {
-  std::ifstream in(file, std::ios::binary);
-  if (!in) return Status(KREG_NOT_FOUND, "cannot read " + file.string());
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
+Result<std::string> read_text_file(const fs::path& file, uint64_t max_bytes) {
+  return read_regular_file(file, "file", max_bytes);
 }
 
 std::optional<PluginBuild> parse_plugin_build(const std::string& cmake_text) {

@@ -18,8 +18,10 @@
 #include "kreg/kernel_spec.hpp"
 #include "kreg/plugin_library.hpp"
 #include "kreg/plugin_probe.hpp"
+#include "kreg/regular_file.hpp"
 #include "kreg/sha256.hpp"
 #include "kreg/source_tree.hpp"
+#include "kreg/text.hpp"
 
 namespace kreg {
 
@@ -494,32 +496,31 @@ ValidationReport validate_registry(const fs::path& manifest_path, const Validate
 
     std::optional<PluginSnapshot> snap;
     [&] {
-      // library-present: fs::status follows symbolic links, so a dangling one is missing.
-      const fs::file_status fst = fs::status(g.library, ec);
-      if (!fs::exists(fst)) {
-        const bool dangling = fs::is_symlink(fs::symlink_status(g.library, ec));
-        rep.fail("library-present", g.name, where,
-                 "library " + lib + " does not exist" +
-                     (dangling ? " (a symbolic link to a missing file)" : "") +
-                     "; build the group's target or fix library/plugin_dir");
-        return;
-      }
-      if (!fs::is_regular_file(fst)) {
-        rep.fail("library-present", g.name, where,
-                 "library " + lib + " is " +
-                     (fs::is_directory(fst) ? "a directory" : "not a regular file") +
-                     ", not a shared object");
+      // library-present: the file is opened once, without blocking (a FIFO or a device is
+      // refused by its type, never read), and path safety and the pin check that descriptor.
+      auto file = open_library_file(g.library);
+      if (!file) {
+        if (file.status().code() == KREG_NOT_FOUND) {
+          const bool dangling = fs::is_symlink(fs::symlink_status(g.library, ec));
+          rep.fail("library-present", g.name, where,
+                   "library " + lib + " does not exist" +
+                       (dangling ? " (a symbolic link to a missing file)" : "") +
+                       "; build the group's target or fix library/plugin_dir");
+        } else {
+          rep.fail("library-present", g.name, where,
+                   file.status().message() + "; a plugin library must be a shared object");
+        }
         return;
       }
       rep.pass("library-present", g.name);
       // Refused before anything reads it as a library.
-      if (Status st = check_path_safety(g.library, g.plugin_dir); !st.ok()) {
+      if (Status st = check_path_safety(*file, g.plugin_dir); !st.ok()) {
         rep.fail("path-safety", g.name, where, st.message());
         return;
       }
       rep.pass("path-safety", g.name);
       if (g.sha256) {
-        if (Status st = check_pin(g.library, *g.sha256); !st.ok()) {
+        if (Status st = check_pin(*file, *g.sha256); !st.ok()) {
           rep.fail("integrity", g.name, g.sha256_where.to_string(), st.message());
           return;
         }
@@ -542,10 +543,13 @@ ValidationReport validate_registry(const fs::path& manifest_path, const Validate
 }
 
 Result<std::vector<std::string>> read_expect_groups(const fs::path& file) {
-  auto text = read_text_file(file);
-  if (!text) {
-    return Status(KREG_NOT_FOUND, "cannot read the expected-groups file " + file.string());
+  // A list of names: a FIFO, a device or a huge file is refused, never waited on or read.
+  auto text = read_regular_file(file, "expected-groups file", kMaxExpectGroupsBytes);
+  if (!text && text.status().code() == KREG_NOT_FOUND) {
+    return Status(KREG_NOT_FOUND, "cannot read the expected-groups file " +
+                                      escape_control(file.string()) + ": no such file");
   }
+  if (!text) return text.status();
   std::vector<std::string> names;
   std::map<std::string, int> seen;
   std::istringstream lines(*text);
@@ -557,9 +561,9 @@ Result<std::vector<std::string>> read_expect_groups(const fs::path& file) {
     if (b == std::string::npos) continue;
     const size_t e = line.find_last_not_of(" \t\r");
     const std::string name = line.substr(b, e - b + 1);
-    const std::string at = file.string() + ":" + std::to_string(n);
+    const std::string at = escape_control(file.string()) + ":" + std::to_string(n);
     if (!is_snake(name)) {
-      return Status(KREG_INVALID_ARGUMENT, at + ": invalid group name '" + name +
+      return Status(KREG_INVALID_ARGUMENT, at + ": invalid group name '" + excerpt(name) +
                                                "': expected snake_case ([a-z][a-z0-9_]*)");
     }
     if (auto [it, fresh] = seen.emplace(name, n); !fresh) {

@@ -12,6 +12,7 @@
 
 #include "harness.hpp"
 #include "kreg/plugin_watcher.hpp"
+#include "kreg/text.hpp"
 
 namespace kreg::host {
 namespace {
@@ -23,9 +24,11 @@ constexpr double kEps = 1e-6;
 
 std::mutex print_mu;
 
+// A line of kreg's, with names, versions and messages from plugins in it: its own newlines
+// kept, everything else made safe for the terminal (kreg/text.hpp).
 void say(const std::string& line) {
   std::lock_guard lock(print_mu);
-  std::printf("%s\n", line.c_str());
+  std::printf("%s\n", terminal_message(line).c_str());
   std::fflush(stdout);
 }
 
@@ -93,24 +96,34 @@ int run_hot_swap(Registry& registry, const Manifest& manifest, const HotSwapOpti
   std::atomic<uint64_t> calls{0}, failed{0}, swaps{0}, rejected{0};
   std::unique_ptr<PluginWatcher> watcher;
   if (options.watch) {
+    WatchOptions watch_options;
+    watch_options.reload.precheck_in_child = options.precheck;
+    watch_options.reload.precheck_timeout_s = options.precheck_timeout_s;
     auto w = PluginWatcher::start(registry, manifest, [&](const WatchEvent& ev) {
       char buf[64];
       if (ev.swapped) {
         ++swaps;
         std::snprintf(buf, sizeof buf, "%.2f", ev.latency_ms);
         say("swap group=" + ev.group + " generation=" + std::to_string(ev.report.generation) +
-            " version=" + ev.report.version + " latency_ms=" + buf);
+            " version=" + terminal_safe(ev.report.version) + " latency_ms=" + buf);
       } else {
         ++rejected;
-        say("rejected group=" + ev.group + ": " + ev.error.message());
+        // The message may quote what the rejected build printed: one safe line per line.
+        say("rejected group=" + ev.group + ": " + terminal_message(ev.error.message()));
       }
-    });
+    }, watch_options);
     if (!w.ok()) {
       say("kreg-host: " + w.status().message());
       return 1;
     }
     watcher = std::move(w).value();
-    say("kreg-host: watching the plugin libraries for changes");
+    char timeout[32];
+    std::snprintf(timeout, sizeof timeout, "%g", options.precheck_timeout_s);
+    say(std::string("kreg-host: watching the plugin libraries for changes (") +
+        (options.precheck ? "each new build is first loaded in a child process, timeout " +
+                                std::string(timeout) + " s"
+                          : "no child-process pre-check") +
+        "; every generation runs from a private copy)");
   }
 
   std::atomic<bool> stop{false};

@@ -13,10 +13,15 @@ struct HotSwapOptions {
   int stress_threads = 0;
   double duration_s = 10;
   DLDevice device{kDLCPU, 0};
+  // Load every candidate build in a child process first, with this timeout: one that
+  // crashes, hangs or exits there is rejected and the running generation keeps serving.
+  bool precheck = true;
+  double precheck_timeout_s = 10;
 };
 
-// Prints one line per swap or rejection and `calls=.. failed=.. swaps=.. rejected=..` at
-// the end. Returns the process exit code: 0 when no call failed.
+// Prints one line per swap or rejection ("rejected group=<name>: <why>") and
+// `calls=.. failed=.. swaps=.. rejected=..` at the end. Returns the process exit code: 0
+// when no call failed (a rejected build is not a failure: the running one kept serving).
 int run_hot_swap(Registry& registry, const Manifest& manifest, const HotSwapOptions& options);
 
 }  // namespace kreg::host

@@ -154,13 +154,31 @@ int main(int argc, char** argv) {
   app.add_flag("--watch", watch, "hot swap: reload a group when its library file changes");
   app.add_option("--stress", stress, "N threads calling the loaded ops continuously, checked");
   app.add_option("--duration", duration, "seconds to run --watch / --stress (default 10)");
+  bool no_precheck = false;
+  double precheck_timeout = 10;
+  app.add_flag("--no-precheck", no_precheck,
+               "--watch: load each new build in-process directly, without first loading it in "
+               "a child process (a build that crashes in its initializers then ends the host)");
+  app.add_option("--precheck-timeout", precheck_timeout,
+                 "--watch: seconds a child may take to load and initialize a new build before "
+                 "it is rejected (default 10)")
+      ->check(CLI::Range(0.001, 3600.0));
   CLI11_PARSE(app, argc, argv);
 
   const auto t0 = std::chrono::steady_clock::now();
   auto manifest = kreg::load_manifest(manifest_path, kreg::manifest_options_from_env());
   if (!manifest.ok())
     return fail("manifest " + manifest_path + ":\n" + manifest.status().message());
-  auto reg = kreg::Registry::open(*manifest);
+  // Watch mode: every generation, the first included, is mapped from a private copy (a
+  // build rewriting a library in place must not truncate the code running here) and is
+  // first loaded in a child process (before any thread exists: the safe time to fork).
+  kreg::OpenOptions open_options;
+  if (watch) {
+    open_options.private_copy = true;
+    open_options.precheck_in_child = !no_precheck;
+    open_options.precheck_timeout_s = precheck_timeout;
+  }
+  auto reg = kreg::Registry::open(*manifest, open_options);
   if (!reg.ok()) return fail(reg.status().message());
   const double load_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -192,7 +210,8 @@ int main(int argc, char** argv) {
     return fail("--device cuda: no CUDA device");
   const DLDevice dev{gpu ? kDLCUDA : kDLCPU, 0};
   if (watch || stress > 0) {
-    return kreg::host::run_hot_swap(registry, *manifest, {watch, stress, duration, dev});
+    return kreg::host::run_hot_swap(registry, *manifest,
+                                    {watch, stress, duration, dev, !no_precheck, precheck_timeout});
   }
   std::printf("kreg-host: MLP step T=%lld H=%lld I=%lld %s on %s\n",
               static_cast<long long>(shapes.tokens), static_cast<long long>(shapes.hidden),

@@ -3,10 +3,21 @@
 // writes the library and closes it, or renames a finished file into place) and reloads
 // the group whose file changed, reporting each swap or rejection through a callback.
 //
-// Before reloading it waits until the file's size is the same across two stats 2 ms apart
-// (bounded by `settle_timeout_ms`); a file that is still incomplete is refused by
-// PluginLibrary::open (truncated ELF), reported, and retried on the file's next event.
-// The callback runs on the watcher's thread; stop() (or the destructor) joins it.
+// Every candidate is pre-checked in a child process first by default
+// (WatchOptions::reload.precheck_in_child, with a timeout; kreg/plugin_probe.hpp): a build
+// that crashes, hangs, exits or throws in a static initializer or its init hook is
+// rejected with the child's account of it, and the running generation keeps serving. Every
+// generation is loaded from a private copy (Registry::reload always copies); open the
+// registry with OpenOptions::private_copy as well so that the first generation is not
+// mapped from the build output, which a build rewriting it in place would truncate under
+// the running code (SIGBUS). kreg-host --watch does both.
+//
+// Before reloading it waits until the file is stable: the same size, modification time and
+// inode across two stats `settle_interval_ms` apart (bounded by `settle_timeout_ms`); stat
+// never opens the file, so a FIFO put in its place cannot block the watcher (the reload then
+// refuses it by its type). A file that is still incomplete is refused (ELF check on the
+// copy, or the copy finding the file changed under it), reported, and retried on the file's
+// next event. The callback runs on the watcher's thread; stop() (or the destructor) joins it.
 #pragma once
 
 #include <atomic>
@@ -35,8 +46,17 @@ struct WatchEvent {
   double latency_ms = 0;
 };
 
+// ReloadOptions with the child-process pre-check on: watch mode's default.
+inline ReloadOptions prechecked_reload_options() {
+  ReloadOptions o;
+  o.precheck_in_child = true;
+  return o;
+}
+
 struct WatchOptions {
-  ReloadOptions reload;
+  // Pre-check in a child by default; precheck_in_child = false loads candidates in-process
+  // directly (a crashing build then takes the host down).
+  ReloadOptions reload = prechecked_reload_options();
   int poll_timeout_ms = 20;      // how often the thread checks for stop()
   int settle_interval_ms = 2;    // the size must be stable across this interval
   int settle_timeout_ms = 2000;  // give up waiting for a stable size after this long
@@ -63,7 +83,7 @@ class PluginWatcher {
   PluginWatcher& operator=(const PluginWatcher&) = delete;
 
   // Stops watching and joins the thread (prompt: within poll_timeout_ms plus a reload in
-  // progress). Idempotent.
+  // progress, which a pre-check bounds by its timeout). Idempotent.
   void stop();
 
  private:

@@ -458,6 +458,9 @@ struct GroupInfo {
   uint64_t generation = 0;           // 1 after the first load
   std::vector<std::string> ops;      // sorted
   std::string error;                 // last load error, if any
+  // The running generation was mapped from a private copy of plugin->path, not from that
+  // file itself (which may then be rewritten in place without harm).
+  bool private_copy = false;
 };
 
 // Every load (open, load_group, a lazy first use) first applies path safety and the
@@ -470,6 +473,13 @@ struct OpenOptions {
   // per group; forks, so see plugin_probe.hpp for when that is safe.
   bool precheck_in_child = false;
   double precheck_timeout_s = 10;
+  // Load every group from a private copy of its library (kreg/regular_file.hpp's
+  // PrivateCopy) instead of mapping the file itself, so that a build rewriting the file in
+  // place cannot truncate code under a running process (SIGBUS). Watch mode needs it. Off
+  // by default: the copy costs a file copy per group and space in $TMPDIR for the
+  // process's life, and processes no longer share the library's pages. A pinned group is
+  // always loaded from a private copy (the hashed bytes are the loaded bytes).
+  bool private_copy = false;
 };
 
 // Hot swapping (Registry::reload, core/src/reload.cpp; docs/hot-swap.md).
@@ -478,6 +488,7 @@ struct ReloadOptions {
   // a library that crashes in its static initializers or init hook is refused without
   // touching this process. Forks: see plugin_probe.hpp for when that is safe.
   bool precheck_in_child = false;
+  double precheck_timeout_s = 10;  // the whole child: load, init hook, unload
   // Reserved: a library that lacks an implementation the running generation has is
   // refused either way (its handles would have no code to reach); true changes nothing yet.
   bool allow_removed_ops = false;

@@ -39,8 +39,19 @@ class Sha256 {
 // The digest of `data` as 64 lowercase hex digits.
 std::string sha256_hex(std::string_view data);
 
-// The digest of a file's contents as 64 lowercase hex digits; NOT_FOUND or DATA_LOSS when
-// it cannot be read.
-Result<std::string> sha256_file(const std::filesystem::path& file);
+class RegularFile;
+
+// The digest of an opened file's contents (exactly the size fstat saw at open, read with
+// pread from its descriptor) as 64 lowercase hex digits. DATA_LOSS when the file shrank,
+// grew or was rewritten while being hashed.
+Result<std::string> sha256_file(const RegularFile& file);
+
+// Opens `file` as a RegularFile (never blocks on a FIFO; refuses anything but a regular
+// file, and files over `max_bytes`) and hashes that descriptor. NOT_FOUND when missing,
+// INVALID_ARGUMENT naming the kind of file when it is not a regular file,
+// RESOURCE_EXHAUSTED when too large, DATA_LOSS when it changed while being read.
+inline constexpr uint64_t kMaxHashedFileBytes = uint64_t{4} << 30;
+Result<std::string> sha256_file(const std::filesystem::path& file,
+                                uint64_t max_bytes = kMaxHashedFileBytes);
 
 }  // namespace kreg

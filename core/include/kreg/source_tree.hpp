@@ -4,6 +4,7 @@
 // with what the built plugins say about themselves.
 #pragma once
 
+#include <cstdint>
 #include <filesystem>
 #include <optional>
 #include <set>
@@ -38,7 +39,12 @@ std::vector<std::string> group_folders(const std::filesystem::path& plugins_src)
 // to it with '/' separators, sorted.
 std::vector<std::string> kernel_sources(const std::filesystem::path& folder);
 
-// The whole file, or NOT_FOUND.
-Result<std::string> read_text_file(const std::filesystem::path& file);
+// The whole file, read as a RegularFile (kreg/regular_file.hpp): NOT_FOUND when missing,
+// INVALID_ARGUMENT naming what it is when it is not a regular file (a FIFO is never waited
+// on), RESOURCE_EXHAUSTED when larger than `max_bytes`, DATA_LOSS when it changed while
+// being read.
+inline constexpr uint64_t kMaxTextFileBytes = uint64_t{4} << 20;  // a CMakeLists.txt
+Result<std::string> read_text_file(const std::filesystem::path& file,
+                                   uint64_t max_bytes = kMaxTextFileBytes);
 
 }  // namespace kreg

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <filesystem>
 #include <functional>
 #include <optional>
@@ -73,7 +74,10 @@ const std::vector<std::string>& validation_checks();
 
 // Reads an expected-groups file: one group name per line; blank lines and `#` comments
 // are ignored. INVALID_ARGUMENT (naming file:line) for a name that is not snake_case or
-// is listed twice; NOT_FOUND when the file cannot be read.
+// is listed twice; the file is read as a RegularFile (kreg/regular_file.hpp): NOT_FOUND
+// when missing, INVALID_ARGUMENT naming its kind when it is not a regular file (a FIFO is
+// never waited on), RESOURCE_EXHAUSTED above kMaxExpectGroupsBytes.
+inline constexpr uint64_t kMaxExpectGroupsBytes = uint64_t{1} << 20;
 Result<std::vector<std::string>> read_expect_groups(const std::filesystem::path& file);
 
 struct PinUpdate {
