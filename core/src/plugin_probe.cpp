@@ -4,6 +4,8 @@
 // child that died without reporting was.
 #include "kreg/plugin_probe.hpp"
 
+#include "kreg/text.hpp"
+
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -324,7 +326,8 @@ std::string output_hint(const std::string& output) {
     if (c == '\n' || c == '\r' || c == '\t') c = ' ';
   }
   if (tail.size() > 300) tail = "..." + tail.substr(tail.size() - 300);
-  return "; its last output: \"" + tail + "\"";
+  // Whatever the plugin printed (escape sequences, invalid UTF-8) is quoted, not replayed.
+  return "; its last output: \"" + escape_control(tail) + "\"";
 }
 
 std::string seconds_text(double s) {

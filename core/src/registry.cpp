@@ -9,6 +9,7 @@
 
 #include "kreg/admission.hpp"
 #include "kreg/plugin_probe.hpp"
+#include "kreg/text.hpp"
 
 namespace kreg {
 
@@ -265,11 +266,13 @@ CheckResult CheckPlan::diagnose(std::span<DLTensor* const> t, std::span<const kr
   return {};
 }
 
-Status kernel_error(const Impl& impl, int32_t rc, const char* message) {
+Status kernel_error(const Impl& impl, int32_t rc, const char* message, size_t capacity) {
   auto code = static_cast<kreg_status_code>(rc);
   if (rc < 0 || rc > KREG_UNAUTHENTICATED) code = KREG_UNKNOWN;
+  const std::string_view text(message, ::strnlen(message, capacity));
   return Status(code, impl.spec.op + " (" + impl.spec.backend +
-                          "): " + (message[0] ? message : "kernel failed without a message") +
+                          "): " + (text.empty() ? "kernel failed without a message"
+                                                : escape_control(text)) +
                           (code == KREG_UNKNOWN && rc != KREG_UNKNOWN
                                ? " (non-canonical status " + std::to_string(rc) + ")"
                                : ""));
@@ -296,7 +299,7 @@ Status KernelHandle::explain(const detail::CheckResult& r, std::span<DLTensor* c
            std::to_string(sig.num_tensors) + ")";
   };
   auto fail = [&](const std::string& what) {
-    return Status(KREG_INVALID_ARGUMENT, head + what + "; signature: " + sig.text);
+    return Status(KREG_INVALID_ARGUMENT, head + what + "; signature: " + escape_control(sig.text));
   };
   const int i = r.arg;
   switch (r.why) {
@@ -411,7 +414,7 @@ Result<AttrList> KernelHandle::attrs(const std::vector<NamedAttr>& named) const 
       std::string names;
       for (int a = 0; a < sig.num_attrs; ++a) names += (a ? ", " : "") + sig.attr(a).name;
       return Status(KREG_INVALID_ARGUMENT,
-                    impl_->spec.op + ": unknown attribute '" + na.name +
+                    impl_->spec.op + ": unknown attribute '" + excerpt(na.name) +
                         "' (attributes: " + (names.empty() ? "none" : names) + ")");
     }
     kreg_attr& out = list.attrs_[static_cast<size_t>(idx)];
@@ -605,7 +608,7 @@ Status Registry::publish_locked(Group& g, const std::vector<KernelSpec>& specs) 
   for (const KernelSpec& s : specs) {
     if (s.group() != g.name) {
       return Status(KREG_INVALID_ARGUMENT,
-                    "op '" + s.op + "' does not belong to group '" + g.name + "'");
+                    "op '" + excerpt(s.op) + "' does not belong to group '" + g.name + "'");
     }
     const Impl* existing = nullptr;
     if (old != nullptr) {
@@ -618,17 +621,19 @@ Status Registry::publish_locked(Group& g, const std::vector<KernelSpec>& specs) 
     for (const KernelSpec* f : fresh) {
       if (f->op == s.op && f->backend == s.backend) {
         return Status(KREG_ALREADY_EXISTS, "conflicting registration of " + s.op + " (" +
-                                               s.backend + "): registered twice by " + s.source());
+                                               s.backend + "): registered twice by " +
+                                               escape_control(s.source()));
       }
     }
     if (existing != nullptr) {
       if (existing->spec.same_registration(s)) continue;  // identical: no-op
       return Status(KREG_ALREADY_EXISTS,
                     "conflicting registration of " + s.op + " (" + s.backend +
-                        "): " + existing->spec.source() + " registered it as '" +
-                        existing->spec.signature.text + "' [" +
+                        "): " + escape_control(existing->spec.source()) + " registered it as '" +
+                        escape_control(existing->spec.signature.text) + "' [" +
                         dtype_set_name(existing->spec.dtypes) + ", " + caps_string(existing->spec) +
-                        "], " + s.source() + " as '" + s.signature.text + "' [" +
+                        "], " + escape_control(s.source()) + " as '" +
+                        escape_control(s.signature.text) + "' [" +
                         dtype_set_name(s.dtypes) + ", " + caps_string(s) + "]");
     }
     fresh.push_back(&s);
@@ -666,7 +671,8 @@ Status Registry::publish_locked(Group& g, const std::vector<KernelSpec>& specs) 
 Status Registry::add(const KernelSpec& spec) {
   std::lock_guard lock(mu_);
   if (!is_valid_op_id(spec.op)) {
-    return Status(KREG_INVALID_ARGUMENT, "op id '" + spec.op + "' is not '<group>.<name>'");
+    return Status(KREG_INVALID_ARGUMENT,
+                  "op id '" + excerpt(spec.op) + "' is not '<group>.<name>'");
   }
   if (spec.fn == nullptr || find_backend(spec.backend) == nullptr || spec.capabilities.empty()) {
     return Status(KREG_INVALID_ARGUMENT,
@@ -680,10 +686,24 @@ Status Registry::add_alias(const std::string& from, const std::string& to,
                            const std::string& message) {
   std::lock_guard lock(mu_);
   if (!is_valid_op_id(from) || !is_valid_op_id(to)) {
-    return Status(KREG_INVALID_ARGUMENT,
-                  "alias " + from + " -> " + to + ": op ids must be '<group>.<name>'");
+    return Status(KREG_INVALID_ARGUMENT, "alias " + excerpt(from) + " -> " + excerpt(to) +
+                                             ": op ids must be '<group>.<name>'");
   }
   if (from == to) return Status(KREG_INVALID_ARGUMENT, "alias " + from + " points at itself");
+  // The manifest parser refuses cycles; aliases added here must not close one either, or
+  // a lookup through them would go round forever.
+  std::string chain = from + " -> " + to;
+  std::string_view next = to;
+  for (size_t hops = 0; hops <= aliases_.size(); ++hops) {
+    auto it = aliases_.find(next);
+    if (it == aliases_.end()) break;
+    next = it->second->to;
+    chain += " -> " + std::string(next);
+    if (next == from) {
+      return Status(KREG_INVALID_ARGUMENT, "alias " + from + " -> " + to +
+                                               " would close an alias cycle: " + chain);
+    }
+  }
   auto a = std::make_unique<Alias>();
   a->to = to;
   a->message = message;
@@ -719,17 +739,61 @@ const OpEntry* Registry::find_op(std::string_view op) const {
   return it == table->end() ? nullptr : &it->second;
 }
 
+template <typename Visit>
+const OpEntry* Registry::follow_aliases(const Alias& from, Visit&& visit) const {
+  std::string_view name = from.to;
+  // add_alias and the manifest refuse cycles; the bound keeps a lookup finite regardless.
+  for (size_t hops = 0; hops <= aliases_.size(); ++hops) {
+    visit(name);
+    if (const OpEntry* e = find_op(name)) return e;
+    auto it = aliases_.find(name);
+    if (it == aliases_.end()) return nullptr;
+    name = it->second->to;
+  }
+  return nullptr;
+}
+
 const OpEntry* Registry::find_op_or_alias(std::string_view op) const {
   if (const OpEntry* e = find_op(op)) return e;
   auto it = aliases_.find(op);
   if (it == aliases_.end()) return nullptr;
   const Alias& a = *it->second;
-  if (!a.warned.exchange(true)) {
-    std::fprintf(stderr, "kreg: warning: op '%.*s' is a deprecated alias of '%s'%s%s\n",
-                 static_cast<int>(op.size()), op.data(), a.to.c_str(),
-                 a.message.empty() ? "" : ": ", a.message.c_str());
+  std::string_view last;
+  const OpEntry* e = follow_aliases(a, [&](std::string_view name) { last = name; });
+  // A chain to a missing op says so in the lookup's error instead.
+  if (e != nullptr && !a.warned.exchange(true)) [[unlikely]] {
+    // Once per alias, so the strings cost nothing on later calls. The names are checked
+    // op ids; the message is the manifest's free text.
+    std::string via;
+    follow_aliases(a, [&](std::string_view name) {
+      if (name != last) via += (via.empty() ? " (via " : " -> ") + std::string(name);
+    });
+    if (!via.empty()) via += ")";
+    const std::string line = "kreg: warning: op '" + std::string(op) +
+                             "' is a deprecated alias of '" + std::string(last) + "'" + via +
+                             (a.message.empty() ? "" : ": " + escape_control(a.message)) + "\n";
+    std::fputs(line.c_str(), stderr);
   }
-  return find_op(a.to);
+  return e;
+}
+
+std::optional<AliasChain> Registry::resolve_alias(std::string_view op) const {
+  if (find_op(op) != nullptr) return std::nullopt;
+  auto it = aliases_.find(op);
+  if (it == aliases_.end()) return std::nullopt;
+  AliasChain chain;
+  chain.names.emplace_back(op);
+  chain.message = it->second->message;
+  chain.found = follow_aliases(*it->second, [&](std::string_view name) {
+                  chain.names.emplace_back(name);
+                }) != nullptr;
+  return chain;
+}
+
+std::string AliasChain::text() const {
+  std::string s;
+  for (const std::string& n : names) s += (s.empty() ? "" : " -> ") + n;
+  return s;
 }
 
 std::string describe_target(const Target& t) {
@@ -799,18 +863,28 @@ const Impl* Registry::select(std::string_view op, const OpEntry& entry,
   return nullptr;
 }
 
+Status Registry::unknown_op(std::string_view op) const {
+  // The caller's text, quoted as a short escaped excerpt: it may be anything.
+  const std::string asked = "'" + excerpt(op) + "'";
+  std::string_view end = op;
+  std::string via;
+  if (auto chain = resolve_alias(op)) {
+    end = chain->op();
+    via = " (an alias: " + chain->text() + ", and no group registers " + chain->op() + ")";
+  }
+  const size_t dot = end.find('.');
+  Group* g = dot == std::string_view::npos ? nullptr : find_group(end.substr(0, dot));
+  if (g != nullptr && !g->error.empty()) {
+    return Status(KREG_UNAVAILABLE,
+                  "op " + asked + via + ": group '" + g->name + "' failed to load: " + g->error);
+  }
+  return Status(KREG_NOT_FOUND, "unknown op " + asked + via);
+}
+
 Result<KernelHandle> Registry::resolve(std::string_view op, std::span<DLTensor* const> args,
                                        const ResolveOptions& options) const {
   const OpEntry* entry = find_op_or_alias(op);
-  if (entry == nullptr) {
-    const size_t dot = op.find('.');
-    Group* g = dot == std::string_view::npos ? nullptr : find_group(op.substr(0, dot));
-    if (g != nullptr && !g->error.empty()) {
-      return Status(KREG_UNAVAILABLE, "op '" + std::string(op) + "': group '" + g->name +
-                                          "' failed to load: " + g->error);
-    }
-    return Status(KREG_NOT_FOUND, "unknown op '" + std::string(op) + "'");
-  }
+  if (entry == nullptr) return unknown_op(op);
   std::string why;
   const Impl* impl = select(op, *entry, args, nullptr, options, &why);
   if (impl == nullptr) {
@@ -822,7 +896,7 @@ Result<KernelHandle> Registry::resolve(std::string_view op, std::span<DLTensor* 
 Result<KernelHandle> Registry::resolve(std::string_view op, const Target& target,
                                        const ResolveOptions& options) const {
   const OpEntry* entry = find_op_or_alias(op);
-  if (entry == nullptr) return Status(KREG_NOT_FOUND, "unknown op '" + std::string(op) + "'");
+  if (entry == nullptr) return unknown_op(op);
   std::string why;
   const Impl* impl = select(op, *entry, {}, &target, options, &why);
   if (impl == nullptr) {
@@ -904,9 +978,9 @@ std::vector<const KernelSpec*> Registry::implementations(std::string_view op) co
 }
 
 std::optional<std::pair<std::string, std::string>> Registry::alias(std::string_view op) const {
-  auto it = aliases_.find(op);
-  if (it == aliases_.end()) return std::nullopt;
-  return std::make_pair(it->second->to, it->second->message);
+  auto chain = resolve_alias(op);
+  if (!chain) return std::nullopt;
+  return std::make_pair(chain->op(), chain->message);
 }
 
 }  // namespace kreg

@@ -476,3 +476,33 @@ def test_cuda_graph_capture(reg):
     g.replay()
     torch.cuda.synchronize()
     close(out.cpu().numpy(), act_ref(x.cpu().numpy(), "silu"))
+
+
+def test_alias_chains_resolve_everywhere(tmp_path, kind):
+    # v1 -> v2 -> v3 -> activation.silu_and_mul: op(), ops.x.y and info() follow the chain.
+    plugin_dir = kreg.open(MANIFEST).plugin_dir
+    m = tmp_path / "chain.yaml"
+    m.write_text(
+        "kreg_manifest: 1\n"
+        f"plugin_dir: {plugin_dir}\n"
+        "groups:\n"
+        "  - name: activation\n"
+        "    library: libkreg_activation.so\n"
+        "aliases:\n"
+        "  - {from: activation.v1, to: activation.v2, message: \"use silu_and_mul\"}\n"
+        "  - {from: activation.v2, to: activation.v3}\n"
+        "  - {from: activation.v3, to: activation.silu_and_mul}\n"
+    )
+    r = kreg.open(str(m), plugin_dir=plugin_dir)
+    info = r.info("activation.v1")
+    assert info["op"] == "activation.silu_and_mul"
+    assert info["alias_of"] == "activation.silu_and_mul"
+    assert info["alias_chain"] == [
+        "activation.v1", "activation.v2", "activation.v3", "activation.silu_and_mul"]
+    assert info["deprecation"] == "use silu_and_mul"
+    x = randn((2, 8), 12)
+    for op in (r.op("activation.v1"), r.op("activation.v2"), r.ops.activation.v1):
+        assert op.id == "activation.silu_and_mul"
+        out = kind.empty((2, 4), np.float32)
+        op(kind.tensor(x), out)
+        close(kind.numpy(out), act_ref(x, "silu"))

@@ -6,7 +6,9 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <new>
 
 #include "kreg/plugin.hpp"
@@ -575,6 +577,94 @@ TEST_F(RegistryTest, AliasesResolveAndWarnOnce) {
       << "warned twice";
   EXPECT_EQ(reg.add_alias("g.old_scale", "g.scale", "").code(), KREG_ALREADY_EXISTS);
   EXPECT_EQ(reg.add_alias("g.x", "g.x", "").code(), KREG_INVALID_ARGUMENT);
+}
+
+// A kernel's message is free text from the plugin: escaped, and read no further than the
+// buffer it was given even without a terminating NUL.
+int32_t hostile_message(const kreg_call_frame*, kreg_error* err) {
+  std::snprintf(err->message, err->capacity, "bad\n error [forged]\x1b[31m\r\xc2\x9b\xff");
+  return KREG_INTERNAL;
+}
+int32_t unterminated_message(const kreg_call_frame*, kreg_error* err) {
+  std::memset(err->message, 'A', err->capacity);
+  return KREG_INTERNAL;
+}
+
+TEST_F(RegistryTest, KernelMessagesAreEscapedAndBounded) {
+  ASSERT_TRUE(reg.add(spec("g.hostile", "cpu", Binding{&hostile_message, "TTf"})).ok());
+  ASSERT_TRUE(reg.add(spec("g.unterminated", "cpu", Binding{&unterminated_message, "TTf"})).ok());
+  Vec x({8}), out({8});
+  DLTensor* args[] = {&x.t, &out.t};
+  Status st = reg.call("g.hostile", args);
+  EXPECT_EQ(st.code(), KREG_INTERNAL);
+  EXPECT_EQ(st.message(), "g.hostile (cpu): bad\\n error [forged]\\x1b[31m\\r\\xc2\\x9b\\xff");
+  st = reg.call("g.unterminated", args);
+  EXPECT_EQ(st.message(), "g.unterminated (cpu): " + std::string(256, 'A'));
+}
+
+TEST_F(RegistryTest, UnknownOpNamesAreEscapedExcerpts) {
+  Vec x({8}), out({8});
+  DLTensor* args[] = {&x.t, &out.t};
+  auto h = reg.resolve("g.no\n error [forged]\x1b[2J", args);
+  ASSERT_FALSE(h.ok());
+  EXPECT_EQ(h.status().code(), KREG_NOT_FOUND);
+  EXPECT_EQ(h.status().message(), "unknown op 'g.no\\n error [forged]\\x1b[2J'");
+  h = reg.resolve(std::string(100000, 'a'), Target{});
+  ASSERT_FALSE(h.ok());
+  EXPECT_LT(h.status().message().size(), 200u) << "a huge name makes a short message";
+}
+
+TEST_F(RegistryTest, AliasChainsResolveEverywhere) {
+  ASSERT_TRUE(reg.add(spec("g.scale", "cpu", bind<&scale_a>)).ok());
+  ASSERT_TRUE(reg.add_alias("g.v3", "g.scale", "").ok());
+  ASSERT_TRUE(reg.add_alias("g.v2", "g.v3", "").ok());
+  ASSERT_TRUE(reg.add_alias("g.v1", "g.v2", "use g.scale").ok());
+  Vec x({8}), out({8});
+  DLTensor* args[] = {&x.t, &out.t};
+  testing::internal::CaptureStderr();
+  auto h = reg.resolve("g.v1", args);
+  ASSERT_TRUE(h.ok()) << h.status().message();
+  EXPECT_EQ(h->op(), "g.scale");
+  EXPECT_TRUE(reg.resolve("g.v1", Target{DLDevice{kDLCPU, 0}, DType::kF32}).ok());
+  EXPECT_TRUE(reg.call("g.v1", args).ok());
+  EXPECT_TRUE(reg.call("g.v2", args).ok());
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("op 'g.v1' is a deprecated alias of 'g.scale' (via g.v2 -> g.v3): "
+                     "use g.scale"),
+            std::string::npos)
+      << err;
+  EXPECT_NE(err.find("op 'g.v2' is a deprecated alias of 'g.scale' (via g.v3)"),
+            std::string::npos)
+      << err;
+
+  auto chain = reg.resolve_alias("g.v1");
+  ASSERT_TRUE(chain.has_value());
+  EXPECT_EQ(chain->names, (std::vector<std::string>{"g.v1", "g.v2", "g.v3", "g.scale"}));
+  EXPECT_EQ(chain->op(), "g.scale");
+  EXPECT_TRUE(chain->found);
+  EXPECT_EQ(chain->message, "use g.scale");
+  EXPECT_EQ(chain->text(), "g.v1 -> g.v2 -> g.v3 -> g.scale");
+  EXPECT_EQ(reg.alias("g.v1")->first, "g.scale");
+  EXPECT_FALSE(reg.resolve_alias("g.scale").has_value()) << "a real op is not an alias";
+  EXPECT_FALSE(reg.resolve_alias("g.nothing").has_value());
+
+  // A cycle cannot be closed, however long; a chain ending at a missing op says so.
+  EXPECT_TRUE(reg.add_alias("g.v0", "g.v1", "").ok()) << "joining a chain is no cycle";
+  Status cycle = reg.add_alias("g.v3b", "g.v3b_next", "");
+  EXPECT_TRUE(cycle.ok());
+  cycle = reg.add_alias("g.v3b_next", "g.v3b", "");
+  EXPECT_EQ(cycle.code(), KREG_INVALID_ARGUMENT);
+  EXPECT_NE(cycle.message().find("alias cycle: g.v3b_next -> g.v3b -> g.v3b_next"),
+            std::string::npos)
+      << cycle.message();
+  ASSERT_TRUE(reg.add_alias("g.dangling", "g.gone_too", "").ok());
+  ASSERT_TRUE(reg.add_alias("g.gone_too", "g.gone", "").ok());
+  auto dangling = reg.resolve("g.dangling", args);
+  ASSERT_FALSE(dangling.ok());
+  EXPECT_EQ(dangling.status().message(),
+            "unknown op 'g.dangling' (an alias: g.dangling -> g.gone_too -> g.gone, and no group "
+            "registers g.gone)");
+  EXPECT_FALSE(reg.resolve_alias("g.dangling")->found);
 }
 
 TEST_F(RegistryTest, CallPathAllocatesNothing) {

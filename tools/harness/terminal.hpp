@@ -68,8 +68,14 @@ class Printer {
   // A writable char array is a buffer filled at run time, not a literal: say which it is.
   template <size_t N>
   Printer& operator<<(char (&)[N]) = delete;
-  // Everything else that is text (std::string, const char*, string_view) is data. One
-  // overload only: a `const char*` one would win over the literal template above.
+  // Everything else that is text is data. A `const char*` needs a template of its own: a
+  // plain overload would beat the literal template above, and without one a pointer would
+  // convert to bool before it converted to string_view.
+  template <typename T>
+    requires std::is_same_v<std::decay_t<T>, const char*> || std::is_same_v<std::decay_t<T>, char*>
+  Printer& operator<<(T&& data) {
+    return put(terminal_safe(data != nullptr ? std::string_view(data) : "(null)"));
+  }
   Printer& operator<<(std::string_view data) { return put(terminal_safe(data)); }
   Printer& operator<<(Raw r) { return put(r.text); }
   Printer& operator<<(Message m) { return put(terminal_message(m.text)); }

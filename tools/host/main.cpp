@@ -15,6 +15,7 @@
 
 #include "harness.hpp"
 #include "hot_swap.hpp"
+#include "terminal.hpp"
 #include "kreg/registry.hpp"
 
 #if defined(KREG_HAVE_CUDA)
@@ -128,8 +129,14 @@ Status run_chain(const kreg::KernelHandle& norm, const kreg::KernelHandle& act, 
   return act.call(act_args);
 }
 
+// Human output goes through terminal.hpp's printer: names, versions, build info and
+// messages from plugins and manifests are escaped on their way to the terminal.
+kreg::cli::Printer out(stdout);
+kreg::cli::Printer err(stderr);
+
+// A message kreg built (its own lines kept, each made safe) on stderr; exit 1.
 int fail(const std::string& msg) {
-  std::fprintf(stderr, "kreg-host: %s\n", msg.c_str());
+  err << "kreg-host: " << kreg::cli::message(msg) << "\n";
   return 1;
 }
 
@@ -163,12 +170,21 @@ int main(int argc, char** argv) {
                  "--watch: seconds a child may take to load and initialize a new build before "
                  "it is rejected (default 10)")
       ->check(CLI::Range(0.001, 3600.0));
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    // CLI11 quotes the command line: one escaped line. A usage error exits 2, as in kreg.
+    err << "kreg-host: " << e.what() << "\nRun with --help for more information.\n";
+    return 2;
+  }
 
   const auto t0 = std::chrono::steady_clock::now();
   auto manifest = kreg::load_manifest(manifest_path, kreg::manifest_options_from_env());
   if (!manifest.ok())
-    return fail("manifest " + manifest_path + ":\n" + manifest.status().message());
+    return fail("manifest " + kreg::escape_control(manifest_path) + ":\n" +
+                manifest.status().message());
   // Watch mode: every generation, the first included, is mapped from a private copy (a
   // build rewriting a library in place must not truncate the code running here) and is
   // first loaded in a child process (before any thread exists: the safe time to fork).
@@ -184,27 +200,30 @@ int main(int argc, char** argv) {
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   kreg::Registry& registry = **reg;
 
-  std::printf("kreg-host: manifest %s, %zu groups loaded in %.1f ms\n", manifest->file.c_str(),
-              registry.groups().size(), load_ms);
+  using kreg::cli::pad;
+  out << "kreg-host: manifest " << manifest->file.string() << ", " << registry.groups().size()
+      << " groups loaded in " << kreg::cli::num("%.1f", load_ms) << " ms\n";
   for (const auto& g : registry.groups()) {
     if (!g.loaded) {
-      std::printf("  group %-11s %s\n", g.name.c_str(),
-                  g.enabled ? "lazy (not loaded yet)" : "disabled");
+      out << "  group " << pad(g.name, 11) << " "
+          << (g.enabled ? "lazy (not loaded yet)" : "disabled") << "\n";
       continue;
     }
-    std::printf("  group %-11s v%s  generation %llu  ABI %s  CUDA %s\n", g.name.c_str(),
-                g.plugin->version.c_str(), static_cast<unsigned long long>(g.generation),
-                g.plugin->abi_string().c_str(), g.plugin->cuda_string().c_str());
+    out << "  group " << pad(g.name, 11) << " v" << g.plugin->version << "  generation "
+        << g.generation << "  ABI " << g.plugin->abi_string() << "  CUDA "
+        << g.plugin->cuda_string() << "\n";
     for (const auto& op : g.ops) {
       std::string backends;
       for (const auto* s : registry.implementations(op))
         backends += (backends.empty() ? "" : ", ") + s->backend;
-      std::printf("    %-34s [%s]\n", op.c_str(), backends.c_str());
+      out << "    " << pad(op, 34) << " [" << backends << "]\n";
     }
   }
+  // From here on printf prints only kreg's own words and values it checked (a parsed
+  // dtype, op ids it asked for); both write to the same FILE*, so the order holds.
 
   auto dtype = kreg::parse_dtype(dtype_name);
-  if (!dtype) return fail("unknown --dtype " + dtype_name);
+  if (!dtype) return fail("unknown --dtype " + kreg::excerpt(dtype_name));
   const bool gpu = device == "cuda" || (device == "auto" && kreg::harness::gpu_available());
   if (device == "cuda" && !kreg::harness::gpu_available())
     return fail("--device cuda: no CUDA device");

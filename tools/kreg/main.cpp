@@ -1,6 +1,6 @@
 // kreg: the registry's command line. list, info, validate, run, bench.
-// Exit codes: 0 success, 1 a violation / mismatch / failed run, 2 usage error or a
-// manifest that cannot be read.
+// Exit codes: see "exit codes" below and docs/cli.md. Human output goes through
+// terminal.hpp's Printer, which escapes every string that is not one of kreg's literals.
 #include <algorithm>
 #include <cstdlib>
 #include <iostream>
@@ -11,6 +11,7 @@
 
 #include "harness.hpp"
 #include "json.hpp"
+#include "terminal.hpp"
 #include "kreg/parse_number.hpp"
 #include "kreg/registry.hpp"
 #include "kreg/text.hpp"
@@ -18,11 +19,50 @@
 
 namespace fs = std::filesystem;
 using kreg::cli::JsonWriter;
+using kreg::cli::message;
+using kreg::cli::num;
+using kreg::cli::pad;
+using kreg::cli::raw;
 
 namespace {
 
-constexpr int kExitViolation = 1;
+// ---- exit codes: one rule for every subcommand (docs/cli.md "Exit codes") ----
+// 0  done, and what was checked or run is fine.
+// 1  what was checked or run failed: validate's violations, a mismatch against the CPU
+//    reference, an error from a kernel, a group that does not load, no GPU for bench.
+// 2  kreg could not start what was asked: a bad or unknown option or value, an unknown op
+//    or group, a missing or unknown dimension, a bad attribute, a manifest or other file
+//    named on the command line that cannot be read. Outside validate, a manifest with
+//    errors is 2 as well (nothing can run from it); validate's job is to report those
+//    errors, so there they are violations (1), and only a manifest it cannot read is 2.
+constexpr int kExitOk = 0;
+constexpr int kExitFailed = 1;
 constexpr int kExitUsage = 2;
+
+kreg::cli::Printer out(stdout);
+kreg::cli::Printer err(stderr);
+
+// Prints one diagnostic line on stderr (literals as written, strings escaped, a Status
+// message through message()) and returns `code`: every error of every subcommand.
+template <typename... Parts>
+int fail(int code, const Parts&... parts) {
+  (err << ... << parts) << "\n";
+  return code;
+}
+
+// The exit code of a failed lookup for what the user asked (resolve, attributes): an op,
+// backend or dtype that does not exist or does not fit is a usage error; anything else
+// (a group that failed to load, an internal error) is a failure.
+int exit_code_for(const kreg::Status& st) {
+  switch (st.code()) {
+    case KREG_NOT_FOUND:
+    case KREG_INVALID_ARGUMENT:
+    case KREG_OUT_OF_RANGE:
+      return kExitUsage;
+    default:
+      return kExitFailed;
+  }
+}
 
 std::string default_manifest() {
   const char* env = std::getenv("KREG_MANIFEST");
@@ -39,15 +79,12 @@ struct Opened {
 int open_registry(const std::string& path, Opened* out) {
   auto manifest = kreg::load_manifest(path, kreg::manifest_options_from_env());
   if (!manifest) {
-    std::cerr << "kreg: cannot use manifest " << path << ":\n"
-              << manifest.status().message() << "\n";
-    return kExitUsage;
+    // Each diagnostic on a line of its own under the heading.
+    return fail(kExitUsage, "kreg: cannot use manifest ", path, ":",
+                message("\n" + manifest.status().message()));
   }
   auto reg = kreg::Registry::open(*manifest, kreg::OpenOptions{.load_lazy_groups = true});
-  if (!reg) {
-    std::cerr << "kreg: " << reg.status().message() << "\n";
-    return kExitViolation;
-  }
+  if (!reg) return fail(kExitFailed, "kreg: ", message(reg.status().message()));
   out->manifest = std::move(manifest).value();
   out->registry = std::move(reg).value();
   return 0;
@@ -95,23 +132,20 @@ int cmd_list(const std::string& manifest, const std::string& group, bool json) {
     return 0;
   }
   bool found = group.empty();
-  std::printf("%-11s %-34s %-10s %-14s %s\n", "GROUP", "OP", "BACKENDS", "DTYPES", "TRAITS");
+  out << pad("GROUP", 11) << " " << pad("OP", 34) << " " << pad("BACKENDS", 10) << " "
+      << pad("DTYPES", 14) << " TRAITS\n";
   for (const auto& g : groups) {
     if (!group.empty() && g.name != group) continue;
     found = true;
     for (const auto& op : g.ops) {
       const auto impls = o.registry->implementations(op);
-      std::printf("%-11s %-34s %-10s %-14s %s\n", g.name.c_str(), op.c_str(),
-                  backends_of(*o.registry, op).c_str(),
-                  kreg::dtype_set_name(impls.front()->dtypes).c_str(),
-                  impls.front()->traits_string().c_str());
+      out << pad(g.name, 11) << " " << pad(op, 34) << " " << pad(backends_of(*o.registry, op), 10)
+          << " " << pad(kreg::dtype_set_name(impls.front()->dtypes), 14) << " "
+          << impls.front()->traits_string() << "\n";
     }
   }
-  if (!found) {
-    std::cerr << "kreg: no group named '" << group << "' in " << manifest << "\n";
-    return kExitUsage;
-  }
-  return 0;
+  if (!found) return fail(kExitUsage, "kreg: no group named '", group, "' in ", manifest);
+  return kExitOk;
 }
 
 // ---- info ----
@@ -119,27 +153,30 @@ int cmd_list(const std::string& manifest, const std::string& group, bool json) {
 int cmd_info(const std::string& manifest, const std::string& op, bool json) {
   Opened o;
   if (int rc = open_registry(manifest, &o)) return rc;
-  std::string id = op;
-  std::string alias_note;
-  if (auto a = o.registry->alias(op)) {
-    id = a->first;
-    alias_note = a->second;
-  }
+  const auto chain = o.registry->resolve_alias(op);
+  const std::string id = chain ? chain->op() : op;
   const auto impls = o.registry->implementations(id);
   if (impls.empty()) {
-    std::cerr << "kreg: unknown op '" << op << "'\n";
-    return kExitUsage;
+    if (chain) {
+      return fail(kExitUsage, "kreg: unknown op '", op, "' (an alias: ", chain->text(),
+                  ", and no group registers ", id, ")");
+    }
+    return fail(kExitUsage, "kreg: unknown op '", op, "'");
   }
   kreg::GroupInfo group;
   for (const auto& g : o.registry->groups()) {
     if (g.name == impls.front()->group()) group = g;
   }
+  const std::string version = group.plugin ? group.plugin->version : std::string();
   if (json) {
     JsonWriter w(std::cout);
     w.begin_object().field("op", id);
-    if (id != op) w.field("alias_of", id).field("deprecation", alias_note);
+    if (chain) {
+      w.field("alias_of", id).field("deprecation", chain->message);
+      w.strings("alias_chain", chain->names);
+    }
     w.field("group", group.name).field("generation", static_cast<long long>(group.generation));
-    w.field("plugin_version", group.plugin ? group.plugin->version : std::string());
+    w.field("plugin_version", version);
     w.key("implementations").begin_array();
     for (const kreg::KernelSpec* s : impls) {
       w.begin_object().field("backend", s->backend).field("priority", s->priority);
@@ -153,37 +190,43 @@ int cmd_info(const std::string& manifest, const std::string& op, bool json) {
       w.end_object();
     }
     w.end_array().end_object();
-    return 0;
+    return kExitOk;
   }
-  std::cout << id
-            << (id != op ? "  (you asked for the deprecated alias " + op + ": " + alias_note + ")"
-                         : "")
-            << "\n";
-  std::cout << "  group      " << group.name << " " << (group.plugin ? group.plugin->version : "")
-            << ", generation " << group.generation << "\n";
-  std::cout << "  signature  " << impls.front()->signature.text << "\n";
-  for (const auto& p : impls.front()->signature.params) {
-    std::cout << "    " << std::string(kreg::arg_kind_name(p.kind)) << " " << p.name;
+  out << id;
+  if (chain) {
+    out << "  (you asked for the deprecated alias " << op;
+    if (chain->names.size() > 2) out << ", which leads here through " << chain->text();
+    if (!chain->message.empty()) out << ": " << chain->message;
+    out << ")";
+  }
+  out << "\n";
+  out << "  group      " << group.name << " " << version << ", generation " << group.generation
+      << "\n";
+  const kreg::Signature& sig = impls.front()->signature;
+  out << "  signature  " << sig.text << "\n";
+  for (const auto& p : sig.params) {
+    out << "    " << kreg::arg_kind_name(p.kind) << " " << p.name;
     if (p.is_tensor()) {
-      std::cout << " " << impls.front()->signature.shape_name(p)
-                << (p.dtypes ? " " + kreg::dtype_set_name(p.dtypes) : "")
-                << (p.written() ? (p.read() ? " (read, written in place)" : " (written)") : "");
+      out << " " << sig.shape_name(p);
+      if (p.dtypes) out << " " << kreg::dtype_set_name(p.dtypes);
+      if (p.written()) out << (p.read() ? " (read, written in place)" : " (written)");
     } else if (p.has_default) {
-      std::cout << " = " << p.default_text;
+      out << " = " << p.default_text;
     }
-    std::cout << "\n";
+    out << "\n";
   }
   for (const kreg::KernelSpec* s : impls) {
-    std::cout << "  [" << s->backend << "] priority " << s->priority << ", dtypes "
-              << kreg::dtype_set_name(s->dtypes) << ", ";
-    for (const auto& c : s->capabilities) std::cout << c.to_string() << " ";
-    std::cout << "\n      traits " << s->traits_string() << "\n      " << s->description
-              << "\n      from " << s->source() << "\n";
+    out << "  [" << s->backend << "] priority " << s->priority << ", dtypes "
+        << kreg::dtype_set_name(s->dtypes) << ", ";
+    for (const auto& c : s->capabilities) out << c.to_string() << " ";
+    out << "\n      traits " << s->traits_string() << "\n      " << s->description
+        << "\n      from " << s->source() << "\n";
     const kreg::KernelBackend* b = kreg::find_backend(s->backend);
-    std::cout << "      launch: " << b->launch_semantics()
-              << (b->available() ? "" : "; unavailable here: " + b->unavailable_reason()) << "\n";
+    out << "      launch: " << b->launch_semantics();
+    if (!b->available()) out << "; unavailable here: " << b->unavailable_reason();
+    out << "\n";
   }
-  return 0;
+  return kExitOk;
 }
 
 // ---- validate ----
@@ -204,16 +247,14 @@ int cmd_validate(const std::string& manifest, const ValidateArgs& a) {
   opts.timeout_s = a.timeout_s;
   if (!a.plugins_src.empty()) {
     if (!fs::is_directory(a.plugins_src)) {
-      std::cerr << "kreg validate: --plugins-src " << a.plugins_src << " is not a folder\n";
-      return kExitUsage;
+      return fail(kExitUsage, "kreg validate: --plugins-src ", a.plugins_src, " is not a folder");
     }
     opts.plugins_src = fs::path(a.plugins_src);
   }
   if (!a.expect_groups.empty()) {
     auto names = kreg::read_expect_groups(a.expect_groups);
     if (!names) {
-      std::cerr << "kreg validate: --expect-groups: " << names.status().message() << "\n";
-      return kExitUsage;
+      return fail(kExitUsage, "kreg validate: --expect-groups: ", message(names.status().message()));
     }
     opts.expect_groups = *names;
     opts.expect_groups_source = a.expect_groups;
@@ -222,27 +263,31 @@ int cmd_validate(const std::string& manifest, const ValidateArgs& a) {
   if (a.update_pins) {
     auto updates = kreg::update_pins(manifest, opts.manifest);
     if (!updates) {
-      std::cerr << "kreg validate: --update-pins: " << updates.status().message() << "\n";
-      return kExitUsage;
+      return fail(kExitUsage, "kreg validate: --update-pins: ", message(updates.status().message()));
     }
     pinned = std::move(updates).value();
     for (const auto& u : pinned) {
-      std::cerr << "kreg validate: pinned " << u.group << " sha256 " << u.sha256 << " ("
-                << u.library.string() << (u.old_sha256 ? ", was " + *u.old_sha256 : "") << ")\n";
+      err << "kreg validate: pinned " << u.group << " sha256 " << u.sha256 << " ("
+          << u.library.string();
+      if (u.old_sha256) err << ", was " << *u.old_sha256;
+      err << ")\n";
     }
-    if (pinned.empty()) std::cerr << "kreg validate: every pin is up to date\n";
+    if (pinned.empty()) err << "kreg validate: every pin is up to date\n";
   }
   // A progress line on a terminal only: CI logs get the report alone.
   const bool tty = isatty(STDERR_FILENO);
   if (tty) {
     opts.progress = [](std::string_view group, size_t i, size_t n) {
-      std::cerr << "\r\33[2Kkreg validate: [" << i + 1 << "/" << n << "] " << group << " ..."
-                << std::flush;
+      err << "\r\33[2Kkreg validate: [" << i + 1 << "/" << n << "] " << group << " ...";
+      err.flush();
     };
   }
   const auto report = kreg::validate_registry(manifest, opts);
-  if (tty) std::cerr << "\r\33[2K" << std::flush;
-  const int rc = !report.manifest_readable ? kExitUsage : report.ok() ? 0 : kExitViolation;
+  if (tty) {
+    err << "\r\33[2K";
+    err.flush();
+  }
+  const int rc = !report.manifest_readable ? kExitUsage : report.ok() ? kExitOk : kExitFailed;
   if (a.json) {
     JsonWriter w(std::cout);
     w.begin_object().field("schema", "kreg.validate/1").field("manifest", manifest);
@@ -285,17 +330,25 @@ int cmd_validate(const std::string& manifest, const ValidateArgs& a) {
     skipped += c.skipped;
     const char* colour = c.skipped ? yellow : c.passed ? green : red;
     const char* label = c.skipped ? "skip" : c.passed ? "ok" : "FAIL";
-    std::printf("%s%-4s%s %-18s %s%s%s%s\n", colour, label, reset, c.check.c_str(),
-                c.group.empty() ? "(registry)" : c.group.c_str(), c.note.empty() ? "" : "  (",
-                c.note.c_str(), c.note.empty() ? "" : ")");
+    out << raw(colour) << pad(label, 4) << raw(reset) << " " << pad(c.check, 18) << " ";
+    if (c.group.empty()) {
+      out << "(registry)";
+    } else {
+      out << c.group;
+    }
+    if (!c.note.empty()) out << "  (" << c.note << ")";
+    out << "\n";
   }
+  // One line per violation: its fields are escaped whole, newlines included, so a message
+  // can never start a line of its own.
   for (const auto& f : report.findings) {
-    std::printf("%serror%s [%s] %s%s: %s\n", red, reset, f.check.c_str(),
-                f.group.empty() ? "" : (f.group + " ").c_str(), f.where.c_str(), f.message.c_str());
+    out << raw(red) << "error" << raw(reset) << " [" << f.check << "] ";
+    if (!f.group.empty()) out << f.group << " ";
+    out << f.where << ": " << f.message << "\n";
   }
-  std::printf("%zu checks passed, %zu failed, %zu skipped; %zu violations; %zu groups, %zu ops\n",
-              passed, report.outcomes.size() - passed - skipped, skipped, report.findings.size(),
-              report.groups.size(), report.ops);
+  out << passed << " checks passed, " << report.outcomes.size() - passed - skipped << " failed, "
+      << skipped << " skipped; " << report.findings.size() << " violations; "
+      << report.groups.size() << " groups, " << report.ops << " ops\n";
   return rc;
 }
 
@@ -317,79 +370,93 @@ constexpr int kMaxReps = 1000000;
 // --seed and --reps; prints the error and returns the usage exit code.
 int parse_run_numbers(RunArgs* a) {
   auto seed = kreg::parse_uint(a->seed_text, "--seed");
-  if (!seed) {
-    std::cerr << "kreg: " << seed.status().message() << "\n";
-    return kExitUsage;
-  }
+  if (!seed) return fail(kExitUsage, "kreg: ", message(seed.status().message()));
   a->seed = *seed;
   auto reps = kreg::parse_int(a->reps_text, "--reps", 1, kMaxReps);
-  if (!reps) {
-    std::cerr << "kreg: " << reps.status().message() << "\n";
-    return kExitUsage;
-  }
+  if (!reps) return fail(kExitUsage, "kreg: ", message(reps.status().message()));
   a->reps = static_cast<int>(*reps);
-  return 0;
+  return kExitOk;
+}
+
+// --shape against the signature before anything runs: a dimension it lacks or one it does
+// not have is the user's to fix (exit 2), not a failed run; so is an op whose tensors have
+// no named shape to build example inputs from.
+int check_dimensions(const kreg::KernelSpec& spec, const kreg::harness::SymbolMap& symbols) {
+  const kreg::Signature& sig = spec.signature;
+  std::string all;
+  for (const std::string& s : sig.symbols) all += (all.empty() ? "" : ",") + s + "=N";
+  for (const kreg::Param& p : sig.params) {
+    if (p.is_tensor() && !p.ranked) {
+      return fail(kExitUsage, "kreg: ", spec.op, ": tensor '", p.name,
+                  "' has no named shape, so run and bench cannot build it (signature ", sig.text,
+                  ")");
+    }
+  }
+  for (const std::string& s : sig.symbols) {
+    if (!symbols.count(s)) {
+      return fail(kExitUsage, "kreg: ", spec.op, ": --shape needs a size for '", s,
+                  "' (signature ", sig.text, "; e.g. --shape ", all, ")");
+    }
+  }
+  for (const auto& [name, size] : symbols) {
+    if (std::find(sig.symbols.begin(), sig.symbols.end(), name) == sig.symbols.end()) {
+      return fail(kExitUsage, "kreg: ", spec.op, ": --shape names '", name,
+                  "', which is not a dimension of its signature ", sig.text,
+                  all.empty() ? " (it has none)" : "; e.g. --shape " + all);
+    }
+  }
+  return kExitOk;
 }
 
 int prepare(const std::string& manifest, const RunArgs& a, Opened* o, kreg::KernelHandle* h,
             kreg::harness::SymbolMap* symbols, kreg::DType* dtype, kreg::AttrList* attrs) {
   if (int rc = open_registry(manifest, o)) return rc;
   auto d = kreg::parse_dtype(a.dtype);
-  if (!d) {
-    std::cerr << "kreg: unknown --dtype '" << a.dtype << "'\n";
-    return kExitUsage;
-  }
+  if (!d) return fail(kExitUsage, "kreg: unknown --dtype '", a.dtype, "'");
   *dtype = *d;
   auto sym = kreg::harness::parse_shape_spec(a.shape);
-  if (!sym) {
-    std::cerr << "kreg: " << sym.status().message() << "\n";
-    return kExitUsage;
-  }
+  if (!sym) return fail(kExitUsage, "kreg: ", message(sym.status().message()));
   *symbols = *sym;
   std::string backend = a.backend;
   if (backend.empty()) {
-    backend = kreg::harness::gpu_available() && !o->registry->implementations(a.op).empty() &&
-                      o->registry->implementations(a.op).front()->backend == "cuda"
+    // The op an alias chain leads to decides, like everywhere else.
+    const auto chain = o->registry->resolve_alias(a.op);
+    const auto impls = o->registry->implementations(chain ? chain->op() : a.op);
+    backend = kreg::harness::gpu_available() && !impls.empty() && impls.front()->backend == "cuda"
                   ? "cuda"
                   : "cpu";
   }
   const kreg::KernelBackend* be = kreg::find_backend(backend);
   if (be == nullptr) {
-    std::cerr << "kreg: unknown --backend '" << backend << "' (cpu, cuda)\n";
-    return kExitUsage;
+    return fail(kExitUsage, "kreg: unknown --backend '", backend, "' (cpu, cuda)");
+  }
+  // A machine without the backend is not the user's mistake: the run cannot happen here.
+  if (!be->available()) {
+    return fail(kExitFailed, "kreg: backend ", backend, " is not available here: ",
+                message(be->unavailable_reason()));
   }
   auto handle = o->registry->resolve(a.op, kreg::Target{DLDevice{be->device_type(), 0}, *d},
                                      kreg::ResolveOptions{backend});
   if (!handle) {
-    std::cerr << "kreg: " << handle.status().message() << "\n";
-    return kExitViolation;
+    return fail(exit_code_for(handle.status()), "kreg: ", message(handle.status().message()));
   }
   *h = *handle;
-  // Every dimension of the op has a size and every size names a dimension of the op.
-  if (kreg::Status st = kreg::harness::check_shape_names(h->spec(), *symbols); !st.ok()) {
-    std::cerr << "kreg: " << st.message() << "\n";
-    return kExitUsage;
-  }
+  if (int rc = check_dimensions(h->spec(), *symbols)) return rc;
   // Sizes overflow-checked and compared with free memory before anything is allocated.
   if (kreg::Status st = kreg::harness::check_example_fits(
           h->spec(), *symbols, *d, DLDevice{be->device_type(), 0}, !a.bench);
       !st.ok()) {
-    std::cerr << "kreg: " << st.message() << "\n";
-    return kExitUsage;
+    return fail(kExitUsage, "kreg: ", message(st.message()));
   }
   std::vector<kreg::NamedAttr> named;
   for (const std::string& kv : a.attrs) {
     const size_t eq = kv.find('=');
     if (eq == std::string::npos) {
-      std::cerr << "kreg: --attr '" << kreg::excerpt(kv, 60) << "' is not NAME=VALUE\n";
-      return kExitUsage;
+      return fail(kExitUsage, "kreg: --attr '", kv, "' is not NAME=VALUE");
     }
     const std::string name = kv.substr(0, eq), value = kv.substr(eq + 1);
     for (const kreg::NamedAttr& earlier : named) {
-      if (earlier.name == name) {
-        std::cerr << "kreg: --attr " << kreg::excerpt(name, 60) << " is given twice\n";
-        return kExitUsage;
-      }
+      if (earlier.name == name) return fail(kExitUsage, "kreg: --attr ", name, " is given twice");
     }
     const kreg::Param* p = h->spec().signature.find(name);
     kreg::NamedAttr na{name, value};
@@ -406,18 +473,14 @@ int prepare(const std::string& manifest, const RunArgs& a, Opened* o, kreg::Kern
       if (v) na.value = *v; else bad = v.status();
     }
     if (!bad.ok()) {
-      std::cerr << "kreg: " << bad.message() << " (attribute of " << h->op() << ")\n";
-      return kExitUsage;
+      return fail(kExitUsage, "kreg: ", message(bad.message()), " (an attribute of ", h->op(), ")");
     }
     named.push_back(std::move(na));
   }
   auto list = h->attrs(named);
-  if (!list) {
-    std::cerr << "kreg: " << list.status().message() << "\n";
-    return kExitUsage;
-  }
+  if (!list) return fail(kExitUsage, "kreg: ", message(list.status().message()));
   *attrs = std::move(list).value();
-  return 0;
+  return kExitOk;
 }
 
 int cmd_run(const std::string& manifest, const RunArgs& a) {
@@ -429,37 +492,41 @@ int cmd_run(const std::string& manifest, const RunArgs& a) {
   if (int rc = prepare(manifest, a, &o, &h, &symbols, &dtype, &attrs)) return rc;
   auto result =
       kreg::harness::check_against_reference(*o.registry, h, symbols, dtype, attrs, a.seed);
-  if (!result) {
-    std::cerr << "kreg: " << result.status().message() << "\n";
-    return kExitViolation;
-  }
+  if (!result) return fail(kExitFailed, "kreg: ", message(result.status().message()));
   bool ok = true;
-  std::printf("%s [%s] %s %s, seed %llu, vs cpu reference\n", h.op().c_str(), h.backend().c_str(),
-              a.shape.c_str(), std::string(kreg::dtype_name(dtype)).c_str(),
-              static_cast<unsigned long long>(a.seed));
+  out << h.op() << " [" << h.backend() << "] " << a.shape << " " << kreg::dtype_name(dtype)
+      << ", seed " << a.seed << ", vs cpu reference\n";
   for (const auto& c : *result) {
     ok = ok && c.ok();
-    std::printf("  %-10s max_abs_err %.3g  max_rel_err %.3g  mismatches %zu/%zu  %s\n",
-                c.tensor.c_str(), c.max_abs, c.max_rel, c.mismatches, c.count,
-                c.ok() ? "OK" : "MISMATCH");
+    out << "  " << pad(c.tensor, 10) << " max_abs_err " << num("%.3g", c.max_abs)
+        << "  max_rel_err " << num("%.3g", c.max_rel) << "  mismatches " << c.mismatches << "/"
+        << c.count << "  " << (c.ok() ? "OK" : "MISMATCH") << "\n";
   }
-  return ok ? 0 : kExitViolation;
+  return ok ? kExitOk : kExitFailed;
 }
 
 int cmd_bench(const std::string& manifest, const RunArgs& a) {
-  if (!kreg::harness::gpu_available()) {
-    std::cerr << "kreg bench: no CUDA device here (bench times GPU kernels with CUDA events)\n";
-    return kExitViolation;
-  }
+  const bool gpu = kreg::harness::gpu_available();
   RunArgs ra = a;
   ra.bench = true;
-  if (ra.backend.empty()) ra.backend = "cuda";
+  if (const kreg::KernelBackend* be = kreg::find_backend(ra.backend);
+      be != nullptr && be->device_type() == kDLCPU) {
+    return fail(kExitUsage, "kreg bench: times GPU kernels; --backend ", ra.backend,
+                " runs on the CPU (use kreg run to check it)");
+  }
+  // Without a GPU the arguments are still checked, against the CPU implementation, so a
+  // usage error is one on every machine.
+  if (ra.backend.empty()) ra.backend = gpu ? "cuda" : "cpu";
   Opened o;
   kreg::KernelHandle h;
   kreg::harness::SymbolMap symbols;
   kreg::DType dtype;
   kreg::AttrList attrs;
   if (int rc = prepare(manifest, ra, &o, &h, &symbols, &dtype, &attrs)) return rc;
+  if (!gpu) {
+    return fail(kExitFailed,
+                "kreg bench: no CUDA device here (bench times GPU kernels with CUDA events)");
+  }
   // Correctness first, at the same widths with the leading dimension symbol clamped to
   // 256: the CPU reference at full benchmark size would take minutes.
   kreg::harness::SymbolMap check_symbols = symbols;
@@ -470,38 +537,49 @@ int cmd_bench(const std::string& manifest, const RunArgs& a) {
   }
   auto check =
       kreg::harness::check_against_reference(*o.registry, h, check_symbols, dtype, attrs, a.seed);
-  if (!check) {
-    std::cerr << "kreg: " << check.status().message() << "\n";
-    return kExitViolation;
-  }
+  if (!check) return fail(kExitFailed, "kreg: ", message(check.status().message()));
   for (const auto& c : *check) {
     if (!c.ok()) {
-      std::cerr << "kreg bench: " << h.op() << " disagrees with the CPU reference on '" << c.tensor
-                << "' (" << c.mismatches << " mismatches); not timing a wrong kernel\n";
-      return kExitViolation;
+      return fail(kExitFailed, "kreg bench: ", h.op(), " disagrees with the CPU reference on '",
+                  c.tensor, "' (", c.mismatches, " mismatches); not timing a wrong kernel");
     }
   }
   std::string checked = "checked vs cpu reference";
   for (const auto& [name, v] : check_symbols) checked += " " + name + "=" + std::to_string(v);
   auto copy = kreg::harness::copy_bandwidth_gbps(size_t{1} << 30);
-  if (!copy) {
-    std::cerr << "kreg: " << copy.status().message() << "\n";
-    return kExitViolation;
-  }
+  if (!copy) return fail(kExitFailed, "kreg: ", message(copy.status().message()));
   auto t = kreg::harness::time_on_gpu(h, symbols, dtype, attrs, a.reps, a.seed);
-  if (!t) {
-    std::cerr << "kreg: " << t.status().message() << "\n";
-    return kExitViolation;
+  if (!t) return fail(kExitFailed, "kreg: ", message(t.status().message()));
+  out << h.op() << " [" << h.backend() << "] " << a.shape << " " << kreg::dtype_name(dtype)
+      << " on " << kreg::harness::gpu_name() << "\n";
+  out << "  median " << num("%.2f", t->median_us) << " us (min " << num("%.2f", t->min_us)
+      << "), " << t->bytes << " bytes, " << num("%.0f", t->gbps) << " GB/s = "
+      << num("%.1f", 100.0 * t->gbps / *copy) << "% of copy " << num("%.0f", *copy) << " GB/s ["
+      << t->buffer_sets << " buffer sets" << (t->graph ? ", CUDA graph" : "") << ", " << a.reps
+      << " reps]\n";
+  out << "  " << checked << ": OK\n";
+  return kExitOk;
+}
+
+// CLI11's help is its own text with the environment's defaults in it: out line by line
+// through the printer. Its errors quote the command line, newlines included, so an error
+// is one escaped line.
+int cli_exit(const CLI::App& app, const CLI::Error& e, int code) {
+  if (code != kExitOk) {
+    return fail(code, "kreg: ", e.what(), "\nRun with --help for more information.");
   }
-  std::printf("%s [%s] %s %s on %s\n", h.op().c_str(), h.backend().c_str(), a.shape.c_str(),
-              std::string(kreg::dtype_name(dtype)).c_str(), kreg::harness::gpu_name().c_str());
-  std::printf(
-      "  median %.2f us (min %.2f), %zu bytes, %.0f GB/s = %.1f%% of copy %.0f GB/s "
-      "[%d buffer sets%s, %d reps]\n",
-      t->median_us, t->min_us, t->bytes, t->gbps, 100.0 * t->gbps / *copy, *copy, t->buffer_sets,
-      t->graph ? ", CUDA graph" : "", a.reps);
-  std::printf("  %s: OK\n", checked.c_str());
-  return 0;
+  std::ostringstream help, error;
+  app.exit(e, help, error);
+  for (auto [text, printer] : {std::pair{help.str(), &out}, std::pair{error.str(), &err}}) {
+    std::string_view rest = text;
+    while (!rest.empty()) {
+      const size_t eol = rest.find('\n');
+      *printer << rest.substr(0, eol) << "\n";
+      if (eol == std::string_view::npos) break;
+      rest.remove_prefix(eol + 1);
+    }
+  }
+  return code;
 }
 
 }  // namespace
@@ -565,12 +643,11 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
+    return cli_exit(app, e, kExitOk);
   } catch (const CLI::CallForAllHelp& e) {
-    return app.exit(e);
+    return cli_exit(app, e, kExitOk);
   } catch (const CLI::ParseError& e) {
-    app.exit(e);
-    return kExitUsage;
+    return cli_exit(app, e, kExitUsage);
   }
   if (*list) return cmd_list(manifest, group, json);
   if (*info) return cmd_info(manifest, op, json);

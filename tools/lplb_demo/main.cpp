@@ -24,6 +24,7 @@
 
 #include "harness.hpp"
 #include "kreg/registry.hpp"
+#include "kreg/text.hpp"
 
 #if defined(KREG_HAVE_CUDA)
 #include <cuda_runtime.h>
@@ -139,13 +140,15 @@ double time_us(bool gpu, int reps, const std::function<bool()>& fn) {
 int run(const Options& o) {
   auto manifest = kreg::load_manifest(o.manifest, kreg::manifest_options_from_env());
   if (!manifest) {
-    std::fprintf(stderr, "lplb_demo: cannot use manifest %s:\n%s\n", o.manifest.c_str(),
-                 manifest.status().message().c_str());
+    std::fprintf(stderr, "lplb_demo: cannot use manifest %s:\n%s\n",
+                 kreg::terminal_safe(o.manifest).c_str(),
+                 kreg::terminal_message("  " + manifest.status().message()).c_str());
     return 2;
   }
   auto registry = kreg::Registry::open(*manifest, kreg::OpenOptions{.load_lazy_groups = true});
   if (!registry) {
-    std::fprintf(stderr, "lplb_demo: %s\n", registry.status().message().c_str());
+    std::fprintf(stderr, "lplb_demo: %s\n",
+                 kreg::terminal_message(registry.status().message()).c_str());
     return 1;
   }
   const bool gpu = o.device == "cuda";
@@ -206,7 +209,8 @@ int run(const Options& o) {
   auto make = [&](kreg::DType dt, std::vector<int64_t> shape, const std::vector<double>& v) {
     auto b = Buffer::make(dev, dt, std::move(shape));
     if (!b) {
-      std::fprintf(stderr, "lplb_demo: %s\n", b.status().message().c_str());
+      std::fprintf(stderr, "lplb_demo: %s\n",
+                   kreg::terminal_message(b.status().message()).c_str());
       std::exit(1);
     }
     if (!v.empty()) (void)b->from_doubles(v);
@@ -229,7 +233,8 @@ int run(const Options& o) {
   auto resolve = [&](const char* op, kreg::DType dt) {
     auto h = (*registry)->resolve(op, kreg::Target{dev, dt}, kreg::ResolveOptions{backend});
     if (!h) {
-      std::fprintf(stderr, "lplb_demo: %s\n", h.status().message().c_str());
+      std::fprintf(stderr, "lplb_demo: %s\n",
+                   kreg::terminal_message(h.status().message()).c_str());
       std::exit(1);
     }
     return *h;
@@ -251,7 +256,9 @@ int run(const Options& o) {
                            probs.tensor()};
   DLTensor* disp_args[] = {ids.tensor(), probs.tensor(), l2p.tensor(), ub.tensor(), phy.tensor()};
   auto check = [](const kreg::Status& st) {
-    if (!st.ok()) std::fprintf(stderr, "lplb_demo: %s\n", st.message().c_str());
+    if (!st.ok()) {
+      std::fprintf(stderr, "lplb_demo: %s\n", kreg::terminal_message(st.message()).c_str());
+    }
     return st.ok();
   };
   auto call_build = [&] { return check(build.call(build_args, build_attrs->view())); };

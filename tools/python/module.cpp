@@ -7,6 +7,7 @@
 #include "kreg/backend.hpp"
 #include "kreg/manifest.hpp"
 #include "kreg/registry.hpp"
+#include "kreg/text.hpp"
 #include "op.hpp"
 
 namespace py = pybind11;
@@ -80,17 +81,21 @@ py::dict group_info(const GroupInfo& g) {
 py::dict info(const PyRegistry& r, const std::string& op) {
   std::string id = op;
   py::dict d;
-  if (auto a = r.registry->alias(op)) {
-    id = a->first;
+  if (auto chain = r.registry->resolve_alias(op)) {
+    id = chain->op();
     d["alias_of"] = id;
-    d["deprecation"] = a->second;
+    d["alias_chain"] = chain->names;
+    d["deprecation"] = chain->message;
   }
   auto impls = r.registry->implementations(id);
   if (impls.empty()) {
     (void)r.registry->resolve(op, Target{});  // a lazy group loads on first use
     impls = r.registry->implementations(id);
   }
-  if (impls.empty()) throw_status(Status(KREG_NOT_FOUND, "unknown op '" + op + "'"));
+  if (impls.empty()) {
+    auto h = r.registry->resolve(op, Target{});  // the core's reason: alias chain, failed group
+    throw_status(h ? Status(KREG_NOT_FOUND, "unknown op '" + excerpt(op) + "'") : h.status());
+  }
   const KernelSpec& front = *impls.front();
   d["op"] = id;
   d["group"] = std::string(front.group());
@@ -169,7 +174,8 @@ PYBIND11_MODULE(_kreg, m) {
             for (const auto& g : r.registry->groups()) {
               if (g.name == *group) return g.ops;
             }
-            throw_status(kreg::Status(KREG_NOT_FOUND, "no group named '" + *group + "'"));
+            throw_status(
+                kreg::Status(KREG_NOT_FOUND, "no group named '" + kreg::excerpt(*group) + "'"));
           },
           py::arg("group") = py::none(), "Op ids, sorted (of one group when given).")
       .def(

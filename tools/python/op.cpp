@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "exchange_api.hpp"
+#include "kreg/text.hpp"
 
 namespace kreg::python {
 namespace {
@@ -680,7 +681,8 @@ int init_op_module(PyObject* module) {
 PyObject* make_op(PyObject* owner, const Registry* registry, const std::string& requested,
                   const std::optional<std::string>& backend) {
   std::string id = requested;
-  if (auto a = registry->alias(requested)) id = a->first;
+  // An alias chain leads to its op, as in every other lookup (Registry::resolve_alias).
+  if (auto chain = registry->resolve_alias(requested)) id = chain->op();
   auto impls = registry->implementations(id);
   if (impls.empty()) {
     // A lazy group loads on its first resolve: try one, then look again.
@@ -689,7 +691,8 @@ PyObject* make_op(PyObject* owner, const Registry* registry, const std::string& 
   }
   if (impls.empty()) {
     auto h = registry->resolve(requested, Target{});
-    return raise_status(h ? Status(KREG_NOT_FOUND, "unknown op '" + requested + "'") : h.status());
+    return raise_status(h ? Status(KREG_NOT_FOUND, "unknown op '" + excerpt(requested) + "'")
+                          : h.status());
   }
   if (backend) {
     bool found = false;
@@ -697,7 +700,7 @@ PyObject* make_op(PyObject* owner, const Registry* registry, const std::string& 
     if (!found) {
       std::string have;
       for (const KernelSpec* k : impls) have += (have.empty() ? "" : ", ") + k->backend;
-      return raise_status(Status(KREG_NOT_FOUND, "op '" + id + "' has no '" + *backend +
+      return raise_status(Status(KREG_NOT_FOUND, "op '" + id + "' has no '" + excerpt(*backend) +
                                                      "' implementation (it has: " + have + ")"));
     }
   }

@@ -210,7 +210,9 @@ class OpIndex {
   size_t mask_ = 0;
 };
 
-Status kernel_error(const Impl& impl, int32_t rc, const char* message);
+// The Status for a kernel that returned `rc`: its message read from the `capacity`-byte
+// buffer it was given (a plugin may have filled it without a terminating NUL), escaped.
+Status kernel_error(const Impl& impl, int32_t rc, const char* message, size_t capacity);
 
 inline uint32_t pack_dtype(DLDataType t) {
   return uint32_t{t.code} | (uint32_t{t.bits} << 8) | (uint32_t{t.lanes} << 16);
@@ -380,7 +382,7 @@ inline Status invoke(const Impl& impl, std::span<DLTensor* const> tensors,
   kreg_error err{sizeof(kreg_error), message, sizeof message};
   const int32_t rc = impl.fn.load(std::memory_order_acquire)(&frame, &err);
   if (rc != KREG_OK) [[unlikely]] {
-    return kernel_error(impl, rc, message);
+    return kernel_error(impl, rc, message, sizeof message);
   }
   return Status();
 }
@@ -496,6 +498,17 @@ struct ReloadOptions {
   std::filesystem::path library;
 };
 
+// An alias followed to its end (Registry::resolve_alias).
+struct AliasChain {
+  // The name asked for, then each alias target in turn; back() is where the chain ends.
+  std::vector<std::string> names;
+  std::string message;  // the first alias's deprecation message
+  bool found = false;   // back() is a registered op (false: the chain ends at a missing op)
+  const std::string& op() const { return names.back(); }
+  // "a -> b -> c"
+  std::string text() const;
+};
+
 struct ReloadReport {
   std::string group;
   uint64_t generation = 0;             // the new generation
@@ -534,7 +547,8 @@ class Registry {
   Result<ReloadReport> reload(std::string_view group, const ReloadOptions& options = {});
 
   // Adds a compatibility alias (old op id -> new op id). Calls through it work and warn
-  // once on stderr with `message`.
+  // once on stderr with `message`. Aliases may chain (a -> b -> c); one that would close a
+  // cycle is refused.
   Status add_alias(const std::string& from, const std::string& to, const std::string& message);
 
   Result<KernelHandle> resolve(std::string_view op, std::span<DLTensor* const> args,
@@ -551,7 +565,11 @@ class Registry {
   std::vector<std::string> op_ids() const;
   // All implementations of an op, highest priority first; empty if unknown.
   std::vector<const KernelSpec*> implementations(std::string_view op) const;
-  // The alias target and message, when `op` is an alias.
+  // Where `op` leads when it is an alias, following the whole chain (the one rule every
+  // lookup uses: resolve, call, the tools, Python). nullopt when `op` is a registered op
+  // (a real op wins over an alias of the same name) or no alias at all.
+  std::optional<AliasChain> resolve_alias(std::string_view op) const;
+  // resolve_alias's end of the chain and the first alias's message, when `op` is an alias.
   std::optional<std::pair<std::string, std::string>> alias(std::string_view op) const;
 
  private:
@@ -568,7 +586,16 @@ class Registry {
   };
 
   const detail::OpEntry* find_op(std::string_view op) const;
+  // find_op, else the op at the end of `op`'s alias chain (warning once per alias used);
+  // allocates nothing, so Registry::call through an alias stays allocation-free.
   const detail::OpEntry* find_op_or_alias(std::string_view op) const;
+  // Why find_op_or_alias found nothing for `op`: unknown, an alias to a missing op, or a
+  // group that failed to load.
+  Status unknown_op(std::string_view op) const;
+  // Walks the chain from alias `from`: calls visit(name) for each name after it and stops at
+  // the first registered op (returned) or at a name that is neither (nullptr).
+  template <typename Visit>
+  const detail::OpEntry* follow_aliases(const Alias& from, Visit&& visit) const;
   Group* find_group(std::string_view name) const;
   Status ensure_loaded(Group& g) const;
   Status load_locked(Group& g) const;
