@@ -457,10 +457,12 @@ ValidationReport validate_registry(const fs::path& manifest_path, const Validate
     }
     bool first = true;
     for (const ManifestDiagnostic& d : diags) {
+      // A problem of the whole document (a syntax error, a second document) has no key.
+      const std::string what = d.key.empty() ? d.message : d.key + ": " + d.message;
       if (first) {
-        rep.fail("manifest-schema", "", d.where.to_string(), d.key + ": " + d.message);
+        rep.fail("manifest-schema", "", d.where.to_string(), what);
       } else {
-        rep.also("manifest-schema", "", d.where.to_string(), d.key + ": " + d.message);
+        rep.also("manifest-schema", "", d.where.to_string(), what);
       }
       first = false;
     }
@@ -599,7 +601,8 @@ Result<std::vector<PinUpdate>> update_pins(const fs::path& manifest_path,
   // Edit the file the manifest path finally names, so a symlinked manifest stays one.
   const fs::path target = fs::canonical(manifest_path, ec);
   if (ec) return Status(KREG_NOT_FOUND, "cannot resolve " + manifest_path.string());
-  auto text = read_text_file(target);
+  // Read with the manifest's own limits: the file may have changed since it was parsed.
+  auto text = read_manifest_file(target);
   if (!text) return text.status();
   auto edited = rewrite_manifest_pins(*text, pins);
   if (!edited) return edited.status();

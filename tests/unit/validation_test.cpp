@@ -1076,6 +1076,34 @@ TEST(Cli, ExpectedGroupsAndUsageErrors) {
   EXPECT_EQ(kreg_validate({"--manifest", m.string(), "--timeout", "-1"}).exit_code, 2);
 }
 
+// A manifest path that names no file, or a text built to hang the parser: exit 2 (cannot
+// read) or 1 (schema) with the reason, at once, never a hang or an out-of-memory death.
+TEST(Cli, ManifestThatIsNotARegularFileOrHangsTheParser) {
+  TempTree t;
+  const fs::path fifo = t.root() / "registry.yaml";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const fs::path comma = t.write("comma.yaml", ",");
+  struct Case {
+    std::string manifest;
+    int exit_code;
+    std::string expect;
+  };
+  for (const Case& c :
+       {Case{"/dev/zero", 2, "cannot read the manifest /dev/zero: it is a character device"},
+        Case{fifo.string(), 2,
+             "cannot read the manifest " + fifo.string() + ": it is a FIFO (named pipe)"},
+        Case{comma.string(), 1,
+             comma.string() + ":1:1: YAML syntax error: ',' outside a flow collection"}}) {
+    const auto start = std::chrono::steady_clock::now();
+    const CliRun r = kreg_validate({"--manifest", c.manifest});
+    const double took =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_EQ(r.exit_code, c.exit_code) << c.manifest << "\n" << r.out << r.err;
+    EXPECT_TRUE(contains(r.out + r.err, c.expect)) << c.expect << " not in\n" << r.out << r.err;
+    EXPECT_LT(took, 2.0) << c.manifest;
+  }
+}
+
 }  // namespace
 }  // namespace kreg
 
