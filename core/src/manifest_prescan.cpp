@@ -16,6 +16,11 @@ namespace {
 // (Limits::max_depth, lower) is the exact one. This count is a heuristic (brackets inside
 // plain scalars may count), so it is set well above the exact limit.
 constexpr int kMaxFlowBrackets = 128;
+// yaml-cpp cannot hand out the first token of a flow collection that might be a mapping key
+// (`{a: b, ...}: c`) before it has scanned to the collection's end, so one long flow
+// collection is scanned and held whole, however early the node limit would stop the tree.
+// Counting the entries (commas inside brackets) bounds that; the node limit is the same.
+constexpr size_t kMaxFlowEntries = 50000;
 
 std::string hex_byte(uint8_t b) {
   char buf[8];
@@ -101,6 +106,7 @@ bool prescan(std::string_view text, std::vector<LoadError>& errors) {
   enum class In { kText, kDouble, kSingle, kComment } in = In::kText;
   int brackets = 0;
   bool too_deep = false;
+  size_t flow_entries = 0;
   char prev = '\n';  // the previous byte, '\n' at a line start
 
   int line = 0;
@@ -187,6 +193,10 @@ bool prescan(std::string_view text, std::vector<LoadError>& errors) {
           }
         } else if ((c == ']' || c == '}') && brackets > 0) {
           --brackets;
+        } else if (c == ',' && brackets > 0 && ++flow_entries == kMaxFlowEntries + 1) {
+          errors.push_back({here, "more than " + std::to_string(kMaxFlowEntries) +
+                                      " entries in flow collections ([a, b, ...]); a manifest "
+                                      "needs a few"});
         }
         break;
     }

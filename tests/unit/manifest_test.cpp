@@ -829,8 +829,16 @@ TEST(ManifestParser, NodeCountIsBounded) {
   expect_rejected_quickly(keys, "the manifest has more than 50000 YAML nodes", "many keys");
   std::string entries = "kreg_manifest: 1\ngroups: [";
   for (int i = 0; i < 60000; ++i) entries += "a,";
-  expect_rejected_quickly(entries + "]\n", "the manifest has more than 50000 YAML nodes",
-                          "many entries");
+  expect_rejected_quickly(entries + "]\n", "h.yaml:2:100011: more than 50000 entries in flow "
+                          "collections", "many entries");
+  // A flow map over the whole file: refused by the prescan before yaml-cpp scans it all.
+  std::string pairs = "{";
+  for (int i = 0; i < 150000; ++i) pairs += "a: b, ";
+  expect_rejected_quickly(pairs + "}", "h.yaml:1:300006: more than 50000 entries", "flow map");
+  std::string block = "kreg_manifest: 1\ngroups:\n";
+  for (int i = 0; i < 60000; ++i) block += "- a\n";
+  expect_rejected_quickly(block, "h.yaml:49998:3: the manifest has more than 50000 YAML nodes",
+                          "block entries");
 }
 
 TEST(ManifestParser, TagsOtherThanTheCoreSchemasAreRefused) {
