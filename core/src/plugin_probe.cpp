@@ -392,8 +392,13 @@ ProbeResult probe_plugin(const fs::path& file, const PluginLibrary::Expect& expe
   std::string received;
   std::string& output = result.output;
   int fds[2] = {data[0], out[0]};
-  bool timed_out = false;
+  bool timed_out = false, cancelled = false, oversized = false;
+  auto stop_early = [&] {
+    cancelled = options.cancel != nullptr && options.cancel->load(std::memory_order_acquire);
+    return cancelled || oversized;
+  };
   while (fds[0] >= 0 || fds[1] >= 0) {
+    if (stop_early()) break;
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) {
@@ -405,7 +410,10 @@ ProbeResult probe_plugin(const fs::path& file, const PluginLibrary::Expect& expe
     for (int fd : fds) {
       if (fd >= 0) p[n++] = pollfd{fd, POLLIN, 0};
     }
-    const int ready = ::poll(p, n, static_cast<int>(std::min<int64_t>(left.count() + 1, 1 << 30)));
+    // In slices, so that a cancel request is seen promptly.
+    const int64_t slice = options.cancel != nullptr ? 50 : int64_t{1} << 30;
+    const int ready =
+        ::poll(p, n, static_cast<int>(std::min<int64_t>(std::min(left.count() + 1, slice), 1 << 30)));
     if (ready < 0 && errno == EINTR) continue;
     if (ready < 0) break;
     for (nfds_t i = 0; i < n; ++i) {
@@ -421,6 +429,7 @@ ProbeResult probe_plugin(const fs::path& file, const PluginLibrary::Expect& expe
       }
       if (slot == data[0]) {
         received.append(buf, static_cast<size_t>(got));
+        if (received.size() > kMaxProbeReportBytes) oversized = true;
       } else {
         output.append(buf, static_cast<size_t>(got));
         if (output.size() > 2 * kOutputKeep) output.erase(0, output.size() - kOutputKeep);
@@ -436,7 +445,7 @@ ProbeResult probe_plugin(const fs::path& file, const PluginLibrary::Expect& expe
   // to be reapable, then kill its whole group, helpers it started included.
   int status = 0;
   bool reaped = false;
-  while (!timed_out) {
+  while (!timed_out && !stop_early()) {
     const pid_t r = ::waitpid(pid, &status, WNOHANG);
     if (r == pid) {
       reaped = true;
@@ -456,6 +465,17 @@ ProbeResult probe_plugin(const fs::path& file, const PluginLibrary::Expect& expe
     }
   } else {
     ::kill(-pid, SIGKILL);  // stray grandchildren, if any; ESRCH otherwise
+  }
+
+  if (cancelled || oversized) {
+    result.end = cancelled ? ProbeEnd::kCancelled : ProbeEnd::kSignaled;
+    result.signal = cancelled ? 0 : SIGKILL;
+    result.message = head + (cancelled ? ": the load in a child process was cancelled; the "
+                                         "child was killed"
+                                       : ": the child process loading it sent more than " +
+                                             std::to_string(kMaxProbeReportBytes) +
+                                             " bytes of report and was killed");
+    return result;
   }
 
   // Decode what arrived.

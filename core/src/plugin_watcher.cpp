@@ -44,7 +44,10 @@ FileState file_state(const fs::path& file) {
 }  // namespace
 
 PluginWatcher::PluginWatcher(Registry& registry, Callback callback, const WatchOptions& options)
-    : registry_(registry), callback_(std::move(callback)), options_(options) {}
+    : registry_(registry), callback_(std::move(callback)), options_(options) {
+  // stop() abandons a pre-check in progress instead of waiting out its timeout.
+  if (options_.reload.cancel == nullptr) options_.reload.cancel = &stop_;
+}
 
 PluginWatcher::~PluginWatcher() {
   stop();
@@ -147,6 +150,8 @@ void PluginWatcher::handle(const File& file) {
     ev.swapped = true;
     ev.report = std::move(r).value();
   } else {
+    // Stopped mid-way: nothing was decided about this build, so nothing to report.
+    if (stop_.load(std::memory_order_acquire)) return;
     ev.error = r.status();
   }
   if (callback_) callback_(ev);

@@ -48,6 +48,7 @@ struct GenerationRequest {
   bool private_copy = false;
   bool precheck_in_child = false;
   double precheck_timeout_s = 10;
+  const std::atomic<bool>* cancel = nullptr;  // abandons a pre-check in progress
   std::string precheck_failed = "refused by the pre-check in a child process: ";
 };
 

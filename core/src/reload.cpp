@@ -86,10 +86,12 @@ Result<LoadedGeneration> load_generation(const GenerationRequest& req) {
     // dlopen would also find a generation already loaded from that path and probe it.
     ProbeOptions probe_options;
     probe_options.timeout_s = req.precheck_timeout_s;
+    probe_options.cancel = req.cancel;
     const ProbeResult probe = probe_plugin(load, {req.group, req.version}, probe_options);
     if (!probe.ok()) {
       const kreg_status_code code =
           probe.end == ProbeEnd::kRefused || probe.end == ProbeEnd::kInitFailed ? probe.code
+          : probe.end == ProbeEnd::kCancelled                                   ? KREG_CANCELLED
                                                                                 : KREG_ABORTED;
       return Status(code == KREG_OK ? KREG_UNKNOWN : code,
                     req.precheck_failed + user_path_in(probe.message, copy, req.library));
@@ -139,6 +141,7 @@ Result<ReloadReport> Registry::reload(std::string_view group_name, const ReloadO
   request.private_copy = true;  // the build overwrites the original; dlopen caches by path
   request.precheck_in_child = options.precheck_in_child;
   request.precheck_timeout_s = options.precheck_timeout_s;
+  request.cancel = options.cancel;
   request.precheck_failed = "child-process precheck failed: ";
   auto loaded = load_generation(request);
   if (!loaded) return Status(loaded.status().code(), where + ": " + loaded.status().message());

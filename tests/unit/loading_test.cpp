@@ -655,6 +655,36 @@ TEST_F(WatchTest, InPlaceRewriteWithAPauseNeverSigbusesAndTheCompleteFileIsTaken
   }
 }
 
+TEST_F(WatchTest, StopDoesNotWaitOutAHangingPrecheck) {
+  WatchOptions o;
+  o.reload.precheck_timeout_s = 30;
+  start(o);
+  place(test_plugin("crash_hang_static"));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the child is loading it
+  const auto t0 = Clock::now();
+  watcher_->stop();
+  EXPECT_LT(seconds_since(t0), 2.0);
+  EXPECT_EQ(events(), 0u) << "a cancelled check decides nothing";
+  EXPECT_EQ(generation(), 1u);
+  // The same through reload() directly: CANCELLED, nothing changes.
+  std::atomic<bool> cancel{false};
+  ReloadOptions r;
+  r.precheck_in_child = true;
+  r.precheck_timeout_s = 30;
+  r.cancel = &cancel;
+  std::thread canceller([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    cancel = true;
+  });
+  const auto t1 = Clock::now();
+  auto result = reg_->reload("testgrp", r);
+  canceller.join();
+  EXPECT_LT(seconds_since(t1), 2.0);
+  EXPECT_EQ(result.status().code(), KREG_CANCELLED) << result.status().message();
+  EXPECT_TRUE(contains(result.status().message(), "cancelled")) << result.status().message();
+  EXPECT_EQ(generation(), 1u);
+}
+
 TEST_F(WatchTest, AFifoInTheLibrarysPlaceIsRejectedNotWaitedOn) {
   start({});
   const fs::path fifo = scratch_.path("fifo.tmp");

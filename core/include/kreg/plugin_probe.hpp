@@ -13,6 +13,8 @@
 // loader safe after fork, but locks held by other threads in other libraries are not).
 #pragma once
 
+#include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <string>
@@ -46,7 +48,14 @@ struct PluginSnapshot {
 struct ProbeOptions {
   double timeout_s = 10;  // the whole child: load, init, shutdown
   bool run_init = true;   // run the init hook (and then the shutdown hook)
+  // When set and it becomes true, the child is killed within ~50 ms and the probe ends
+  // kCancelled (a watcher being stopped need not wait out a hanging plugin's timeout).
+  const std::atomic<bool>* cancel = nullptr;
 };
+
+// The most a child may report through its data pipe (descriptor and kernel records): more
+// is a plugin writing where it should not, and the child is killed.
+inline constexpr size_t kMaxProbeReportBytes = size_t{64} << 20;
 
 enum class ProbeEnd {
   kOk,           // loaded, initialized and unloaded cleanly
@@ -55,6 +64,7 @@ enum class ProbeEnd {
   kSignaled,     // the child was killed by a signal
   kExited,       // the child exited before reporting (the plugin called exit)
   kTimedOut,     // the child did not finish in time and was killed
+  kCancelled,    // ProbeOptions::cancel was set; the child was killed
   kSpawnFailed,  // no child could be started (pipe, mmap or fork failed)
 };
 

@@ -83,7 +83,7 @@ class PluginWatcher {
   PluginWatcher& operator=(const PluginWatcher&) = delete;
 
   // Stops watching and joins the thread (prompt: within poll_timeout_ms plus a reload in
-  // progress, which a pre-check bounds by its timeout). Idempotent.
+  // progress; a pre-check in progress is abandoned, its child killed). Idempotent.
   void stop();
 
  private:

@@ -491,6 +491,9 @@ struct ReloadOptions {
   // touching this process. Forks: see plugin_probe.hpp for when that is safe.
   bool precheck_in_child = false;
   double precheck_timeout_s = 10;  // the whole child: load, init hook, unload
+  // When set and it becomes true, a pre-check in progress is abandoned (its child killed)
+  // and reload() fails with CANCELLED: PluginWatcher::stop() need not wait out a hang.
+  const std::atomic<bool>* cancel = nullptr;
   // Reserved: a library that lacks an implementation the running generation has is
   // refused either way (its handles would have no code to reach); true changes nothing yet.
   bool allow_removed_ops = false;
