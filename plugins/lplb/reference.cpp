@@ -115,7 +115,8 @@ class NormalEquations {
     const int64_t k = s_.k, r = s_.r;
     for (int64_t i = 0; i < k; ++i) {
       double acc = 0;
-      double* wi = &w_[static_cast<size_t>(i * r)];
+      // data() + offset, not &w_[...]: with r == 0 the vector is empty.
+      double* wi = w_.data() + static_cast<size_t>(i * r);
       std::fill(wi, wi + r, 0.0);
       for (int64_t p = s_.row_ptr[static_cast<size_t>(i)];
            p < s_.row_ptr[static_cast<size_t>(i + 1)]; ++p) {

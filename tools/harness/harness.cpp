@@ -299,7 +299,8 @@ Status Buffer::copy_from(const Buffer& o) {
     return Status(KREG_INVALID_ARGUMENT, "copy_from: dtype or size mismatch");
   }
   if (!on_gpu() && !o.on_gpu()) {
-    std::memcpy(t_.data, o.t_.data, bytes());
+    // An empty buffer may have no storage: memcpy's pointers must not be null.
+    if (bytes() > 0) std::memcpy(t_.data, o.t_.data, bytes());
     return OkStatus();
   }
 #if defined(KREG_HAVE_CUDA)
@@ -332,7 +333,7 @@ Status Buffer::fill_random(std::mt19937_64& rng) {
       write_element(host.data(), dtype_, i, static_cast<double>(next() & 15));
   }
   if (!on_gpu()) {
-    std::memcpy(t_.data, host.data(), host.size());
+    if (!host.empty()) std::memcpy(t_.data, host.data(), host.size());
     return OkStatus();
   }
 #if defined(KREG_HAVE_CUDA)
