@@ -866,9 +866,10 @@ const Impl* Registry::select(std::string_view op, const OpEntry& entry,
 Status Registry::unknown_op(std::string_view op) const {
   // The caller's text, quoted as a short escaped excerpt: it may be anything.
   const std::string asked = "'" + excerpt(op) + "'";
+  const auto chain = resolve_alias(op);  // outlives `end`, which may point into it
   std::string_view end = op;
   std::string via;
-  if (auto chain = resolve_alias(op)) {
+  if (chain) {
     end = chain->op();
     via = " (an alias: " + chain->text() + ", and no group registers " + chain->op() + ")";
   }
