@@ -106,16 +106,28 @@ struct Context {
 
 // The library-loads family: the ELF/symbol check here, then the child-process load.
 // Returns what the child read, or nothing when the group did not load.
-std::optional<PluginSnapshot> load_in_child(Context& cx, const GroupEntry& g) {
+// `file` is what is read and loaded: the library itself, or the private copy whose bytes
+// were hashed for the pin; messages name the library either way.
+std::optional<PluginSnapshot> load_in_child(Context& cx, const GroupEntry& g,
+                                            const fs::path& file) {
   Reporter& rep = cx.rep;
   const std::string where = g.library_where.to_string();
-  if (Status st = check_entry_symbol(g.library); !st.ok()) {
-    rep.fail("library-loads", g.name, where, st.message());
+  auto named = [&](std::string msg) {
+    if (file == g.library) return msg;
+    const std::string copy = file.string(), lib = g.library.string();
+    for (size_t at = msg.find(copy); at != std::string::npos; at = msg.find(copy, at + lib.size())) {
+      msg.replace(at, copy.size(), lib);
+    }
+    return msg;
+  };
+  if (Status st = check_entry_symbol(file); !st.ok()) {
+    rep.fail("library-loads", g.name, where, named(st.message()));
     return std::nullopt;
   }
   ProbeOptions popts;
   popts.timeout_s = cx.options.timeout_s;
-  ProbeResult probe = probe_plugin(g.library, {g.name, g.version}, popts);
+  ProbeResult probe = probe_plugin(file, {g.name, g.version}, popts);
+  probe.message = named(std::move(probe.message));
   if (probe.ok()) {
     for (const char* c : {"library-loads", "abi-version", "group-name-match", "plugin-version"}) {
       rep.pass(c, g.name);
@@ -521,16 +533,26 @@ ValidationReport validate_registry(const fs::path& manifest_path, const Validate
         return;
       }
       rep.pass("path-safety", g.name);
+      // A pinned library is copied from the opened descriptor and hashed on the way; the
+      // child loads that copy, so the bytes checked are the bytes that ran.
+      std::optional<PrivateCopy> copy;
       if (g.sha256) {
-        if (Status st = check_pin(*file, *g.sha256); !st.ok()) {
-          rep.fail("integrity", g.name, g.sha256_where.to_string(), st.message());
+        auto c = copy_to_private(*file, g.name, true);
+        if (!c) {
+          rep.fail("integrity", g.name, g.sha256_where.to_string(), c.status().message());
           return;
         }
+        if (c->sha256() != *g.sha256) {
+          rep.fail("integrity", g.name, g.sha256_where.to_string(),
+                   pin_mismatch(g.library, *g.sha256, c->sha256()).message());
+          return;
+        }
+        copy = std::move(*c);
         rep.pass("integrity", g.name);
       } else {
         rep.pass("integrity", g.name, "not pinned");
       }
-      snap = load_in_child(cx, g);
+      snap = load_in_child(cx, g, copy ? copy->path() : g.library);
       if (snap) check_records(cx, g, *snap);
     }();
     if (!snap) all_loaded = false;

@@ -423,6 +423,29 @@ TEST_P(BrokenPlugin, IsReportedAndValidationCarriesOn) {
   EXPECT_TRUE(has_outcome(r, "groups-guard", ""));
 }
 
+// Pinned with the right hash: the child loads the private copy whose bytes were hashed,
+// and the verdict is the same, naming the library, never the copy.
+TEST_P(BrokenPlugin, PinnedIsLoadedFromTheHashedCopyAndNamedByItsPath) {
+  const PluginCase& c = GetParam();
+  TempTree t;
+  auto sha = sha256_file(test_plugin(c.plugin));
+  ASSERT_TRUE(sha.ok()) << sha.status().message();
+  const fs::path m = t.write(
+      "registry.yaml", manifest_text(KREG_TEST_PLUGIN_DIR,
+                                     {{"testgrp", "libkreg_" + std::string(c.plugin) + ".so",
+                                       "    sha256: " + *sha + "\n"}}));
+  ValidateOptions o;
+  o.timeout_s = kHangTimeout;
+  const ValidationReport r = validate(m, o);
+  EXPECT_TRUE(has_outcome(r, "integrity", "testgrp"));
+  std::vector<std::string> texts = c.texts;
+  texts.push_back(test_plugin(c.plugin).string());
+  expect_violation(r, c.check, "testgrp", texts);
+  for (const Finding& f : r.findings) {
+    EXPECT_EQ(f.message.find("/kreg-"), std::string::npos) << "names the private copy: " << f.message;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Fixtures, BrokenPlugin,
     ::testing::Values(
