@@ -15,6 +15,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdlib>
+
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -250,6 +252,12 @@ bool decode_snapshot(std::string_view payload, const fs::path& file, PluginSnaps
   sigset_t all;
   sigemptyset(&all);
   ::sigprocmask(SIG_SETMASK, &all, nullptr);
+  // A plugin that calls exit() ends the child with its own status, and nothing the host
+  // registered at exit runs here: glibc runs on_exit handlers last-registered first, so
+  // this one precedes the host's atexit handlers (which would flush the host's stdio
+  // buffers into the pipe a second time) and a sanitizer's leak check (which reports the
+  // memory of the host's other threads, absent in a fork, and changes the exit status).
+  ::on_exit([](int status, void*) { ::_exit(status); }, nullptr);
   if (int null = ::open("/dev/null", O_RDONLY); null >= 0) ::dup2(null, STDIN_FILENO);
   ::dup2(out_fd, STDOUT_FILENO);
   ::dup2(out_fd, STDERR_FILENO);

@@ -779,7 +779,7 @@ TEST(HostWatch, RejectsCrashingBuildsSaysWhyKeepsServingAndEndsWithItsSummary) {
     fs::rename(s.path(".tmp.so"), s.path(file));
   };
   Host host("--manifest " + m.string() +
-            " --device cpu --watch --stress 2 --duration 4 --precheck-timeout 1");
+            " --device cpu --watch --stress 2 --duration 6 --precheck-timeout 1");
   size_t at = host.wait_for("watching the plugin libraries");
   ASSERT_NE(at, std::string::npos) << host.output();
   // A build of a group the stress threads call that segfaults while loading.
