@@ -1089,7 +1089,8 @@ Result<Manifest> load_manifest(const std::filesystem::path& file, const Manifest
   if (!text) {
     ManifestDiagnostic d{SourceLocation{file.string()}, "", text.status().message()};
     if (diagnostics != nullptr) diagnostics->push_back(d);
-    return Status(KREG_NOT_FOUND, d.to_string());
+    // The message already names the manifest; a location prefix would say it twice.
+    return Status(KREG_NOT_FOUND, d.message);
   }
   return parse_manifest(*text, file, options, diagnostics);
 }

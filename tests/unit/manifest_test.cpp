@@ -510,8 +510,7 @@ TEST(ManifestFiles, DevZeroIsRefusedWithoutReading) {
   EXPECT_LT(seconds_since(t0), 1.0);
   EXPECT_EQ(m.status().code(), KREG_NOT_FOUND);
   EXPECT_EQ(m.status().message(),
-            "/dev/zero: cannot read the manifest /dev/zero: it is a character device, not a "
-            "regular file");
+            "cannot read the manifest /dev/zero: it is a character device, not a regular file");
 }
 
 TEST(ManifestFiles, FifoIsRefusedWithoutBlocking) {
