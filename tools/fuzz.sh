@@ -3,16 +3,20 @@
 # and runs each for a while on a working copy of its seed corpus (tests/fuzz/corpus/<name>).
 # Any crash, leak, hang (-timeout) or blow-up (-rss_limit_mb) fails the run; the input is
 # left in build-fuzz/findings/<name>/ to become a fixture.
-# Usage: tools/fuzz.sh [-t SECONDS_PER_TARGET] [-r RUNS] [name ...]   (default: 60 s, all)
+# Usage: tools/fuzz.sh [-t SECONDS_PER_TARGET] [-r RUNS] [-j WORKERS] [name ...]
+#   (default: 60 s, all targets, one worker; -j N runs N workers per target on one corpus and
+#   sums their counts: the long campaigns before a release)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=60
 runs=""
-while getopts "t:r:" opt; do
+workers=1
+while getopts "t:r:j:" opt; do
   case "$opt" in
     t) seconds=$OPTARG ;;
     r) runs=$OPTARG ;;
-    *) echo "usage: tools/fuzz.sh [-t SECONDS] [-r RUNS] [name ...]" >&2; exit 2 ;;
+    j) workers=$OPTARG ;;
+    *) echo "usage: tools/fuzz.sh [-t SECONDS] [-r RUNS] [-j WORKERS] [name ...]" >&2; exit 2 ;;
   esac
 done
 shift $((OPTIND - 1))
@@ -41,20 +45,29 @@ for n in "${names[@]}"; do
   [ -d "$seeds" ] || seeds=""
   limit=(-max_total_time="$seconds")
   [ -n "$runs" ] && limit=(-runs="$runs")
-  log=build-fuzz/$n.log
-  echo "tools/fuzz.sh: $n: ${runs:-$seconds s}"
+  log=$PWD/build-fuzz/$n.log
+  parallel=()
+  [ "$workers" -gt 1 ] && parallel=(-jobs="$workers" -workers="$workers")
+  echo "tools/fuzz.sh: $n: ${runs:-$seconds s} x $workers worker(s)"
+  rm -f build-fuzz/$n-workers/fuzz-*.log; mkdir -p build-fuzz/$n-workers
   # -timeout: an input that takes over 2 s is a hang; -rss_limit_mb: a run that grows past
   # 2 GB is unbounded allocation; -malloc_limit_mb: so is any single allocation that large.
-  if ! ASAN_OPTIONS="halt_on_error=1 detect_leaks=1 allocator_may_return_null=0" \
-       UBSAN_OPTIONS="halt_on_error=1 print_stacktrace=1" \
-       build-fuzz/tests/fuzz/kreg-fuzz-"$n" "${limit[@]}" -timeout=2 -rss_limit_mb=2048 \
-         -malloc_limit_mb=1024 -print_final_stats=1 -artifact_prefix="$findings/" \
-         "$work" $seeds >"$log" 2>&1; then
-    echo "tools/fuzz.sh: $n: FINDING (see $log and $findings/)" >&2
+  # With -jobs, each worker logs to fuzz-<i>.log in the current folder.
+  if ! (cd build-fuzz/$n-workers &&
+        ASAN_OPTIONS="halt_on_error=1 detect_leaks=1 allocator_may_return_null=0" \
+        UBSAN_OPTIONS="halt_on_error=1 print_stacktrace=1" \
+        ../tests/fuzz/kreg-fuzz-"$n" "${limit[@]}" "${parallel[@]}" -timeout=2 -rss_limit_mb=2048 \
+          -malloc_limit_mb=1024 -print_final_stats=1 -artifact_prefix="$PWD/../findings/$n/" \
+          "$PWD/../corpus/$n" ${seeds:+"$OLDPWD/$seeds"}) >"$log" 2>&1; then
+    echo "tools/fuzz.sh: $n: FINDING (see $log, build-fuzz/$n-workers/ and $findings/)" >&2
     tail -40 "$log" >&2
     status=1
   fi
-  grep -E "stat::number_of_executed_units|stat::average_exec_per_sec|stat::peak_rss_mb" "$log" \
-    | sed "s/^/  $n: /" || true
+  [ "$(ls "$findings" | wc -l)" -gt 0 ] && { echo "tools/fuzz.sh: $n: findings in $findings/" >&2; status=1; }
+  cat "$log" build-fuzz/$n-workers/fuzz-*.log 2>/dev/null | awk -v n="$n" '
+    /stat::number_of_executed_units/ {e += $2}
+    /stat::average_exec_per_sec/ {r += $2}
+    /stat::peak_rss_mb/ {if ($2 > m) m = $2}
+    END {printf "  %s: %d executions, %d exec/s (all workers), peak RSS %d MB\n", n, e, r, m}'
 done
 exit $status
