@@ -61,8 +61,8 @@ Status check_path_safety(const RegularFile& library, const fs::path& plugin_dir)
   }
   const fs::path real = fs::canonical(path, ec);
   if (ec) {
-    return Status(KREG_ABORTED, "library " + lib + " cannot be resolved any more (" +
-                                    ec.message() + "): it was removed or renamed while being checked");
+    return Status(KREG_ABORTED, "library " + lib + " cannot be resolved any more (" + ec.message() +
+                                    "): it was removed or renamed while being checked");
   }
   const std::string resolved = real == path ? "" : " (it resolves to " + quoted(real) + ")";
   if (!is_within(real, dir)) {

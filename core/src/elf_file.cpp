@@ -41,26 +41,41 @@ std::string hex(uint64_t v) {
 
 std::string type_name(uint16_t t) {
   switch (t) {
-    case ET_NONE: return "no file type (ET_NONE)";
-    case ET_REL: return "a relocatable object file (ET_REL, a .o)";
-    case ET_EXEC: return "an executable (ET_EXEC)";
-    case ET_CORE: return "a core dump (ET_CORE)";
-    default: return "ELF file type " + num(t);
+    case ET_NONE:
+      return "no file type (ET_NONE)";
+    case ET_REL:
+      return "a relocatable object file (ET_REL, a .o)";
+    case ET_EXEC:
+      return "an executable (ET_EXEC)";
+    case ET_CORE:
+      return "a core dump (ET_CORE)";
+    default:
+      return "ELF file type " + num(t);
   }
 }
 
 std::string section_type_name(uint32_t t) {
   switch (t) {
-    case SHT_PROGBITS: return "SHT_PROGBITS";
-    case SHT_SYMTAB: return "SHT_SYMTAB";
-    case SHT_STRTAB: return "SHT_STRTAB";
-    case SHT_DYNSYM: return "SHT_DYNSYM";
-    case SHT_DYNAMIC: return "SHT_DYNAMIC";
-    case SHT_NOTE: return "SHT_NOTE";
-    case SHT_RELA: return "SHT_RELA";
-    case SHT_HASH: return "SHT_HASH";
-    case SHT_GNU_HASH: return "SHT_GNU_HASH";
-    default: return "type " + num(t);
+    case SHT_PROGBITS:
+      return "SHT_PROGBITS";
+    case SHT_SYMTAB:
+      return "SHT_SYMTAB";
+    case SHT_STRTAB:
+      return "SHT_STRTAB";
+    case SHT_DYNSYM:
+      return "SHT_DYNSYM";
+    case SHT_DYNAMIC:
+      return "SHT_DYNAMIC";
+    case SHT_NOTE:
+      return "SHT_NOTE";
+    case SHT_RELA:
+      return "SHT_RELA";
+    case SHT_HASH:
+      return "SHT_HASH";
+    case SHT_GNU_HASH:
+      return "SHT_GNU_HASH";
+    default:
+      return "type " + num(t);
   }
 }
 
@@ -73,35 +88,54 @@ std::string section_label(const ElfSection& s) {
 
 std::string elf_symbol_type_name(uint8_t type) {
   switch (type) {
-    case STT_NOTYPE: return "STT_NOTYPE (a symbol without a type)";
-    case STT_OBJECT: return "STT_OBJECT (a data object)";
-    case STT_FUNC: return "STT_FUNC (a function)";
-    case STT_SECTION: return "STT_SECTION (a section)";
-    case STT_FILE: return "STT_FILE (a source file name)";
-    case STT_COMMON: return "STT_COMMON (a common data object)";
-    case STT_TLS: return "STT_TLS (a thread-local variable)";
-    case STT_GNU_IFUNC: return "STT_GNU_IFUNC (an indirect function, resolved when loaded)";
-    default: return "symbol type " + num(type);
+    case STT_NOTYPE:
+      return "STT_NOTYPE (a symbol without a type)";
+    case STT_OBJECT:
+      return "STT_OBJECT (a data object)";
+    case STT_FUNC:
+      return "STT_FUNC (a function)";
+    case STT_SECTION:
+      return "STT_SECTION (a section)";
+    case STT_FILE:
+      return "STT_FILE (a source file name)";
+    case STT_COMMON:
+      return "STT_COMMON (a common data object)";
+    case STT_TLS:
+      return "STT_TLS (a thread-local variable)";
+    case STT_GNU_IFUNC:
+      return "STT_GNU_IFUNC (an indirect function, resolved when loaded)";
+    default:
+      return "symbol type " + num(type);
   }
 }
 
 std::string elf_binding_name(uint8_t binding) {
   switch (binding) {
-    case STB_LOCAL: return "STB_LOCAL";
-    case STB_GLOBAL: return "STB_GLOBAL";
-    case STB_WEAK: return "STB_WEAK";
-    case STB_GNU_UNIQUE: return "STB_GNU_UNIQUE";
-    default: return "binding " + num(binding);
+    case STB_LOCAL:
+      return "STB_LOCAL";
+    case STB_GLOBAL:
+      return "STB_GLOBAL";
+    case STB_WEAK:
+      return "STB_WEAK";
+    case STB_GNU_UNIQUE:
+      return "STB_GNU_UNIQUE";
+    default:
+      return "binding " + num(binding);
   }
 }
 
 std::string elf_visibility_name(uint8_t visibility) {
   switch (visibility) {
-    case STV_DEFAULT: return "STV_DEFAULT";
-    case STV_INTERNAL: return "STV_INTERNAL";
-    case STV_HIDDEN: return "STV_HIDDEN";
-    case STV_PROTECTED: return "STV_PROTECTED";
-    default: return "visibility " + num(visibility);
+    case STV_DEFAULT:
+      return "STV_DEFAULT";
+    case STV_INTERNAL:
+      return "STV_INTERNAL";
+    case STV_HIDDEN:
+      return "STV_HIDDEN";
+    case STV_PROTECTED:
+      return "STV_PROTECTED";
+    default:
+      return "visibility " + num(visibility);
   }
 }
 
@@ -249,8 +283,7 @@ Status ElfFile::parse() {
     return Status(KREG_INVALID_ARGUMENT,
                   not_elf + (size_ == 0 ? " (an empty file)"
                                         : " (too short: " + num(size_) + " bytes, the ELF " +
-                                              "header alone is " +
-                                              num(sizeof(Elf64_Ehdr)) + ")"));
+                                              "header alone is " + num(sizeof(Elf64_Ehdr)) + ")"));
   }
   unsigned char ident[EI_NIDENT];
   if (Status st = read_into(0, ident, EI_NIDENT); !st.ok()) return st;
@@ -276,9 +309,9 @@ Status ElfFile::parse() {
   Elf64_Ehdr eh;
   if (Status st = read_into(0, &eh, sizeof eh); !st.ok()) return st;
   if (eh.e_type != ET_DYN) {
-    return Status(KREG_INVALID_ARGUMENT,
-                  what_ + " is an ELF object but not a shared library: it is " +
-                      type_name(eh.e_type));
+    return Status(
+        KREG_INVALID_ARGUMENT,
+        what_ + " is an ELF object but not a shared library: it is " + type_name(eh.e_type));
   }
   machine_ = eh.e_machine;
 
@@ -289,8 +322,8 @@ Status ElfFile::parse() {
   const bool has_sections = eh.e_shoff != 0;
   if (has_sections) {
     if (eh.e_shentsize != sizeof(Elf64_Shdr)) {
-      return corrupt("its section header entries are " + num(eh.e_shentsize) + " bytes (e_shentsize), not " +
-                     num(sizeof(Elf64_Shdr)));
+      return corrupt("its section header entries are " + num(eh.e_shentsize) +
+                     " bytes (e_shentsize), not " + num(sizeof(Elf64_Shdr)));
     }
     if (!within(eh.e_shoff, sizeof(Elf64_Shdr), size_)) {
       return truncated("its section header table (at offset " + num(eh.e_shoff) + ")");
@@ -324,8 +357,14 @@ Status ElfFile::parse() {
     segments_.reserve(phnum);
     for (uint64_t i = 0; i < phnum; ++i) {
       const Elf64_Phdr& p = ph[i];
-      ElfSegment s{static_cast<uint32_t>(i), p.p_type, p.p_flags, p.p_offset, p.p_vaddr,
-                   p.p_filesz, p.p_memsz, p.p_align};
+      ElfSegment s{static_cast<uint32_t>(i),
+                   p.p_type,
+                   p.p_flags,
+                   p.p_offset,
+                   p.p_vaddr,
+                   p.p_filesz,
+                   p.p_memsz,
+                   p.p_align};
       if (p.p_filesz > 0 && !within(p.p_offset, p.p_filesz, size_)) {
         return truncated("its segment " + num(i) + (p.p_type == PT_LOAD ? " (PT_LOAD, " : " (") +
                          num(p.p_filesz) + " bytes at offset " + num(p.p_offset) + ")");
@@ -379,8 +418,7 @@ Status ElfFile::parse() {
     }
     const ElfSection& names = sections_[shstrndx];
     if (names.type != SHT_STRTAB) {
-      return corrupt("its section-name table, " + section_label(names) +
-                     ", is not a string table");
+      return corrupt("its section-name table, " + section_label(names) + ", is not a string table");
     }
     if (names.size > kMaxSectionNameTable) {
       return corrupt("its section-name table is " + num(names.size) + " bytes; the limit is " +
@@ -485,8 +523,8 @@ Result<std::string> ElfFile::read(uint64_t offset, uint64_t size, uint64_t max_b
                                                " bytes; the limit here is " + num(max_bytes));
   }
   if (!within(offset, size, size_)) {
-    return corrupt(num(size) + " bytes at offset " + num(offset) + " are past the end of the file (" +
-                   num(size_) + " bytes)");
+    return corrupt(num(size) + " bytes at offset " + num(offset) +
+                   " are past the end of the file (" + num(size_) + " bytes)");
   }
   std::string out(size, '\0');
   if (Status st = read_into(offset, out.data(), size); !st.ok()) return st;
@@ -526,8 +564,7 @@ Result<ElfFile::SymbolTable> ElfFile::table_of_section(const ElfSection& s) cons
                    num(s.size) + "; symbol entries are " + num(sizeof(Elf64_Sym)) + " bytes");
   }
   if (s.link == 0 || s.link >= sections_.size() || sections_[s.link].type != SHT_STRTAB) {
-    return corrupt(t.label + " links to section " + num(s.link) +
-                   ", which is not a string table");
+    return corrupt(t.label + " links to section " + num(s.link) + ", which is not a string table");
   }
   const ElfSection& str = sections_[s.link];
   t.offset = s.offset;
@@ -591,20 +628,35 @@ Result<ElfFile::SymbolTable> ElfFile::table_of_dynamic(const ElfSegment& dyn) co
       break;
     }
     switch (e.d_tag) {
-      case DT_SYMTAB: symtab = e.d_un.d_ptr; break;
-      case DT_STRTAB: strtab = e.d_un.d_ptr; break;
-      case DT_STRSZ: strsz = e.d_un.d_val; break;
-      case DT_SYMENT: syment = e.d_un.d_val; break;
-      case DT_HASH: hash = e.d_un.d_ptr; break;
-      case DT_GNU_HASH: gnu_hash = e.d_un.d_ptr; break;
-      default: break;
+      case DT_SYMTAB:
+        symtab = e.d_un.d_ptr;
+        break;
+      case DT_STRTAB:
+        strtab = e.d_un.d_ptr;
+        break;
+      case DT_STRSZ:
+        strsz = e.d_un.d_val;
+        break;
+      case DT_SYMENT:
+        syment = e.d_un.d_val;
+        break;
+      case DT_HASH:
+        hash = e.d_un.d_ptr;
+        break;
+      case DT_GNU_HASH:
+        gnu_hash = e.d_un.d_ptr;
+        break;
+      default:
+        break;
     }
   }
   const std::string seg = "its dynamic segment (segment " + num(dyn.index) + ")";
   if (!terminated) return corrupt(seg + " has no DT_NULL entry ending it");
   if (!symtab || !strtab || !strsz) {
     return corrupt(seg + " lacks " +
-                   std::string(!symtab ? "DT_SYMTAB" : !strtab ? "DT_STRTAB" : "DT_STRSZ") +
+                   std::string(!symtab   ? "DT_SYMTAB"
+                               : !strtab ? "DT_STRTAB"
+                                         : "DT_STRSZ") +
                    ": it has no usable dynamic symbol table");
   }
   if (syment && *syment != sizeof(Elf64_Sym)) {
@@ -624,12 +676,12 @@ Result<ElfFile::SymbolTable> ElfFile::table_of_dynamic(const ElfSegment& dyn) co
     if (Status st = read_into(*off, h, sizeof h); !st.ok()) return st;
     t.count = h[1];  // nchain: one entry per symbol
   } else {
-    return corrupt(seg + " has neither DT_GNU_HASH nor DT_HASH: the loader cannot look up its "
-                         "symbols");
+    return corrupt(seg +
+                   " has neither DT_GNU_HASH nor DT_HASH: the loader cannot look up its "
+                   "symbols");
   }
   if (t.count > kMaxSymbols) {
-    return corrupt(t.label + " has " + num(t.count) + " symbols; the limit is " +
-                   num(kMaxSymbols));
+    return corrupt(t.label + " has " + num(t.count) + " symbols; the limit is " + num(kMaxSymbols));
   }
   auto sym_off = file_offset(*symtab, t.count * sizeof(Elf64_Sym));
   if (!sym_off) {
@@ -696,14 +748,14 @@ Result<ElfFile::SymbolTable> ElfFile::dynamic_table() const {
   }
   if (from_section) return *from_section;
   if (from_dynamic) return *from_dynamic;
-  return Status(KREG_NOT_FOUND, what_ + " has no dynamic symbol table (no .dynsym section and no "
-                                        "PT_DYNAMIC segment): it exports nothing");
+  return Status(KREG_NOT_FOUND, what_ +
+                                    " has no dynamic symbol table (no .dynsym section and no "
+                                    "PT_DYNAMIC segment): it exports nothing");
 }
 
 Status ElfFile::check_names(const SymbolTable& t) const {
   if (t.count > kMaxSymbols) {
-    return corrupt(t.label + " has " + num(t.count) + " symbols; the limit is " +
-                   num(kMaxSymbols));
+    return corrupt(t.label + " has " + num(t.count) + " symbols; the limit is " + num(kMaxSymbols));
   }
   if (t.str_size > 0) {
     char last;
@@ -714,8 +766,8 @@ Status ElfFile::check_names(const SymbolTable& t) const {
   for (uint64_t first = 0; first < t.count; first += kSymbolChunk) {
     const uint64_t n = std::min(kSymbolChunk, t.count - first);
     chunk.resize(n);
-    if (Status st = read_into(t.offset + first * sizeof(Elf64_Sym), chunk.data(),
-                              n * sizeof(Elf64_Sym));
+    if (Status st =
+            read_into(t.offset + first * sizeof(Elf64_Sym), chunk.data(), n * sizeof(Elf64_Sym));
         !st.ok()) {
       return st;
     }
@@ -771,8 +823,8 @@ Result<ElfSymbol> ElfFile::find_dynamic_symbol(std::string_view name) const {
   for (uint64_t first = 0; first < t->count; first += kSymbolChunk) {
     const uint64_t n = std::min(kSymbolChunk, t->count - first);
     chunk.resize(n);
-    if (Status st = read_into(t->offset + first * sizeof(Elf64_Sym), chunk.data(),
-                              n * sizeof(Elf64_Sym));
+    if (Status st =
+            read_into(t->offset + first * sizeof(Elf64_Sym), chunk.data(), n * sizeof(Elf64_Sym));
         !st.ok()) {
       return st;
     }
@@ -788,8 +840,7 @@ Result<ElfSymbol> ElfFile::find_dynamic_symbol(std::string_view name) const {
     }
   }
   if (undefined) return *undefined;
-  return Status(KREG_NOT_FOUND,
-                what_ + " has no dynamic symbol named '" + excerpt(name) + "'");
+  return Status(KREG_NOT_FOUND, what_ + " has no dynamic symbol named '" + excerpt(name) + "'");
 }
 
 Result<std::vector<ElfSymbol>> ElfFile::dynamic_symbols(uint64_t max_count) const {
@@ -802,8 +853,8 @@ Result<std::vector<ElfSymbol>> ElfFile::dynamic_symbols(uint64_t max_count) cons
   for (uint64_t first = 0; first < count; first += kSymbolChunk) {
     const uint64_t n = std::min(kSymbolChunk, count - first);
     chunk.resize(n);
-    if (Status st = read_into(t->offset + first * sizeof(Elf64_Sym), chunk.data(),
-                              n * sizeof(Elf64_Sym));
+    if (Status st =
+            read_into(t->offset + first * sizeof(Elf64_Sym), chunk.data(), n * sizeof(Elf64_Sym));
         !st.ok()) {
       return st;
     }

@@ -164,8 +164,8 @@ Result<KernelSpec> make_kernel_spec(const kreg_kernel_desc& d, const Provenance&
     // control character, which would forge or break the lines that show it.
     if (std::string_view(field) == "description") continue;
     if (auto at = control_byte(text)) {
-      return fail(std::string(field) + " \"" + excerpt(text) + "\" has a control character at byte " +
-                  std::to_string(*at));
+      return fail(std::string(field) + " \"" + excerpt(text) +
+                  "\" has a control character at byte " + std::to_string(*at));
     }
   }
   KernelSpec s;

@@ -168,11 +168,11 @@ std::optional<std::string> bad_character(std::string_view value, bool text) {
   const size_t at = yml::find_unprintable(value, text);
   if (at == std::string_view::npos) return std::nullopt;
   const auto b = static_cast<unsigned char>(value[at]);
-  const std::string what = b == 0 ? "a NUL byte (\\0)"
-                           : b < 0x20 || b == 0x7f
-                               ? "a control character (" + escape_control(value.substr(at, 1)) + ")"
-                               : "a character that is not printable UTF-8 (" +
-                                     escape_control(value.substr(at, 1)) + ")";
+  const std::string what =
+      b == 0 ? "a NUL byte (\\0)"
+      : b < 0x20 || b == 0x7f
+          ? "a control character (" + escape_control(value.substr(at, 1)) + ")"
+          : "a character that is not printable UTF-8 (" + escape_control(value.substr(at, 1)) + ")";
   return "contains " + what + " at byte " + std::to_string(at) + " of the value";
 }
 
@@ -336,8 +336,8 @@ std::map<std::string, Entry> ManifestParser::read_map(
   return entries;
 }
 
-std::optional<std::string> ManifestParser::read_string(const Entry& entry,
-                                                       const std::string& path, bool text) {
+std::optional<std::string> ManifestParser::read_string(const Entry& entry, const std::string& path,
+                                                       bool text) {
   if (std::string problem = string_problem(entry.value, text); !problem.empty()) {
     error(at_value(entry), path, problem);
     return std::nullopt;
@@ -362,7 +362,8 @@ const Entry* ManifestParser::find(const std::map<std::string, Entry>& entries, s
                                   const yml::Node& map, const std::string& path, bool required) {
   if (auto it = entries.find(std::string(key)); it != entries.end()) return &it->second;
   if (required) {
-    error(at(map.GetMark()), child_path(path, key), "missing required key '" + std::string(key) + "'");
+    error(at(map.GetMark()), child_path(path, key),
+          "missing required key '" + std::string(key) + "'");
   }
   return nullptr;
 }
@@ -438,8 +439,9 @@ void ManifestParser::parse_group(const yml::Node& node, const std::string& path,
       if (is_snake_case(*name)) {
         group.name = *name;
       } else {
-        error(at_value(*e), key,
-              "invalid group name " + quote_value(*name) + ": expected snake_case ([a-z][a-z0-9_]*)");
+        error(
+            at_value(*e), key,
+            "invalid group name " + quote_value(*name) + ": expected snake_case ([a-z][a-z0-9_]*)");
         valid = false;
       }
     } else {
@@ -490,7 +492,8 @@ void ManifestParser::parse_group(const yml::Node& node, const std::string& path,
       } else if (*load == "lazy") {
         group.load = LoadMode::kLazy;
       } else {
-        error(at_value(*e), key, "invalid load mode " + quote_value(*load) + ": expected eager or lazy");
+        error(at_value(*e), key,
+              "invalid load mode " + quote_value(*load) + ": expected eager or lazy");
       }
     }
   }
@@ -505,7 +508,8 @@ void ManifestParser::parse_group(const yml::Node& node, const std::string& path,
             sha->size() != 64 ? "got " + std::to_string(sha->size()) + " characters"
                               : "found a character outside 0-9a-f (uppercase is not accepted)";
         error(at_value(*e), key,
-              "invalid sha256 " + quote_value(*sha) + ": expected 64 lowercase hex digits; " + problem);
+              "invalid sha256 " + quote_value(*sha) + ": expected 64 lowercase hex digits; " +
+                  problem);
       }
     }
   }
@@ -622,7 +626,8 @@ void ManifestParser::parse_waivers(const Entry& entry, Manifest& manifest) {
       if (!value) {
         valid = false;
       } else if (field == "op" && !is_op_id(*value)) {
-        error(at_value(*e), key, "invalid op id " + quote_value(*value) + ": expected '<group>.<name>'");
+        error(at_value(*e), key,
+              "invalid op id " + quote_value(*value) + ": expected '<group>.<name>'");
         valid = false;
       } else if (field == "check" && std::find(kWaivableChecks.begin(), kWaivableChecks.end(),
                                                *value) == kWaivableChecks.end()) {
@@ -791,8 +796,9 @@ Result<Manifest> ManifestParser::parse(const std::string& text,
   if (text.size() > kMaxManifestBytes) {
     // The same cap as for a file, so text handed over directly is bounded too.
     error(SourceLocation{display_name_, 1, 1}, "",
-          "the manifest is " + std::to_string(text.size()) + " bytes; the limit for a manifest is " +
-              std::to_string(kMaxManifestBytes) + " bytes");
+          "the manifest is " + std::to_string(text.size()) +
+              " bytes; the limit for a manifest is " + std::to_string(kMaxManifestBytes) +
+              " bytes");
     text_too_long = true;
   }
   try {
@@ -1000,8 +1006,7 @@ Result<std::string> rewrite_manifest_pins(const std::string& text,
         } else {
           // A plain scalar on one line is written exactly as yaml-cpp reads it.
           const size_t end = begin + value_sha->Scalar().size();
-          if (end > text.size() ||
-              text.compare(begin, end - begin, value_sha->Scalar()) != 0) {
+          if (end > text.size() || text.compare(begin, end - begin, value_sha->Scalar()) != 0) {
             return fail(where + ": its sha256 value spans lines or has a tag; fix it by hand");
           }
           edits.push_back({begin, end, pin->second});
@@ -1034,9 +1039,8 @@ Result<std::string> rewrite_manifest_pins(const std::string& text,
       const auto column = static_cast<size_t>(std::max(0, key_library->GetMark().column));
       const std::string line = std::string(column, ' ') + "sha256: " + pin->second;
       // The new line ends like the one it follows, so a CRLF file stays CRLF.
-      const std::string eol_text = eol != std::string::npos && eol > 0 && text[eol - 1] == '\r'
-                                       ? "\r\n"
-                                       : "\n";
+      const std::string eol_text =
+          eol != std::string::npos && eol > 0 && text[eol - 1] == '\r' ? "\r\n" : "\n";
       if (eol == std::string::npos) {
         edits.push_back({text.size(), text.size(), "\n" + line});
       } else {
@@ -1058,8 +1062,9 @@ Result<std::string> rewrite_manifest_pins(const std::string& text,
   const yml::Loaded check = yml::load(out);
   if (!check.errors.empty() || check.second_document ||
       !only_pins_changed(root, check.document.root(), pins)) {
-    return fail("the edit would change more than the sha256 pins (the layout around a "
-                "library line is unusual); add them by hand");
+    return fail(
+        "the edit would change more than the sha256 pins (the layout around a "
+        "library line is unusual); add them by hand");
   }
   return out;
 }

@@ -89,10 +89,10 @@ bool prescan(std::string_view text, std::vector<LoadError>& errors) {
   Finding nul{{}, "a NUL byte (\\0)", text_only};
   Finding control{{}, "", text_only};
   Finding bad_utf8{{}, "", "a manifest is UTF-8 text"};
-  Finding bom{{}, "a byte-order mark (U+FEFF) after the start of the file",
-              "it is invisible; delete it"};
-  Finding lone_cr{{}, "a carriage return (\\r) not followed by a line feed",
-                  "end lines with \\n or \\r\\n"};
+  Finding bom{
+      {}, "a byte-order mark (U+FEFF) after the start of the file", "it is invisible; delete it"};
+  Finding lone_cr{
+      {}, "a carriage return (\\r) not followed by a line feed", "end lines with \\n or \\r\\n"};
   auto note = [](Finding& f, const Mark& m, std::string what = {}) {
     if (f.count++ == 0) {
       f.first = m;
@@ -146,7 +146,8 @@ bool prescan(std::string_view text, std::vector<LoadError>& errors) {
       if (n == 0) {
         note(bad_utf8, here, "a byte that is not valid UTF-8 (" + hex_byte(b) + ")");
       } else if (cp >= 0x80 && cp <= 0x9f) {
-        note(control, here, "a control character (U+00" + hex_byte(static_cast<uint8_t>(cp)).substr(2) + ")");
+        note(control, here,
+             "a control character (U+00" + hex_byte(static_cast<uint8_t>(cp)).substr(2) + ")");
       } else if (cp == 0xfeff) {
         note(bom, here);
       }
@@ -155,8 +156,8 @@ bool prescan(std::string_view text, std::vector<LoadError>& errors) {
       continue;
     }
     const char c = static_cast<char>(b);
-    const bool token_start = prev == '\n' || prev == ' ' || prev == '\t' || prev == '[' ||
-                             prev == '{' || prev == ',';
+    const bool token_start =
+        prev == '\n' || prev == ' ' || prev == '\t' || prev == '[' || prev == '{' || prev == ',';
     switch (in) {
       case In::kComment:
         break;

@@ -191,8 +191,8 @@ class Builder : public YAML::EventHandler {
     return id;
   }
 
-  void open(const YAML::Mark& mark, Node::Kind kind, const std::string& tag,
-            YAML::anchor_t anchor, bool flow) {
+  void open(const YAML::Mark& mark, Node::Kind kind, const std::string& tag, YAML::anchor_t anchor,
+            bool flow) {
     if (static_cast<int>(stack_.size()) >= limits_.max_depth) {
       throw Stop{from_yaml(mark), "collections nested more than " +
                                       std::to_string(limits_.max_depth) +
@@ -226,8 +226,8 @@ class Builder : public YAML::EventHandler {
              text_[i] != '\r') {
         ++i;
       }
-      while (i < text_.size() && (text_[i] == ' ' || text_[i] == '\t' || text_[i] == '\n' ||
-                                  text_[i] == '\r')) {
+      while (i < text_.size() &&
+             (text_[i] == ' ' || text_[i] == '\t' || text_[i] == '\n' || text_[i] == '\r')) {
         ++i;
       }
     }
@@ -281,8 +281,8 @@ Loaded load(std::string_view text, const Limits& limits) {
   } catch (const Stop& stop) {
     out.errors.push_back({stop.mark, stop.message});
   } catch (const YAML::DeepRecursion& e) {
-    out.errors.push_back({from_yaml(e.mark), "YAML nested more than " +
-                                                 std::to_string(e.depth()) + " levels deep"});
+    out.errors.push_back(
+        {from_yaml(e.mark), "YAML nested more than " + std::to_string(e.depth()) + " levels deep"});
   } catch (const YAML::ParserException& e) {
     out.errors.push_back({from_yaml(e.mark), "YAML syntax error: " + excerpt(e.msg, 200)});
   } catch (const std::exception& e) {

@@ -60,7 +60,7 @@ class Node {
   bool IsFlow() const;  // a collection written in flow style ([...] / {...})
   bool IsAlias() const;
 
-  size_t size() const;  // entries of a sequence, pairs of a map, else 0
+  size_t size() const;              // entries of a sequence, pairs of a map, else 0
   Node operator[](size_t i) const;  // sequence entry i
   Node key(size_t i) const;         // key of map pair i
   Node value(size_t i) const;       // value of map pair i

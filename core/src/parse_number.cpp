@@ -36,8 +36,7 @@ std::string range_text(int64_t min, int64_t max) {
   return "[" + std::to_string(min) + ", " + std::to_string(max) + "]";
 }
 
-Result<int64_t> parse_int(std::string_view text, std::string_view what, int64_t min,
-                          int64_t max) {
+Result<int64_t> parse_int(std::string_view text, std::string_view what, int64_t min, int64_t max) {
   const std::string_view digits = !text.empty() && text[0] == '-' ? text.substr(1) : text;
   if (!all_digits(digits)) return bad(what, text, "an integer");
   int64_t v = 0;
@@ -76,10 +75,11 @@ Result<double> parse_float(std::string_view text, std::string_view what) {
   }
   if (text.empty() || text[0] == '+') return bad(what, text, "a finite number");
   double v = 0;
-  const auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), v,
-                                         std::chars_format::general);
+  const auto [ptr, ec] =
+      std::from_chars(text.data(), text.data() + text.size(), v, std::chars_format::general);
   if (ec == std::errc::result_out_of_range) {
-    return Status(KREG_INVALID_ARGUMENT, std::string(what) + ": " + quoted(text) + " is out of range for a double");
+    return Status(KREG_INVALID_ARGUMENT,
+                  std::string(what) + ": " + quoted(text) + " is out of range for a double");
   }
   if (ec != std::errc() || ptr != text.data() + text.size() || !std::isfinite(v)) {
     return bad(what, text, "a finite number");

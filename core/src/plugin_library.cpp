@@ -112,8 +112,9 @@ Status check_entry(const ElfFile& elf, const std::string& missing) {
   }
   const std::string head = elf.what() + ": its entry symbol '" KREG_PLUGIN_ENTRY_SYMBOL "'";
   if (!sym->defined()) {
-    return Status(KREG_NOT_FOUND, missing + " (it only references the symbol, which is "
-                                            "undefined in this library)");
+    return Status(KREG_NOT_FOUND, missing +
+                                      " (it only references the symbol, which is "
+                                      "undefined in this library)");
   }
   if (sym->type != STT_FUNC) {
     // STT_GNU_IFUNC too: dlsym would run its resolver and return whatever that picks,
@@ -160,9 +161,8 @@ class LoadedImage {
     LoadedImage image;
     if (::dlinfo(handle, RTLD_DI_LINKMAP, &image.map_) != 0 || image.map_ == nullptr) {
       const char* e = ::dlerror();
-      return Status(KREG_INTERNAL,
-                    where + ": the loader does not describe the loaded library: " +
-                        (e ? e : "dlinfo(RTLD_DI_LINKMAP) failed"));
+      return Status(KREG_INTERNAL, where + ": the loader does not describe the loaded library: " +
+                                       (e ? e : "dlinfo(RTLD_DI_LINKMAP) failed"));
     }
     Search search{image.map_, &image.ranges_, false};
     ::dl_iterate_phdr(&LoadedImage::collect, &search);
@@ -194,8 +194,8 @@ class LoadedImage {
     const uintptr_t a = address_of(p);
     const auto* seg = readable(a, 1);
     if (seg == nullptr) {
-      return Status(KREG_INVALID_ARGUMENT, field + " points to " + hex(a) +
-                                               ", outside the library's loaded segments");
+      return Status(KREG_INVALID_ARGUMENT,
+                    field + " points to " + hex(a) + ", outside the library's loaded segments");
     }
     const size_t room = std::min<uintptr_t>(cap + 1, seg->second - a);
     const size_t len = ::strnlen(p, room);
@@ -257,14 +257,12 @@ Status check_resolved_entry(const LoadedImage& image, uintptr_t addr, const std:
   if (::dladdr1(p, &info, reinterpret_cast<void**>(&owner), RTLD_DL_LINKMAP) == 0 ||
       owner != image.map()) {
     return Status(KREG_INVALID_ARGUMENT, head + " resolves to a symbol of another library (" +
-                                             excerpt(info.dli_fname ? info.dli_fname : "?") +
-                                             ")");
+                                             excerpt(info.dli_fname ? info.dli_fname : "?") + ")");
   }
   void* found = nullptr;  // the loader's const ElfW(Sym)*
   const bool have = ::dladdr1(p, &info, &found, RTLD_DL_SYMENT) != 0;
   const auto* sym = static_cast<const ElfW(Sym)*>(found);
-  if (!have ||
-      sym == nullptr || info.dli_saddr != p || ELF64_ST_TYPE(sym->st_info) != STT_FUNC) {
+  if (!have || sym == nullptr || info.dli_saddr != p || ELF64_ST_TYPE(sym->st_info) != STT_FUNC) {
     return Status(KREG_INVALID_ARGUMENT,
                   head + " does not resolve to a function symbol of the library");
   }
@@ -273,8 +271,8 @@ Status check_resolved_entry(const LoadedImage& image, uintptr_t addr, const std:
 
 // A struct the plugin hands over: aligned, inside a readable segment, and (after its
 // struct_size was read) wholly inside it. Returns its struct_size.
-Result<size_t> check_struct(const LoadedImage& image, const void* p, size_t align,
-                            size_t min_size, const std::string& what) {
+Result<size_t> check_struct(const LoadedImage& image, const void* p, size_t align, size_t min_size,
+                            const std::string& what) {
   const uintptr_t a = address_of(p);
   if (a % align != 0) {
     return Status(KREG_INVALID_ARGUMENT,
@@ -291,8 +289,8 @@ Result<size_t> check_struct(const LoadedImage& image, const void* p, size_t alig
   }
   if (size > kMaxPluginStructBytes) {
     return Status(KREG_INVALID_ARGUMENT, what + " has struct_size " + num(size) +
-                                             ", above the limit of " +
-                                             num(kMaxPluginStructBytes) + " bytes");
+                                             ", above the limit of " + num(kMaxPluginStructBytes) +
+                                             " bytes");
   }
   if (image.readable(a, size) == nullptr) {
     return Status(KREG_INVALID_ARGUMENT, what + " (struct_size " + num(size) +
@@ -303,10 +301,13 @@ Result<size_t> check_struct(const LoadedImage& image, const void* p, size_t alig
 
 // Every pointer of one kernel record, before make_kernel_spec reads through them.
 Status check_record(const LoadedImage& image, const kreg_kernel_desc& k, const std::string& rec) {
-  const std::pair<const char*, const char*> strings[] = {
-      {"op", k.op},           {"backend", k.backend},         {"signature", k.signature},
-      {"dtypes", k.dtypes},   {"arg_kinds", k.arg_kinds},     {"description", k.description},
-      {"source_file", k.source_file}};
+  const std::pair<const char*, const char*> strings[] = {{"op", k.op},
+                                                         {"backend", k.backend},
+                                                         {"signature", k.signature},
+                                                         {"dtypes", k.dtypes},
+                                                         {"arg_kinds", k.arg_kinds},
+                                                         {"description", k.description},
+                                                         {"source_file", k.source_file}};
   for (const auto& [field, p] : strings) {
     if (p == nullptr) continue;  // make_kernel_spec says which ones are required
     auto s = image.string(p, kMaxPluginStringBytes, rec + ": its " + field);
@@ -322,8 +323,8 @@ Status check_record(const LoadedImage& image, const kreg_kernel_desc& k, const s
     if (a % alignof(kreg_capability) != 0 ||
         image.readable(a, k.num_caps * sizeof(kreg_capability)) == nullptr) {
       return Status(KREG_INVALID_ARGUMENT,
-                    rec + ": its capability array of " + num(k.num_caps) + " entries at " +
-                        hex(a) + " is misaligned or extends past the library's data segment");
+                    rec + ": its capability array of " + num(k.num_caps) + " entries at " + hex(a) +
+                        " is misaligned or extends past the library's data segment");
     }
   }
   if (k.fn != nullptr && !image.executable(address_of(k.fn))) {
@@ -339,8 +340,8 @@ Status check_entry_symbol(const fs::path& file) {
   if (Status st = file_problem(file); !st.ok()) return st;
   auto elf = check_elf(file);
   if (!elf) return elf.status();
-  return check_entry(*elf, "plugin library " + file.string() +
-                               " does not export '" KREG_PLUGIN_ENTRY_SYMBOL "'");
+  return check_entry(
+      *elf, "plugin library " + file.string() + " does not export '" KREG_PLUGIN_ENTRY_SYMBOL "'");
 }
 
 Result<std::unique_ptr<PluginLibrary>> PluginLibrary::open(const fs::path& file,
@@ -465,7 +466,8 @@ Result<std::unique_ptr<PluginLibrary>> PluginLibrary::open(const fs::path& file,
     std::memcpy(&build, desc.build, std::min(*bsize, sizeof build));
     if (KREG_STRUCT_HAS(&build, kreg_build_info, cuda_archs)) {
       if (build.compiler != nullptr) {
-        auto s = image->string(build.compiler, kMaxPluginNameBytes, where + ": build info compiler");
+        auto s =
+            image->string(build.compiler, kMaxPluginNameBytes, where + ": build info compiler");
         if (!s) return s.status();
         info.compiler = *s;
       }
@@ -501,9 +503,9 @@ Result<std::unique_ptr<PluginLibrary>> PluginLibrary::open(const fs::path& file,
     }
     const uint64_t bytes = uint64_t{n} * *stride;  // both capped: no overflow
     if (image->readable(address_of(desc.kernels), bytes) == nullptr) {
-      return Status(KREG_INVALID_ARGUMENT,
-                    where + ": kernel table of " + num(n) + " records (" + num(bytes) +
-                        " bytes) extends past the library's data segment");
+      return Status(KREG_INVALID_ARGUMENT, where + ": kernel table of " + num(n) + " records (" +
+                                               num(bytes) +
+                                               " bytes) extends past the library's data segment");
     }
     Provenance prov{info.group, info.version, file.string(), ""};
     const char* base = reinterpret_cast<const char*>(desc.kernels);

@@ -420,8 +420,8 @@ ProbeResult probe_plugin(const fs::path& file, const PluginLibrary::Expect& expe
     }
     // In slices, so that a cancel request is seen promptly.
     const int64_t slice = options.cancel != nullptr ? 50 : int64_t{1} << 30;
-    const int ready =
-        ::poll(p, n, static_cast<int>(std::min<int64_t>(std::min(left.count() + 1, slice), 1 << 30)));
+    const int ready = ::poll(
+        p, n, static_cast<int>(std::min<int64_t>(std::min(left.count() + 1, slice), 1 << 30)));
     if (ready < 0 && errno == EINTR) continue;
     if (ready < 0) break;
     for (nfds_t i = 0; i < n; ++i) {

@@ -227,8 +227,8 @@ CheckResult CheckPlan::diagnose(std::span<DLTensor* const> t, std::span<const kr
       if (!d || !(r.dtypes & mask_of(*d))) return {CheckFailure::kDType, arg};
     }
     if (r.ndim >= 0 && x->ndim != r.ndim) return {CheckFailure::kRank, arg};
-    const int bad = check_extents(x->shape, x->ndim, dl_item_bytes(x->dtype.bits, x->dtype.lanes),
-                                  nullptr);
+    const int bad =
+        check_extents(x->shape, x->ndim, dl_item_bytes(x->dtype.bits, x->dtype.lanes), nullptr);
     if (bad >= 0) return {CheckFailure::kNegativeDim, arg, static_cast<int8_t>(bad)};
     if (bad == kShapeTooLarge) return {CheckFailure::kTooLarge, arg};
     if (r.ndim >= 0) {
@@ -270,12 +270,12 @@ Status kernel_error(const Impl& impl, int32_t rc, const char* message, size_t ca
   auto code = static_cast<kreg_status_code>(rc);
   if (rc < 0 || rc > KREG_UNAUTHENTICATED) code = KREG_UNKNOWN;
   const std::string_view text(message, ::strnlen(message, capacity));
-  return Status(code, impl.spec.op + " (" + impl.spec.backend +
-                          "): " + (text.empty() ? "kernel failed without a message"
-                                                : escape_control(text)) +
-                          (code == KREG_UNKNOWN && rc != KREG_UNKNOWN
-                               ? " (non-canonical status " + std::to_string(rc) + ")"
-                               : ""));
+  return Status(
+      code, impl.spec.op + " (" + impl.spec.backend +
+                "): " + (text.empty() ? "kernel failed without a message" : escape_control(text)) +
+                (code == KREG_UNKNOWN && rc != KREG_UNKNOWN
+                     ? " (non-canonical status " + std::to_string(rc) + ")"
+                     : ""));
 }
 
 }  // namespace detail
@@ -341,12 +341,11 @@ Status KernelHandle::explain(const detail::CheckResult& r, std::span<DLTensor* c
                   shape_string(*tensors[i]) + ", expected rank " +
                   std::to_string(plan.tensors[i].ndim) + " " + sig.shape_name(sig.tensor(i)));
     case CheckFailure::kBadShape:
-      return fail(arg_name(i) + (tensors[i]->ndim > 0 && tensors[i]->shape == nullptr
-                                     ? " has ndim " + std::to_string(tensors[i]->ndim) +
-                                           " but a null shape"
-                                     : " has ndim " + std::to_string(tensors[i]->ndim) +
-                                           ", outside [0, " + std::to_string(detail::kMaxCallNdim) +
-                                           "]"));
+      return fail(arg_name(i) +
+                  (tensors[i]->ndim > 0 && tensors[i]->shape == nullptr
+                       ? " has ndim " + std::to_string(tensors[i]->ndim) + " but a null shape"
+                       : " has ndim " + std::to_string(tensors[i]->ndim) + ", outside [0, " +
+                             std::to_string(detail::kMaxCallNdim) + "]"));
     case CheckFailure::kNegativeDim:
       return fail(arg_name(i) + " has shape " + shape_string(*tensors[i]) + ": dim " +
                   std::to_string(r.dim) + " is negative");
@@ -633,8 +632,8 @@ Status Registry::publish_locked(Group& g, const std::vector<KernelSpec>& specs) 
                         escape_control(existing->spec.signature.text) + "' [" +
                         dtype_set_name(existing->spec.dtypes) + ", " + caps_string(existing->spec) +
                         "], " + escape_control(s.source()) + " as '" +
-                        escape_control(s.signature.text) + "' [" +
-                        dtype_set_name(s.dtypes) + ", " + caps_string(s) + "]");
+                        escape_control(s.signature.text) + "' [" + dtype_set_name(s.dtypes) + ", " +
+                        caps_string(s) + "]");
     }
     fresh.push_back(&s);
   }
@@ -700,8 +699,8 @@ Status Registry::add_alias(const std::string& from, const std::string& to,
     next = it->second->to;
     chain += " -> " + std::string(next);
     if (next == from) {
-      return Status(KREG_INVALID_ARGUMENT, "alias " + from + " -> " + to +
-                                               " would close an alias cycle: " + chain);
+      return Status(KREG_INVALID_ARGUMENT,
+                    "alias " + from + " -> " + to + " would close an alias cycle: " + chain);
     }
   }
   auto a = std::make_unique<Alias>();

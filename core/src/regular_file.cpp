@@ -30,13 +30,20 @@ int64_t nanoseconds(const struct timespec& t) {
 
 std::string file_kind(unsigned mode) {
   switch (mode & S_IFMT) {
-    case S_IFREG: return "a regular file";
-    case S_IFDIR: return "a directory";
-    case S_IFIFO: return "a FIFO (named pipe)";
-    case S_IFCHR: return "a character device";
-    case S_IFBLK: return "a block device";
-    case S_IFSOCK: return "a socket";
-    case S_IFLNK: return "a symbolic link";
+    case S_IFREG:
+      return "a regular file";
+    case S_IFDIR:
+      return "a directory";
+    case S_IFIFO:
+      return "a FIFO (named pipe)";
+    case S_IFCHR:
+      return "a character device";
+    case S_IFBLK:
+      return "a block device";
+    case S_IFSOCK:
+      return "a socket";
+    case S_IFLNK:
+      return "a symbolic link";
   }
   return "not a regular file";
 }
@@ -52,8 +59,8 @@ Result<RegularFile> RegularFile::open(const std::filesystem::path& path, std::st
     // A socket cannot be opened at all (ENXIO); say what it is rather than the errno.
     struct stat st {};
     if (err != ENOENT && ::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
-      return Status(KREG_INVALID_ARGUMENT, "the " + name + " is " + file_kind(st.st_mode) +
-                                               ", not a regular file");
+      return Status(KREG_INVALID_ARGUMENT,
+                    "the " + name + " is " + file_kind(st.st_mode) + ", not a regular file");
     }
     const kreg_status_code code = err == ENOENT || err == ENOTDIR ? KREG_NOT_FOUND
                                   : err == EACCES || err == EPERM ? KREG_PERMISSION_DENIED
@@ -69,8 +76,8 @@ Result<RegularFile> RegularFile::open(const std::filesystem::path& path, std::st
   }
   if (!S_ISREG(st.st_mode)) {
     ::close(fd);
-    return Status(KREG_INVALID_ARGUMENT, "the " + name + " is " + file_kind(st.st_mode) +
-                                             ", not a regular file");
+    return Status(KREG_INVALID_ARGUMENT,
+                  "the " + name + " is " + file_kind(st.st_mode) + ", not a regular file");
   }
   const auto size = static_cast<uint64_t>(st.st_size);
   if (size > max_bytes) {
@@ -129,15 +136,15 @@ RegularFile::~RegularFile() {
 Status RegularFile::unchanged_since_open() const {
   struct stat st {};
   if (::fstat(fd_, &st) != 0) {
-    return Status(KREG_DATA_LOSS, "cannot stat the " + what_ + " " + escape_control(path_.string()) +
+    return Status(KREG_DATA_LOSS, "cannot stat the " + what_ + " " +
+                                      escape_control(path_.string()) +
                                       " again: " + std::strerror(errno));
   }
   if (static_cast<uint64_t>(st.st_size) != size_ || nanoseconds(st.st_mtim) != mtime_ns_ ||
       nanoseconds(st.st_ctim) != ctime_ns_) {
     return Status(KREG_DATA_LOSS, "the " + what_ + " " + escape_control(path_.string()) +
-                                      " changed while it was being read (" +
-                                      std::to_string(size_) + " bytes when opened, " +
-                                      std::to_string(st.st_size) +
+                                      " changed while it was being read (" + std::to_string(size_) +
+                                      " bytes when opened, " + std::to_string(st.st_size) +
                                       " now; is something still writing it?)");
   }
   return OkStatus();
@@ -253,7 +260,8 @@ Result<PrivateCopy> copy_to_private(const RegularFile& src, std::string_view nam
   static std::atomic<uint64_t> counter{0};
   auto dir = private_folder();
   if (!dir) return dir.status();
-  const fs::path to = *dir / (std::string(name) + "." + std::to_string(counter.fetch_add(1)) + ".so");
+  const fs::path to =
+      *dir / (std::string(name) + "." + std::to_string(counter.fetch_add(1)) + ".so");
   const std::string from = "the " + src.what() + " " + escape_control(src.path().string());
   // O_EXCL in a folder only we can write: nothing else can be at this path, or be linked
   // there later. Executable, because dlopen maps it.
@@ -293,8 +301,8 @@ Result<PrivateCopy> copy_to_private(const RegularFile& src, std::string_view nam
                       "cannot copy " + from + " to a private copy: " + std::strerror(errno));
       }
       if (n == 0) {
-        return Status(KREG_DATA_LOSS, from + " shrank while being copied (" +
-                                          std::to_string(done) + " of " + std::to_string(size) +
+        return Status(KREG_DATA_LOSS, from + " shrank while being copied (" + std::to_string(done) +
+                                          " of " + std::to_string(size) +
                                           " bytes; is something still writing it?)");
       }
       kernel_copy = false;  // not supported here: copy through a buffer from `done` on

@@ -102,7 +102,8 @@ Result<LoadedGeneration> load_generation(const GenerationRequest& req) {
     std::string message = user_path_in(lib.status().message(), copy, req.library);
     // dlopen maps the copy executable: a noexec $TMPDIR refuses that with EPERM.
     if (!copy.empty() && message.find("failed to map segment") != std::string::npos) {
-      message += " (it was loaded from a private copy in " + escape_control(copy.parent_path().string()) +
+      message += " (it was loaded from a private copy in " +
+                 escape_control(copy.parent_path().string()) +
                  ": is that folder on a noexec mount? set TMPDIR to one that allows executing)";
     }
     return Status(lib.status().code(), message);

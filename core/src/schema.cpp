@@ -281,7 +281,7 @@ class SchemaParser {
         p->default_value.value.i = 0;
       } else {
         return fail_at(start, "default of bool '" + p->name + "' must be true or false, got '" +
-                    excerpt(s, 40) + "'");
+                                  excerpt(s, 40) + "'");
       }
     } else if (p->kind == ArgKind::kInt) {
       auto v = parse_int(s, "default of int '" + p->name + "'");
@@ -336,7 +336,8 @@ class SchemaParser {
                                              std::to_string(pos + 1) + ": " + what);
   }
   Status error(const std::string& expected) const {
-    std::string found = pos_ < t_.size() ? "'" + escape_control(t_.substr(pos_, 1)) + "'" : "the end";
+    std::string found =
+        pos_ < t_.size() ? "'" + escape_control(t_.substr(pos_, 1)) + "'" : "the end";
     return fail("expected " + expected + ", found " + found);
   }
 

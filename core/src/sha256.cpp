@@ -137,7 +137,8 @@ Result<std::string> sha256_file(const RegularFile& file) {
     const ssize_t n = ::pread(file.fd(), buf.get(), want, static_cast<off_t>(done));
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) {
-      return Status(KREG_DATA_LOSS, "read error while hashing " + name + ": " + std::strerror(errno));
+      return Status(KREG_DATA_LOSS,
+                    "read error while hashing " + name + ": " + std::strerror(errno));
     }
     if (n == 0) {
       return Status(KREG_DATA_LOSS, name + " shrank while being hashed (" + std::to_string(done) +

@@ -19,10 +19,17 @@ Char decode(std::string_view s, size_t i) {
   size_t n;
   uint32_t cp;
   if (b0 < 0x80) return {b0, 1};
-  if ((b0 & 0xe0) == 0xc0) { n = 2; cp = b0 & 0x1f; }
-  else if ((b0 & 0xf0) == 0xe0) { n = 3; cp = b0 & 0x0f; }
-  else if ((b0 & 0xf8) == 0xf0) { n = 4; cp = b0 & 0x07; }
-  else return {};
+  if ((b0 & 0xe0) == 0xc0) {
+    n = 2;
+    cp = b0 & 0x1f;
+  } else if ((b0 & 0xf0) == 0xe0) {
+    n = 3;
+    cp = b0 & 0x0f;
+  } else if ((b0 & 0xf8) == 0xf0) {
+    n = 4;
+    cp = b0 & 0x07;
+  } else
+    return {};
   if (i + n > s.size()) return {};
   for (size_t k = 1; k < n; ++k) {
     const auto b = static_cast<uint8_t>(s[i + k]);
@@ -42,9 +49,9 @@ Char decode(std::string_view s, size_t i) {
 // act on); the bidirectional marks, embeddings, overrides and isolates, which reorder a
 // line; and the line/paragraph separators, which split one.
 bool is_hidden(uint32_t cp) {
-  return cp < 0x20 || (cp >= 0x7f && cp <= 0x9f) || cp == 0x061c || cp == 0x200e ||
-         cp == 0x200f || (cp >= 0x202a && cp <= 0x202e) || (cp >= 0x2066 && cp <= 0x2069) ||
-         cp == 0x2028 || cp == 0x2029;
+  return cp < 0x20 || (cp >= 0x7f && cp <= 0x9f) || cp == 0x061c || cp == 0x200e || cp == 0x200f ||
+         (cp >= 0x202a && cp <= 0x202e) || (cp >= 0x2066 && cp <= 0x2069) || cp == 0x2028 ||
+         cp == 0x2029;
 }
 
 void append_hex_bytes(std::string& out, std::string_view bytes) {
@@ -63,12 +70,23 @@ size_t append_escaped(std::string& out, std::string_view s, size_t i, bool escap
     return 1;
   }
   switch (c.cp) {
-    case '\n': out += "\\n"; return 1;
-    case '\r': out += "\\r"; return 1;
-    case '\t': out += "\\t"; return 1;
-    case '\0': out += "\\0"; return 1;
-    case '\\': out += escape_backslash ? "\\\\" : "\\"; return 1;
-    default: break;
+    case '\n':
+      out += "\\n";
+      return 1;
+    case '\r':
+      out += "\\r";
+      return 1;
+    case '\t':
+      out += "\\t";
+      return 1;
+    case '\0':
+      out += "\\0";
+      return 1;
+    case '\\':
+      out += escape_backslash ? "\\\\" : "\\";
+      return 1;
+    default:
+      break;
   }
   if (is_hidden(c.cp)) {
     append_hex_bytes(out, s.substr(i, c.n));
@@ -130,13 +148,27 @@ std::string json_escape(std::string_view s) {
       continue;
     }
     switch (c.cp) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\b':
+        out += "\\b";
+        break;
+      case '\f':
+        out += "\\f";
+        break;
       default:
         if (is_hidden(c.cp)) {
           char buf[8];

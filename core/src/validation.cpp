@@ -115,7 +115,8 @@ std::optional<PluginSnapshot> load_in_child(Context& cx, const GroupEntry& g,
   auto named = [&](std::string msg) {
     if (file == g.library) return msg;
     const std::string copy = file.string(), lib = g.library.string();
-    for (size_t at = msg.find(copy); at != std::string::npos; at = msg.find(copy, at + lib.size())) {
+    for (size_t at = msg.find(copy); at != std::string::npos;
+         at = msg.find(copy, at + lib.size())) {
       msg.replace(at, copy.size(), lib);
     }
     return msg;

@@ -32,8 +32,8 @@ kreg::KernelStatus two_tensors(kreg::Context&, const DLTensor& x, DLTensor& out,
   return kreg::kOk;
 }
 
-kreg::KernelStatus mixed(kreg::Context&, const DLTensor& x, const DLTensor* opt, int32_t k,
-                         bool b, const char* s) {
+kreg::KernelStatus mixed(kreg::Context&, const DLTensor& x, const DLTensor* opt, int32_t k, bool b,
+                         const char* s) {
   touch(x);
   if (opt != nullptr) touch(*opt);
   sink(k);
@@ -42,8 +42,8 @@ kreg::KernelStatus mixed(kreg::Context&, const DLTensor& x, const DLTensor* opt,
   return kreg::kOk;
 }
 
-kreg::KernelStatus narrow(kreg::Context& ctx, DLTensor& a, float f, std::string_view sv,
-                          int64_t i, int k) {
+kreg::KernelStatus narrow(kreg::Context& ctx, DLTensor& a, float f, std::string_view sv, int64_t i,
+                          int k) {
   touch(a);
   sink(f == f);
   sink(static_cast<int64_t>(sv.size()));

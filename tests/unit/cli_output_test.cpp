@@ -105,8 +105,8 @@ void expect_plain(const std::string& text, const std::string& what) {
     const auto b = static_cast<unsigned char>(text[i]);
     if (b == '\n') continue;
     if (b < 0x20 || b >= 0x7f) {
-      ADD_FAILURE() << what << ": raw byte 0x" << std::hex << static_cast<int>(b) << " at " << std::dec
-                    << i << " in:\n"
+      ADD_FAILURE() << what << ": raw byte 0x" << std::hex << static_cast<int>(b) << " at "
+                    << std::dec << i << " in:\n"
                     << text;
       return;
     }
@@ -134,9 +134,9 @@ std::string group(const std::string& name, const std::string& library) {
 
 TEST(CliOutput, HostileFreeTextIsEscapedEverywhere) {
   Scratch s;
-  const std::string m =
-      s.write("hostile.yaml", manifest(KREG_TEST_PLUGIN_DIR, group("hostile", "libkreg_hostile.so")))
-          .string();
+  const std::string m = s.write("hostile.yaml", manifest(KREG_TEST_PLUGIN_DIR,
+                                                         group("hostile", "libkreg_hostile.so")))
+                            .string();
   Outcome list = kreg({"list", "--manifest", m});
   EXPECT_EQ(list.exit_code, 0) << list.all();
   EXPECT_NE(list.out.find("hostile.echo"), std::string::npos) << list.all();
@@ -153,10 +153,11 @@ TEST(CliOutput, HostileFreeTextIsEscapedEverywhere) {
   // JSON: valid escapes, no raw control byte, no invalid UTF-8 (replaced).
   Outcome json = kreg({"info", "hostile.echo", "--json", "--manifest", m});
   EXPECT_EQ(json.exit_code, 0) << json.all();
-  EXPECT_NE(json.out.find("\"description\":\"first\\n error [forged] \\u001b[31mred\\u001b[0m\\rover "
-                          "\\u001b]0;title\\u0007 \\u009b2J \\ufffd31m \\ufffd\\ufffd \\u202edesrever "
-                          "\\u007f end\""),
-            std::string::npos)
+  EXPECT_NE(
+      json.out.find("\"description\":\"first\\n error [forged] \\u001b[31mred\\u001b[0m\\rover "
+                    "\\u001b]0;title\\u0007 \\u009b2J \\ufffd31m \\ufffd\\ufffd \\u202edesrever "
+                    "\\u007f end\""),
+      std::string::npos)
       << json.out;
   expect_plain(json.out, "info --json");
 
@@ -175,9 +176,10 @@ TEST(CliOutput, HostileFreeTextIsEscapedEverywhere) {
 
 TEST(CliOutput, RefusedHostileNamesPrintEscaped) {
   Scratch s;
-  const std::string m = s.write("names.yaml", manifest(KREG_TEST_PLUGIN_DIR,
-                                                       group("hostile", "libkreg_hostile_names.so")))
-                            .string();
+  const std::string m =
+      s.write("names.yaml",
+              manifest(KREG_TEST_PLUGIN_DIR, group("hostile", "libkreg_hostile_names.so")))
+          .string();
   for (const std::vector<std::string>& args :
        {std::vector<std::string>{"list", "--manifest", m},
         std::vector<std::string>{"info", "hostile.echo", "--manifest", m},
@@ -211,10 +213,10 @@ TEST(CliOutput, CommandLineTextIsEscaped) {
                                  "cpu", "--attr", nasty + "=1"},
         std::vector<std::string>{"run", "layernorm.rmsnorm", "--shape", "T=1,H=8", "--backend",
                                  nasty},
-        std::vector<std::string>{"run", "layernorm.rmsnorm", "--shape", "T=1,H=8", "--dtype", nasty},
+        std::vector<std::string>{"run", "layernorm.rmsnorm", "--shape", "T=1,H=8", "--dtype",
+                                 nasty},
         std::vector<std::string>{"run", "layernorm.rmsnorm", "--shape", nasty},
-        std::vector<std::string>{nasty},
-        std::vector<std::string>{"list", nasty},
+        std::vector<std::string>{nasty}, std::vector<std::string>{"list", nasty},
         std::vector<std::string>{"validate", "--plugins-src", nasty},
         std::vector<std::string>{"validate", "--expect-groups", nasty},
         std::vector<std::string>{"list", "--manifest", nasty}}) {
@@ -257,32 +259,36 @@ TEST(CliOutput, HostileManifestStringsAreEscaped) {
 TEST(CliOutput, InfoShowsAnAliasChain) {
   Scratch s;
   const std::string m =
-      s.write("chain.yaml",
-              manifest(KREG_PLUGIN_DIR, group("activation", "libkreg_activation.so"),
-                       "aliases:\n"
-                       "  - {from: activation.v1, to: activation.v2, message: \"use silu_and_mul\"}\n"
-                       "  - {from: activation.v2, to: activation.v3}\n"
-                       "  - {from: activation.v3, to: activation.silu_and_mul}\n"
-                       "  - {from: activation.dangling, to: activation.gone}\n"))
+      s.write(
+           "chain.yaml",
+           manifest(KREG_PLUGIN_DIR, group("activation", "libkreg_activation.so"),
+                    "aliases:\n"
+                    "  - {from: activation.v1, to: activation.v2, message: \"use silu_and_mul\"}\n"
+                    "  - {from: activation.v2, to: activation.v3}\n"
+                    "  - {from: activation.v3, to: activation.silu_and_mul}\n"
+                    "  - {from: activation.dangling, to: activation.gone}\n"))
           .string();
   Outcome r = kreg({"info", "activation.v1", "--manifest", m});
   ASSERT_EQ(r.exit_code, 0) << r.all();
-  EXPECT_EQ(r.out.rfind("activation.silu_and_mul  (you asked for the deprecated alias activation.v1, "
-                        "which leads here through activation.v1 -> activation.v2 -> activation.v3 "
-                        "-> activation.silu_and_mul: use silu_and_mul)\n",
-                        0),
-            0u)
+  EXPECT_EQ(
+      r.out.rfind("activation.silu_and_mul  (you asked for the deprecated alias activation.v1, "
+                  "which leads here through activation.v1 -> activation.v2 -> activation.v3 "
+                  "-> activation.silu_and_mul: use silu_and_mul)\n",
+                  0),
+      0u)
       << r.out;
   EXPECT_NE(r.out.find("silu_and_mul(Tensor[T,2*D] x, Tensor(a!)[T,D] out) -> ()"),
             std::string::npos);
   Outcome j = kreg({"info", "activation.v2", "--json", "--manifest", m});
   ASSERT_EQ(j.exit_code, 0) << j.all();
-  EXPECT_NE(j.out.find("\"op\":\"activation.silu_and_mul\",\"alias_of\":\"activation.silu_and_mul\","
-                       "\"deprecation\":\"\",\"alias_chain\":[\"activation.v2\",\"activation.v3\","
-                       "\"activation.silu_and_mul\"]"),
-            std::string::npos)
+  EXPECT_NE(
+      j.out.find("\"op\":\"activation.silu_and_mul\",\"alias_of\":\"activation.silu_and_mul\","
+                 "\"deprecation\":\"\",\"alias_chain\":[\"activation.v2\",\"activation.v3\","
+                 "\"activation.silu_and_mul\"]"),
+      std::string::npos)
       << j.out;
-  Outcome run = kreg({"run", "activation.v1", "--shape", "T=2,D=8", "--dtype", "f32", "--manifest", m});
+  Outcome run =
+      kreg({"run", "activation.v1", "--shape", "T=2,D=8", "--dtype", "f32", "--manifest", m});
   EXPECT_EQ(run.exit_code, 0) << run.all();
   // The run is reported under the op the chain ends at (on whichever backend this machine
   // selects: cuda where there is a GPU).
@@ -356,8 +362,7 @@ TEST(CliOutput, EveryUsageErrorExitsTwo) {
   for (const char* sub : {"run", "bench"}) {
     for (auto c : run_cases) {
       c.insert(c.begin(), sub);
-      if (std::string(sub) == "run" &&
-          std::find(c.begin(), c.end(), "--backend") == c.end()) {
+      if (std::string(sub) == "run" && std::find(c.begin(), c.end(), "--backend") == c.end()) {
         c.insert(c.end(), {"--backend", "cpu"});
       }
       all.push_back(c);
@@ -377,24 +382,25 @@ TEST(CliOutput, EveryUsageErrorExitsTwo) {
 TEST(CliOutput, FailuresExitOne) {
   Scratch s;
   // A validate violation, a kernel error, a group that does not load.
-  const std::string m =
-      s.write("hostile.yaml", manifest(KREG_TEST_PLUGIN_DIR, group("hostile", "libkreg_hostile.so")))
-          .string();
+  const std::string m = s.write("hostile.yaml", manifest(KREG_TEST_PLUGIN_DIR,
+                                                         group("hostile", "libkreg_hostile.so")))
+                            .string();
   EXPECT_EQ(kreg({"run", "hostile.echo", "--shape", "N=2", "--dtype", "f32", "--backend", "cpu",
                   "--manifest", m})
                 .exit_code,
             1);
-  const std::string broken = s.write("broken.yaml", manifest(KREG_TEST_PLUGIN_DIR,
-                                                             group("hostile", "libkreg_wrong_group.so")))
-                                 .string();
+  const std::string broken =
+      s.write("broken.yaml",
+              manifest(KREG_TEST_PLUGIN_DIR, group("hostile", "libkreg_wrong_group.so")))
+          .string();
   EXPECT_EQ(kreg({"list", "--manifest", broken}).exit_code, 1);
   EXPECT_EQ(kreg({"validate", "--manifest", broken}).exit_code, 1);
   // Validate reports a manifest's own errors as violations; one it cannot read is a usage error.
-  EXPECT_EQ(kreg({"validate", "--manifest",
-                  KREG_TEST_FIXTURES "/manifests/bad/duplicate_group.yaml"},
-                 KREG_PLUGIN_DIR)
-                .exit_code,
-            1);
+  EXPECT_EQ(
+      kreg({"validate", "--manifest", KREG_TEST_FIXTURES "/manifests/bad/duplicate_group.yaml"},
+           KREG_PLUGIN_DIR)
+          .exit_code,
+      1);
   EXPECT_EQ(kreg({"list"}, KREG_PLUGIN_DIR).exit_code, 0);
   EXPECT_EQ(kreg({"--help"}).exit_code, 0);
 }

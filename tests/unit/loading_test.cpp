@@ -143,8 +143,7 @@ class Scratch {
   std::vector<int> sockets_;
 };
 
-const char* const kNonRegularKinds[] = {"fifo", "dev_zero", "directory", "socket",
-                                        "link_to_fifo"};
+const char* const kNonRegularKinds[] = {"fifo", "dev_zero", "directory", "socket", "link_to_fifo"};
 
 GroupEntry entry_for(const fs::path& library, const fs::path& dir) {
   GroupEntry e;
@@ -184,14 +183,14 @@ TEST(NonRegularFiles, AsALibraryPinnedOrNotAreRefusedByTheirTypeWithoutBlocking)
         EXPECT_EQ(reg.status().code(), KREG_INVALID_ARGUMENT) << msg;
         EXPECT_TRUE(contains(msg, "group 'testgrp'")) << msg;
         EXPECT_TRUE(contains(msg, e.library.string())) << msg;
-        EXPECT_TRUE(contains(msg, words + (words == "a FIFO" ? " (named pipe)" : "") +
-                                      ", not a regular file"))
+        EXPECT_TRUE(contains(
+            msg, words + (words == "a FIFO" ? " (named pipe)" : "") + ", not a regular file"))
             << msg;
       }
       // The same answer from each piece on its own.
-      for (const Status& st : {admit_library(e), check_pin(e.library, pin),
-                               check_path_safety(e.library, s.root()),
-                               sha256_file(e.library).status()}) {
+      for (const Status& st :
+           {admit_library(e), check_pin(e.library, pin), check_path_safety(e.library, s.root()),
+            sha256_file(e.library).status()}) {
         EXPECT_EQ(st.code(), KREG_INVALID_ARGUMENT) << st.message();
         EXPECT_TRUE(contains(st.message(), words)) << st.message();
       }
@@ -236,9 +235,8 @@ TEST(NonRegularFiles, AsAnExpectedGroupsFileAreRefusedWithoutBlocking) {
     auto names = read_expect_groups(s.path("groups.txt"));
     ASSERT_FALSE(names.ok());
     EXPECT_EQ(names.status().code(), KREG_INVALID_ARGUMENT);
-    EXPECT_TRUE(contains(names.status().message(), "expected-groups file " +
-                                                       s.path("groups.txt").string() + " is " +
-                                                       words))
+    EXPECT_TRUE(contains(names.status().message(),
+                         "expected-groups file " + s.path("groups.txt").string() + " is " + words))
         << names.status().message();
     EXPECT_LT(seconds_since(t0), test::budget(2.0));
   }
@@ -247,9 +245,7 @@ TEST(NonRegularFiles, AsAnExpectedGroupsFileAreRefusedWithoutBlocking) {
 TEST(NonRegularFiles, OversizedExpectedGroupsFileIsRefusedBeforeReading) {
   Scratch s;
   const fs::path big = s.path("groups.txt");
-  {
-    std::ofstream(big) << "layernorm\n";
-  }
+  { std::ofstream(big) << "layernorm\n"; }
   fs::resize_file(big, kMaxExpectGroupsBytes + 1);  // sparse: nothing is written
   auto names = read_expect_groups(big);
   ASSERT_FALSE(names.ok());
@@ -289,8 +285,8 @@ TEST(NonRegularFiles, KregValidateExpectGroupsFifoIsAUsageError) {
   Scratch s;
   s.make_non_regular("fifo", "groups.txt");
   const auto t0 = Clock::now();
-  Outcome r = run(std::string(KREG_CLI) + " validate --expect-groups " +
-                  s.path("groups.txt").string());
+  Outcome r =
+      run(std::string(KREG_CLI) + " validate --expect-groups " + s.path("groups.txt").string());
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_TRUE(contains(r.output, "--expect-groups")) << r.output;
   EXPECT_TRUE(contains(r.output, s.path("groups.txt").string() + " is a FIFO")) << r.output;
@@ -326,8 +322,8 @@ TEST(Pins, ThePinnedBytesAreLoadedEvenWhenTheFileChangesAfterAdmission) {
   auto reg = Registry::open(manifest_of(e, s.root()));
   ASSERT_FALSE(reg.ok());
   EXPECT_EQ(reg.status().code(), KREG_FAILED_PRECONDITION);
-  EXPECT_TRUE(contains(reg.status().message(), "expected " + *e.sha256 + ", actual " +
-                                                   *sha256_file(lib)))
+  EXPECT_TRUE(
+      contains(reg.status().message(), "expected " + *e.sha256 + ", actual " + *sha256_file(lib)))
       << reg.status().message();
   EXPECT_TRUE(contains(reg.status().message(), "library " + lib.string()))
       << reg.status().message();
@@ -532,19 +528,21 @@ class WatchTest : public ::testing::Test {
   }
 
   void start(const WatchOptions& options) {
-    auto w = PluginWatcher::start(*reg_, manifest_, [this](const WatchEvent& ev) {
-      std::lock_guard lock(mu_);
-      events_.push_back(ev);
-      cv_.notify_all();
-    }, options);
+    auto w = PluginWatcher::start(
+        *reg_, manifest_,
+        [this](const WatchEvent& ev) {
+          std::lock_guard lock(mu_);
+          events_.push_back(ev);
+          cv_.notify_all();
+        },
+        options);
     ASSERT_TRUE(w.ok()) << w.status().message();
     watcher_ = std::move(w).value();
   }
   // Waits for the n-th event (1-based) and returns it.
   WatchEvent wait_for(size_t n, double seconds = 10) {
     std::unique_lock lock(mu_);
-    cv_.wait_for(lock, std::chrono::duration<double>(seconds),
-                 [&] { return events_.size() >= n; });
+    cv_.wait_for(lock, std::chrono::duration<double>(seconds), [&] { return events_.size() >= n; });
     if (events_.size() < n) {
       ADD_FAILURE() << "no event " << n << " within " << seconds << " s";
       return {};
@@ -651,8 +649,8 @@ TEST_F(WatchTest, InPlaceRewriteWithAPauseNeverSigbusesAndTheCompleteFileIsTaken
     // A half-written file, or one that changed while being copied: nothing else.
     const std::string& msg = ev.error.message();
     EXPECT_TRUE(contains(msg, "truncated") || contains(msg, "changed while") ||
-                contains(msg, "shrank") || contains(msg, "grew") ||
-                contains(msg, "not an ELF") || contains(msg, "too short"))
+                contains(msg, "shrank") || contains(msg, "grew") || contains(msg, "not an ELF") ||
+                contains(msg, "too short"))
         << msg;
   }
 }
@@ -769,12 +767,12 @@ TEST(HostWatch, RejectsCrashingBuildsSaysWhyKeepsServingAndEndsWithItsSummary) {
     fs::permissions(s.path(file), fs::perms(0755));
   }
   s.plugin("testgrp", "libkreg_testgrp.so");
-  const fs::path m = s.write(
-      "registry.yaml", "kreg_manifest: 1\nplugin_dir: " + s.root().string() +
-                           "\ngroups:\n"
-                           "  - name: layernorm\n    library: libkreg_layernorm.so\n"
-                           "  - name: activation\n    library: libkreg_activation.so\n"
-                           "  - name: testgrp\n    library: libkreg_testgrp.so\n");
+  const fs::path m =
+      s.write("registry.yaml", "kreg_manifest: 1\nplugin_dir: " + s.root().string() +
+                                   "\ngroups:\n"
+                                   "  - name: layernorm\n    library: libkreg_layernorm.so\n"
+                                   "  - name: activation\n    library: libkreg_activation.so\n"
+                                   "  - name: testgrp\n    library: libkreg_testgrp.so\n");
   auto place = [&](const fs::path& from, const std::string& file) {
     fs::copy_file(from, s.path(".tmp.so"), fs::copy_options::overwrite_existing);
     fs::permissions(s.path(".tmp.so"), fs::perms(0755));
@@ -797,9 +795,8 @@ TEST(HostWatch, RejectsCrashingBuildsSaysWhyKeepsServingAndEndsWithItsSummary) {
   ASSERT_NE(at, std::string::npos) << host.output();
   // The real activation build rewritten in place, with a pause half-way: never a SIGBUS,
   // and the complete file is swapped in.
-  rewrite_in_place(s.path("libkreg_activation.so"), fs::path(KREG_PLUGIN_DIR) /
-                                                          "libkreg_activation.so",
-                   150, false);
+  rewrite_in_place(s.path("libkreg_activation.so"),
+                   fs::path(KREG_PLUGIN_DIR) / "libkreg_activation.so", 150, false);
   at = host.wait_for("swap group=activation", at);
   EXPECT_NE(at, std::string::npos) << host.output();
   const int code = host.finish();

@@ -603,8 +603,8 @@ TEST(ManifestParser, StrayCommaIsASyntaxErrorNotAHang) {
   // After a block map yaml-cpp itself reports the comma.
   expect_rejected_quickly("kreg_manifest: 1\ngroups: []\n,\n", "h.yaml:3:1: YAML syntax error",
                           "after the document");
-  expect_rejected_quickly("kreg_manifest: 1\ngroups: []\n, {a: [b}", "h.yaml:3:1: YAML syntax error",
-                          "junk after the comma");
+  expect_rejected_quickly("kreg_manifest: 1\ngroups: []\n, {a: [b}",
+                          "h.yaml:3:1: YAML syntax error", "junk after the comma");
   expect_rejected_quickly("[a]\n,", "h.yaml:2:1: " + msg, "after a flow sequence");
   expect_rejected_quickly("\"quoted\"\n, ,", "h.yaml:2:1: " + msg, "after a scalar");
   expect_rejected_quickly("--- ,", "h.yaml:1:5: " + msg, "after a document marker");
@@ -621,9 +621,28 @@ TEST(ManifestParser, StrayCommaIsASyntaxErrorNotAHang) {
 
 TEST(ManifestParser, FlowSyntaxErrorsEndQuickly) {
   // The flow-context inputs that made older yaml-cpp loop, and their neighbours.
-  for (const char* text : {"[:", "{:", "[", "{", "]", "}", "- !+(.,.)", "[,", "{,", "[?", "{? ,",
-                           "[a,,]", "{a: b,, c: d}", "[{]", "- [,\n- ,", "? ,\n: ,", ":,", "-,",
-                           "[!a ,]", "{&x ,}", "[*x]", "{[: {[: ,"}) {
+  for (const char* text : {"[:",
+                           "{:",
+                           "[",
+                           "{",
+                           "]",
+                           "}",
+                           "- !+(.,.)",
+                           "[,",
+                           "{,",
+                           "[?",
+                           "{? ,",
+                           "[a,,]",
+                           "{a: b,, c: d}",
+                           "[{]",
+                           "- [,\n- ,",
+                           "? ,\n: ,",
+                           ":,",
+                           "-,",
+                           "[!a ,]",
+                           "{&x ,}",
+                           "[*x]",
+                           "{[: {[: ,"}) {
     expect_rejected_quickly(text, "h.yaml:", text);
   }
 }
@@ -675,10 +694,10 @@ TEST(ManifestParser, ManyDistinctProblemsAreCountedBeyondFifty) {
 TEST(ManifestParser, LongValuesAreRefusedAndQuotedShort) {
   const std::string lib(5000, 'l');
   std::vector<ManifestDiagnostic> diagnostics;
-  Result<Manifest> m = parse_manifest(
-      "kreg_manifest: 1\ngroups:\n  - name: a\n    library: " + lib + "\n? " +
-          std::string(5000, 'k') + "\n: 1\n",
-      "l.yaml", no_file_checks(), &diagnostics);
+  Result<Manifest> m =
+      parse_manifest("kreg_manifest: 1\ngroups:\n  - name: a\n    library: " + lib + "\n? " +
+                         std::string(5000, 'k') + "\n: 1\n",
+                     "l.yaml", no_file_checks(), &diagnostics);
   ASSERT_FALSE(m.ok());
   ASSERT_EQ(diagnostics.size(), 2u) << m.status().message();
   EXPECT_EQ(diagnostics[0].to_string(),
@@ -688,16 +707,16 @@ TEST(ManifestParser, LongValuesAreRefusedAndQuotedShort) {
             "l.yaml:5:3: invalid key: the value is 5000 bytes; the limit is 4096 ('" +
                 std::string(80, 'k') + "... (5000 bytes)')");
   // Lines themselves may be long: a 200 KB comment is no problem.
-  Result<Manifest> ok = parse_manifest(
-      "# " + std::string(200000, 'c') + "\nkreg_manifest: 1\ngroups: []\n", "c.yaml",
-      no_file_checks());
+  Result<Manifest> ok =
+      parse_manifest("# " + std::string(200000, 'c') + "\nkreg_manifest: 1\ngroups: []\n", "c.yaml",
+                     no_file_checks());
   EXPECT_TRUE(ok.ok()) << ok.status().message().substr(0, 500);
 }
 
 TEST(ManifestParser, NulBytesAreNamedWithTheirPlace) {
   // A raw NUL anywhere in the file: named, not cut off at.
-  std::string text = std::string("kreg_manifest: 1\ngroups:\n  - name: a\0b\n    library: x\0\0.so\n",
-                                 59);
+  std::string text =
+      std::string("kreg_manifest: 1\ngroups:\n  - name: a\0b\n    library: x\0\0.so\n", 59);
   ASSERT_EQ(text.find('\0'), 36u);
   std::vector<ManifestDiagnostic> diagnostics;
   Result<Manifest> m = parse_manifest(text, "n.yaml", no_file_checks(), &diagnostics);
@@ -707,9 +726,9 @@ TEST(ManifestParser, NulBytesAreNamedWithTheirPlace) {
             "n.yaml:3:12: a NUL byte (\\0) in the manifest (3 in all; this is the first); a "
             "manifest is UTF-8 text without control characters other than tab and line breaks");
   // A NUL written as an escape in a double-quoted string reaches the value: refused there.
-  Result<Manifest> escaped = parse_manifest(
-      "kreg_manifest: 1\ngroups:\n  - name: a\n    library: \"lib\\0a.so\"\n", "e.yaml",
-      no_file_checks());
+  Result<Manifest> escaped =
+      parse_manifest("kreg_manifest: 1\ngroups:\n  - name: a\n    library: \"lib\\0a.so\"\n",
+                     "e.yaml", no_file_checks());
   ASSERT_FALSE(escaped.ok());
   EXPECT_EQ(escaped.status().message(),
             "e.yaml:4:14: groups[0].library: contains a NUL byte (\\0) at byte 3 of the value "
@@ -732,8 +751,10 @@ TEST(ManifestParser, ControlCharactersAndBadUtf8AreRefused) {
                           "h.yaml:1:17: a carriage return (\\r) not followed by a line feed in the "
                           "manifest (2 in all; this is the first)",
                           "old Mac line ends");
-  expect_rejected_quickly(std::string("\xff\xfek\0r\0", 6), "h.yaml:1:1: the manifest looks like "
-                          "UTF-16 or UTF-32", "UTF-16LE");
+  expect_rejected_quickly(std::string("\xff\xfek\0r\0", 6),
+                          "h.yaml:1:1: the manifest looks like "
+                          "UTF-16 or UTF-32",
+                          "UTF-16LE");
   expect_rejected_quickly(std::string("\0k\0r", 4), "UTF-16 or UTF-32", "UTF-16BE, no BOM");
   // Escapes can write controls into a value: an alias message must not recolour a terminal.
   expect_rejected_quickly(
@@ -782,10 +803,12 @@ TEST(ManifestParser, SecondDocumentsAreRefusedHoweverWritten) {
 TEST(ManifestParser, DeepNestingIsRefusedEarly) {
   for (const char open : {'[', '{'}) {
     const std::string deep(100000, open);
-    expect_rejected_quickly(deep, "h.yaml:1:129: flow collections ('[' or '{') nested more than "
-                            "128 deep", std::string("100k ") + open);
-    expect_rejected_quickly("kreg_manifest: 1\ngroups: " + deep,
-                            "h.yaml:2:137: flow collections", "under a key");
+    expect_rejected_quickly(deep,
+                            "h.yaml:1:129: flow collections ('[' or '{') nested more than "
+                            "128 deep",
+                            std::string("100k ") + open);
+    expect_rejected_quickly("kreg_manifest: 1\ngroups: " + deep, "h.yaml:2:137: flow collections",
+                            "under a key");
   }
   // Balanced and well-formed, but deeper than any manifest: the tree's own limit.
   const std::string balanced = std::string(100, '[') + std::string(100, ']');
@@ -801,7 +824,8 @@ TEST(ManifestParser, DeepNestingIsRefusedEarly) {
 
 TEST(ManifestParser, AliasExpansionIsBounded) {
   // Billion laughs: each level ten aliases of the one below; 10^9 nodes expanded.
-  std::string laughs = "kreg_manifest: 1\nl0: &l0 [lol, lol, lol, lol, lol, lol, lol, lol, lol, lol]\n";
+  std::string laughs =
+      "kreg_manifest: 1\nl0: &l0 [lol, lol, lol, lol, lol, lol, lol, lol, lol, lol]\n";
   for (int i = 1; i < 9; ++i) {
     const std::string below = "*l" + std::to_string(i - 1);
     laughs += "l" + std::to_string(i) + ": &l" + std::to_string(i) + " [";
@@ -830,8 +854,10 @@ TEST(ManifestParser, NodeCountIsBounded) {
   expect_rejected_quickly(keys, "the manifest has more than 50000 YAML nodes", "many keys");
   std::string entries = "kreg_manifest: 1\ngroups: [";
   for (int i = 0; i < 60000; ++i) entries += "a,";
-  expect_rejected_quickly(entries + "]\n", "h.yaml:2:100011: more than 50000 entries in flow "
-                          "collections", "many entries");
+  expect_rejected_quickly(entries + "]\n",
+                          "h.yaml:2:100011: more than 50000 entries in flow "
+                          "collections",
+                          "many entries");
   // A flow map over the whole file: refused by the prescan before yaml-cpp scans it all.
   std::string pairs = "{";
   for (int i = 0; i < 150000; ++i) pairs += "a: b, ";
@@ -894,11 +920,12 @@ TEST(ManifestPins, CrlfFileStaysCrlf) {
       "kreg_manifest: 1\r\ngroups:\r\n  - name: a\r\n    library: liba.so\r\n    load: lazy\r\n";
   Result<std::string> r = rewrite_manifest_pins(text, {{"a", std::string(64, 'b')}});
   ASSERT_TRUE(r.ok()) << r.status().message();
-  EXPECT_EQ(*r, "kreg_manifest: 1\r\ngroups:\r\n  - name: a\r\n    library: liba.so\r\n    sha256: " +
-                    std::string(64, 'b') + "\r\n    load: lazy\r\n");
-  Result<std::string> aliased = rewrite_manifest_pins(
-      "kreg_manifest: 1\ng: &g {name: a, library: a.so}\ngroups:\n  - *g\n",
-      {{"a", std::string(64, 'b')}});
+  EXPECT_EQ(*r,
+            "kreg_manifest: 1\r\ngroups:\r\n  - name: a\r\n    library: liba.so\r\n    sha256: " +
+                std::string(64, 'b') + "\r\n    load: lazy\r\n");
+  Result<std::string> aliased =
+      rewrite_manifest_pins("kreg_manifest: 1\ng: &g {name: a, library: a.so}\ngroups:\n  - *g\n",
+                            {{"a", std::string(64, 'b')}});
   ASSERT_FALSE(aliased.ok());
   EXPECT_NE(aliased.status().message().find("group 'a' (line 4) is an alias"), std::string::npos)
       << aliased.status().message();

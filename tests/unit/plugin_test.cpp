@@ -185,8 +185,9 @@ TEST(PluginDescriptor, NullGroupAndNullVersionAreNamedApart) {
 
 TEST(PluginDescriptor, GroupWithControlCharactersIsRefusedEscaped) {
   const std::string m = open_error("bad_control_group");
-  EXPECT_TRUE(has(m, "the descriptor's group \"testgrp\\n\\x1b[31mok\" has a space, control or "
-                     "non-ASCII byte at 7"))
+  EXPECT_TRUE(has(m,
+                  "the descriptor's group \"testgrp\\n\\x1b[31mok\" has a space, control or "
+                  "non-ASCII byte at 7"))
       << m;
   EXPECT_FALSE(has(m, "\n")) << "a raw newline from the plugin";
   EXPECT_FALSE(has(m, "\x1b")) << "a raw escape from the plugin";
@@ -249,7 +250,8 @@ TEST(PluginDescriptor, KernelMessageWithoutANulIsReadOnlyToItsBuffer) {
 }
 
 TEST(PluginDescriptor, StrippedPluginLoads) {
-  auto lib = PluginLibrary::open(test_plugin("testgrp_stripped"), {"testgrp", std::string("0.1.0")});
+  auto lib =
+      PluginLibrary::open(test_plugin("testgrp_stripped"), {"testgrp", std::string("0.1.0")});
   ASSERT_TRUE(lib.ok()) << lib.status().message();
   EXPECT_EQ((*lib)->kernels().size(), 2u);
   EXPECT_TRUE(check_entry_symbol(test_plugin("testgrp_stripped")).ok());
@@ -340,19 +342,18 @@ TEST_P(ValidateBroken, NamesTheCheck) {
 
 INSTANTIATE_TEST_SUITE_P(
     Plugins, ValidateBroken,
-    ::testing::Values(ValidateCase{"abi_major2", "abi-version", "this core speaks ABI"},
-                      ValidateCase{"wrong_group", "group-name-match", "declares group 'other'"},
-                      ValidateCase{"bad_signature", "schema", "argument kinds"},
-                      ValidateCase{"no_entry", "library-loads",
-                                   "does not export 'kreg_plugin_entry'"},
-                      ValidateCase{"testgrp_v2", "plugin-version", "version 0.2.0 does not match"},
-                      ValidateCase{"empty_group", "no-empty-groups", "registers no kernels"},
-                      ValidateCase{"entry_data", "library-loads",
-                                   "is STT_OBJECT (a data object), not a function"},
-                      ValidateCase{"bad_null_version", "plugin-version",
-                                   "the descriptor's version is NULL"},
-                      ValidateCase{"bad_short_table", "schema", "kernel table of 1000 records"},
-                      ValidateCase{"missing", "library-present", "does not exist"}),
+    ::testing::Values(
+        ValidateCase{"abi_major2", "abi-version", "this core speaks ABI"},
+        ValidateCase{"wrong_group", "group-name-match", "declares group 'other'"},
+        ValidateCase{"bad_signature", "schema", "argument kinds"},
+        ValidateCase{"no_entry", "library-loads", "does not export 'kreg_plugin_entry'"},
+        ValidateCase{"testgrp_v2", "plugin-version", "version 0.2.0 does not match"},
+        ValidateCase{"empty_group", "no-empty-groups", "registers no kernels"},
+        ValidateCase{"entry_data", "library-loads",
+                     "is STT_OBJECT (a data object), not a function"},
+        ValidateCase{"bad_null_version", "plugin-version", "the descriptor's version is NULL"},
+        ValidateCase{"bad_short_table", "schema", "kernel table of 1000 records"},
+        ValidateCase{"missing", "library-present", "does not exist"}),
     [](const auto& info) { return std::string(info.param.plugin); });
 
 TEST(Validate, DefaultManifestPasses) {

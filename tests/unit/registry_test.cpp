@@ -29,7 +29,9 @@ void* operator new(std::size_t n, const std::nothrow_t&) noexcept {
   g_allocations.fetch_add(1, std::memory_order_relaxed);
   return std::malloc(n ? n : 1);
 }
-void* operator new[](std::size_t n, const std::nothrow_t& t) noexcept { return ::operator new(n, t); }
+void* operator new[](std::size_t n, const std::nothrow_t& t) noexcept {
+  return ::operator new(n, t);
+}
 void operator delete[](void* p) noexcept { std::free(p); }
 void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
 void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }
@@ -433,10 +435,10 @@ TEST_F(RegistryTest, DimensionProductsNeverOverflowOrDivideByZero) {
 }
 
 TEST_F(RegistryTest, CoefficientsPastInt32AreRefusedAtRegistration) {
-  for (const char* sig : {"coef(Tensor[4294967296*N] a, Tensor[N] b) -> ()",
-                          "coef(Tensor[2147483649*N] a, Tensor[N] b) -> ()",
-                          "coef(Tensor[0*N] a, Tensor[N] b) -> ()",
-                          "coef(Tensor[99999999999999999999] a, Tensor[N] b) -> ()"}) {
+  for (const char* sig :
+       {"coef(Tensor[4294967296*N] a, Tensor[N] b) -> ()",
+        "coef(Tensor[2147483649*N] a, Tensor[N] b) -> ()", "coef(Tensor[0*N] a, Tensor[N] b) -> ()",
+        "coef(Tensor[99999999999999999999] a, Tensor[N] b) -> ()"}) {
     kreg_kernel_desc d{};
     d.struct_size = sizeof d;
     d.op = "g.coef";
@@ -645,8 +647,7 @@ TEST_F(RegistryTest, AliasChainsResolveEverywhere) {
                      "use g.scale"),
             std::string::npos)
       << err;
-  EXPECT_NE(err.find("op 'g.v2' is a deprecated alias of 'g.scale' (via g.v3)"),
-            std::string::npos)
+  EXPECT_NE(err.find("op 'g.v2' is a deprecated alias of 'g.scale' (via g.v3)"), std::string::npos)
       << err;
 
   auto chain = reg.resolve_alias("g.v1");

@@ -85,10 +85,16 @@ TEST(Text, Utf8IsKeptUnlessItHidesSomething) {
   EXPECT_EQ(escape_control("caf\xc3\xa9 \xe2\x9c\x93 \xf0\x9f\x98\x80"),
             "caf\xc3\xa9 \xe2\x9c\x93 \xf0\x9f\x98\x80");
   // C1 CSI (U+009B) as UTF-8, and the raw 8-bit CSI byte.
-  EXPECT_EQ(escape_control("\xc2\x9b" "31m"), "\\xc2\\x9b31m");
-  EXPECT_EQ(escape_control("\x9b" "31m"), "\\x9b31m");
+  EXPECT_EQ(escape_control("\xc2\x9b"
+                           "31m"),
+            "\\xc2\\x9b31m");
+  EXPECT_EQ(escape_control("\x9b"
+                           "31m"),
+            "\\x9b31m");
   // Bidi override (U+202E), isolate (U+2066), RLM (U+200F), line separator (U+2028).
-  EXPECT_EQ(escape_control("a\xe2\x80\xae" "b"), "a\\xe2\\x80\\xaeb");
+  EXPECT_EQ(escape_control("a\xe2\x80\xae"
+                           "b"),
+            "a\\xe2\\x80\\xaeb");
   EXPECT_EQ(escape_control("\xe2\x81\xa6"), "\\xe2\\x81\\xa6");
   EXPECT_EQ(escape_control("\xe2\x80\x8f"), "\\xe2\\x80\\x8f");
   EXPECT_EQ(escape_control("\xe2\x80\xa8"), "\\xe2\\x80\\xa8");

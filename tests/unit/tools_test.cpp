@@ -89,11 +89,13 @@ TEST(Tools, RunRefusesEveryBadNumberNamingTheArgument) {
     std::string args;
     std::string expect;
   } cases[] = {
-      {"layernorm.rmsnorm --shape T=3,H=8 --attr eps=abc", "--attr eps: 'abc' is not a finite number"},
+      {"layernorm.rmsnorm --shape T=3,H=8 --attr eps=abc",
+       "--attr eps: 'abc' is not a finite number"},
       {"layernorm.rmsnorm --shape T=3,H=8 --attr eps=1e-5x", "--attr eps: '1e-5x' is not a finite"},
       {"layernorm.rmsnorm --shape T=3,H=8 --attr eps=nan", "--attr eps: 'nan' is not a finite"},
       {"layernorm.rmsnorm --shape T=3,H=8 --attr eps=inf", "--attr eps: 'inf' is not a finite"},
-      {"layernorm.rmsnorm --shape T=3,H=8 --attr eps=1e400", "'1e400' is out of range for a double"},
+      {"layernorm.rmsnorm --shape T=3,H=8 --attr eps=1e400",
+       "'1e400' is out of range for a double"},
       {"layernorm.rmsnorm --shape T=3,H=8 --attr eps=", "--attr eps: '' is not a finite number"},
       {"layernorm.rmsnorm --shape T=3,H=8 --attr eps=1e-5 --attr eps=1e-6",
        "--attr eps is given twice"},
@@ -107,9 +109,10 @@ TEST(Tools, RunRefusesEveryBadNumberNamingTheArgument) {
        "--attr n_group: '99999999999999999999' is out of range"},
       {"layernorm.rmsnorm --shape T=3,H=8 --seed=-1",
        "--seed: '-1' is out of range [0, 18446744073709551615]"},
-      {"layernorm.rmsnorm --shape T=3,H=8 --seed 18446744073709551616", "--seed: "
-                                                                         "'18446744073709551616' "
-                                                                         "is out of range"},
+      {"layernorm.rmsnorm --shape T=3,H=8 --seed 18446744073709551616",
+       "--seed: "
+       "'18446744073709551616' "
+       "is out of range"},
       {"layernorm.rmsnorm --shape T=3,H=8 --seed 12abc", "--seed: '12abc' is not a non-negative"},
       {"layernorm.rmsnorm --shape T=3,H=8,T=4", "--shape: dimension 'T' is given twice"},
       {"layernorm.rmsnorm --shape T=3,H=8,X=2", "'X'"},
@@ -142,12 +145,14 @@ TEST(Tools, RunRefusesEveryBadNumberNamingTheArgument) {
     EXPECT_EQ(r.output.find("OK"), std::string::npos) << c.args << "\n" << r.output;
   }
   // The edges of the ranges run.
-  Outcome ok = run(kCli +
-                   " run layernorm.rmsnorm --shape T=0,H=8 --backend cpu --seed 18446744073709551615 "
-                   "--attr eps=1e-5");
+  Outcome ok =
+      run(kCli +
+          " run layernorm.rmsnorm --shape T=0,H=8 --backend cpu --seed 18446744073709551615 "
+          "--attr eps=1e-5");
   EXPECT_EQ(ok.exit_code, 0) << ok.output;
-  Outcome b = run(kCli + " run moe.topk_softmax --shape T=4,E=8,K=2 --backend cpu --attr "
-                         "renormalize=true");
+  Outcome b = run(kCli +
+                  " run moe.topk_softmax --shape T=4,E=8,K=2 --backend cpu --attr "
+                  "renormalize=true");
   EXPECT_EQ(b.exit_code, 0) << b.output;
   Outcome reps = run(kCli + " bench layernorm.rmsnorm --shape T=3,H=8 --reps 0");
   EXPECT_EQ(reps.exit_code, 2) << reps.output;

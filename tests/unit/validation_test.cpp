@@ -6,10 +6,10 @@
 #include <elf.h>
 #include <gtest/gtest.h>
 
-#include "time_budget.hpp"
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include "time_budget.hpp"
 
 #include <array>
 #include <chrono>
@@ -433,9 +433,9 @@ TEST_P(BrokenPlugin, PinnedIsLoadedFromTheHashedCopyAndNamedByItsPath) {
   auto sha = sha256_file(test_plugin(c.plugin));
   ASSERT_TRUE(sha.ok()) << sha.status().message();
   const fs::path m = t.write(
-      "registry.yaml", manifest_text(KREG_TEST_PLUGIN_DIR,
-                                     {{"testgrp", "libkreg_" + std::string(c.plugin) + ".so",
-                                       "    sha256: " + *sha + "\n"}}));
+      "registry.yaml",
+      manifest_text(KREG_TEST_PLUGIN_DIR, {{"testgrp", "libkreg_" + std::string(c.plugin) + ".so",
+                                            "    sha256: " + *sha + "\n"}}));
   ValidateOptions o;
   o.timeout_s = kHangTimeout;
   const ValidationReport r = validate(m, o);
@@ -444,7 +444,8 @@ TEST_P(BrokenPlugin, PinnedIsLoadedFromTheHashedCopyAndNamedByItsPath) {
   texts.push_back(test_plugin(c.plugin).string());
   expect_violation(r, c.check, "testgrp", texts);
   for (const Finding& f : r.findings) {
-    EXPECT_EQ(f.message.find("/kreg-"), std::string::npos) << "names the private copy: " << f.message;
+    EXPECT_EQ(f.message.find("/kreg-"), std::string::npos)
+        << "names the private copy: " << f.message;
   }
 }
 
@@ -968,7 +969,8 @@ TEST(Cli, ShippedRegistryExitsZeroInWellUnderASecond) {
   EXPECT_EQ(human.exit_code, 0) << human.out << human.err;
   EXPECT_TRUE(contains(human.out, "ok   library-loads      layernorm")) << human.out;
   EXPECT_TRUE(contains(human.out, " 0 failed")) << human.out;
-  EXPECT_LT(took, test::budget(1.0)) << "kreg validate on the default manifest took " << took << " s";
+  EXPECT_LT(took, test::budget(1.0))
+      << "kreg validate on the default manifest took " << took << " s";
 
   const CliRun json = kreg_validate({"--manifest", manifest, "--json"}, KREG_PLUGIN_DIR);
   EXPECT_EQ(json.exit_code, 0) << json.out << json.err;
@@ -1002,9 +1004,8 @@ TEST(Cli, HostileElfFilesExitOne) {
     std::memcpy(b.data() + h + offsetof(Elf64_Shdr, sh_size), &six_gb, sizeof six_gb);
   });
   const fs::path m = t.write(
-      "registry.yaml",
-      manifest_text(t.root() / "plugins", {{"alpha", "libkreg_wild.so", ""},
-                                           {"beta", "libkreg_huge.so", ""}}));
+      "registry.yaml", manifest_text(t.root() / "plugins", {{"alpha", "libkreg_wild.so", ""},
+                                                            {"beta", "libkreg_huge.so", ""}}));
   const CliRun r = kreg_validate({"--manifest", m.string(), "--json"});
   EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
   EXPECT_TRUE(contains(r.out, "has name offset 4294967280")) << r.out;

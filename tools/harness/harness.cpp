@@ -156,9 +156,9 @@ Result<Buffer> Buffer::make(DLDevice device, DType dtype, std::vector<int64_t> s
   }
   const uint64_t want = static_cast<uint64_t>(elements) * dtype_size(dtype);
   if (want > kCheckFreeAbove) {
-    if (Status st = check_fits(device, want,
-                               "a buffer of shape " + shape_text(shape) + " " +
-                                   std::string(dtype_name(dtype)));
+    if (Status st = check_fits(
+            device, want,
+            "a buffer of shape " + shape_text(shape) + " " + std::string(dtype_name(dtype)));
         !st.ok()) {
       return st;
     }
@@ -365,7 +365,8 @@ Status Buffer::poison() {
 Result<SymbolMap> parse_shape_spec(const std::string& text) {
   SymbolMap out;
   if (text.empty()) {
-    return Status(KREG_INVALID_ARGUMENT, "--shape: empty (expected NAME=SIZE,..., e.g. T=64,H=4096)");
+    return Status(KREG_INVALID_ARGUMENT,
+                  "--shape: empty (expected NAME=SIZE,..., e.g. T=64,H=4096)");
   }
   size_t pos = 0;
   while (true) {
@@ -377,8 +378,8 @@ Result<SymbolMap> parse_shape_spec(const std::string& text) {
     bool ident = !name.empty() && !std::isdigit(static_cast<unsigned char>(name[0]));
     for (char c : name) ident = ident && (std::isalnum(static_cast<unsigned char>(c)) || c == '_');
     if (eq == std::string::npos || !ident) {
-      return Status(KREG_INVALID_ARGUMENT, "--shape: '" + excerpt(item, 40) +
-                                               "' is not NAME=SIZE (e.g. T=64,H=4096)");
+      return Status(KREG_INVALID_ARGUMENT,
+                    "--shape: '" + excerpt(item, 40) + "' is not NAME=SIZE (e.g. T=64,H=4096)");
     }
     auto n = parse_int(item.substr(eq + 1), "--shape " + name, 0);
     if (!n) return n.status();
@@ -416,9 +417,9 @@ Status check_shape_names(const KernelSpec& spec, const SymbolMap& symbols) {
   for (const auto& [name, value] : symbols) {
     if (std::find(sig.symbols.begin(), sig.symbols.end(), name) == sig.symbols.end()) {
       return Status(KREG_INVALID_ARGUMENT, "--shape: '" + name + "' is not a dimension of " +
-                                               spec.op + " (its dimensions: " +
-                                               (all.empty() ? "none" : all) + "; signature " +
-                                               sig.text + ")");
+                                               spec.op +
+                                               " (its dimensions: " + (all.empty() ? "none" : all) +
+                                               "; signature " + sig.text + ")");
     }
   }
   return needs_every_symbol(spec, symbols);
@@ -465,8 +466,8 @@ Result<std::vector<PlannedTensor>> plan_example(const KernelSpec& spec, const Sy
       if (d.symbol >= 0) {
         const int64_t v = symbols.at(sig.symbols[static_cast<size_t>(d.symbol)]);
         if (!checked_mul(d.coef, v, &extent)) {
-          return Status(KREG_INVALID_ARGUMENT, where() + ": dimension " + sig.dim_name(d) +
-                                                   " = " + std::to_string(d.coef) + " * " +
+          return Status(KREG_INVALID_ARGUMENT, where() + ": dimension " + sig.dim_name(d) + " = " +
+                                                   std::to_string(d.coef) + " * " +
                                                    std::to_string(v) + " overflows int64");
         }
       }
@@ -484,7 +485,8 @@ Result<std::vector<PlannedTensor>> plan_example(const KernelSpec& spec, const Sy
     const int64_t item = static_cast<int64_t>(dtype_size(t.dtype));
     const int bad = check_extents(t.shape.data(), static_cast<int>(t.shape.size()), item, &t.numel);
     if (bad >= 0) {
-      return Status(KREG_INVALID_ARGUMENT, where() + ": dim " + std::to_string(bad) + " is negative");
+      return Status(KREG_INVALID_ARGUMENT,
+                    where() + ": dim " + std::to_string(bad) + " is negative");
     }
     if (bad == kShapeTooLarge) {
       return Status(KREG_INVALID_ARGUMENT,
@@ -509,8 +511,7 @@ std::string planned_text(const KernelSpec& spec, const std::vector<PlannedTensor
 }
 
 // What an example needs on `device` and, for a device example, in host staging copies.
-Status plan_fits(const KernelSpec& spec, const std::vector<PlannedTensor>& plan,
-                 DLDevice device) {
+Status plan_fits(const KernelSpec& spec, const std::vector<PlannedTensor>& plan, DLDevice device) {
   uint64_t total = 0, largest = 0;
   for (const PlannedTensor& t : plan) {
     total = sat_add(total, static_cast<uint64_t>(t.bytes));
@@ -537,8 +538,9 @@ Status check_example_fits(const KernelSpec& spec, const SymbolMap& symbols, DTyp
     total = sat_add(total, static_cast<uint64_t>(t.bytes));
     largest = std::max(largest, static_cast<uint64_t>(t.bytes));
     if (t.param->written()) {
-      compare = sat_add(compare, sat_add(sat_mul(2 * sizeof(double), static_cast<uint64_t>(t.numel)),
-                                         static_cast<uint64_t>(t.bytes)));
+      compare =
+          sat_add(compare, sat_add(sat_mul(2 * sizeof(double), static_cast<uint64_t>(t.numel)),
+                                   static_cast<uint64_t>(t.bytes)));
     }
   }
   uint64_t host_need = sat_add(sat_add(total, largest), compare);
@@ -721,8 +723,7 @@ Result<Timing> time_on_gpu(const KernelHandle& handle, const SymbolMap& symbols,
   t.bytes = bytes_moved(spec, *first);
   const size_t per_set = std::max<size_t>(t.bytes, 1);
   // Enough sets that the total exceeds twice the L2, so each call misses in cache.
-  int sets =
-      static_cast<int>(std::clamp<size_t>(2 * static_cast<size_t>(l2) / per_set + 1, 2, 64));
+  int sets = static_cast<int>(std::clamp<size_t>(2 * static_cast<size_t>(l2) / per_set + 1, 2, 64));
   // No more sets than fit in what the device has free (less a margin for the kernel).
   if (auto avail = available_memory(DLDevice{kDLCUDA, 0}); avail.ok()) {
     const uint64_t fit = avail->bytes / 10 * 9 / std::max<uint64_t>(per_set, 1);

@@ -106,8 +106,8 @@ Result<Available> available_memory(DLDevice device) {
     return Status(KREG_UNAVAILABLE, "this kreg was built without CUDA; only CPU tensors work");
 #endif
   }
-  return Status(KREG_UNIMPLEMENTED, "no free-memory figure for " +
-                                        device_type_name(device.device_type) + " memory");
+  return Status(KREG_UNIMPLEMENTED,
+                "no free-memory figure for " + device_type_name(device.device_type) + " memory");
 }
 
 Status check_fits(DLDevice device, uint64_t need, const std::string& what) {

@@ -41,8 +41,8 @@ inline Padded pad(std::string_view s, size_t width) { return {s, width}; }
 // A number through a printf format of kreg's own ("%.3g"): numbers only, so no %s can slip
 // data past the escaping.
 template <typename... Args>
-  requires((std::is_arithmetic_v<Args> && !std::is_same_v<Args, char>) && ...)
-std::string fmt(const char* format, Args... args) {
+requires((std::is_arithmetic_v<Args> && !std::is_same_v<Args, char>)&&...) std::string
+    fmt(const char* format, Args... args) {
   char buf[128];
   const int n = std::snprintf(buf, sizeof buf, format, args...);
   return std::string(buf, n < 0 ? 0 : std::min<size_t>(static_cast<size_t>(n), sizeof buf - 1));
@@ -51,8 +51,8 @@ struct Formatted {
   std::string text;
 };
 template <typename... Args>
-  requires((std::is_arithmetic_v<Args> && !std::is_same_v<Args, char>) && ...)
-Formatted num(const char* format, Args... args) {
+requires((std::is_arithmetic_v<Args> && !std::is_same_v<Args, char>)&&...) Formatted
+    num(const char* format, Args... args) {
   return {fmt(format, args...)};
 }
 
@@ -72,8 +72,8 @@ class Printer {
   // plain overload would beat the literal template above, and without one a pointer would
   // convert to bool before it converted to string_view.
   template <typename T>
-    requires std::is_same_v<std::decay_t<T>, const char*> || std::is_same_v<std::decay_t<T>, char*>
-  Printer& operator<<(T&& data) {
+  requires std::is_same_v < std::decay_t<T>,
+  const char* > || std::is_same_v<std::decay_t<T>, char*> Printer& operator<<(T&& data) {
     return put(terminal_safe(data != nullptr ? std::string_view(data) : "(null)"));
   }
   Printer& operator<<(std::string_view data) { return put(terminal_safe(data)); }

@@ -99,19 +99,22 @@ int run_hot_swap(Registry& registry, const Manifest& manifest, const HotSwapOpti
     WatchOptions watch_options;
     watch_options.reload.precheck_in_child = options.precheck;
     watch_options.reload.precheck_timeout_s = options.precheck_timeout_s;
-    auto w = PluginWatcher::start(registry, manifest, [&](const WatchEvent& ev) {
-      char buf[64];
-      if (ev.swapped) {
-        ++swaps;
-        std::snprintf(buf, sizeof buf, "%.2f", ev.latency_ms);
-        say("swap group=" + ev.group + " generation=" + std::to_string(ev.report.generation) +
-            " version=" + terminal_safe(ev.report.version) + " latency_ms=" + buf);
-      } else {
-        ++rejected;
-        // The message may quote what the rejected build printed: one safe line per line.
-        say("rejected group=" + ev.group + ": " + terminal_message(ev.error.message()));
-      }
-    }, watch_options);
+    auto w = PluginWatcher::start(
+        registry, manifest,
+        [&](const WatchEvent& ev) {
+          char buf[64];
+          if (ev.swapped) {
+            ++swaps;
+            std::snprintf(buf, sizeof buf, "%.2f", ev.latency_ms);
+            say("swap group=" + ev.group + " generation=" + std::to_string(ev.report.generation) +
+                " version=" + terminal_safe(ev.report.version) + " latency_ms=" + buf);
+          } else {
+            ++rejected;
+            // The message may quote what the rejected build printed: one safe line per line.
+            say("rejected group=" + ev.group + ": " + terminal_message(ev.error.message()));
+          }
+        },
+        watch_options);
     if (!w.ok()) {
       say("kreg-host: " + w.status().message());
       return 1;

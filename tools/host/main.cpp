@@ -15,8 +15,8 @@
 
 #include "harness.hpp"
 #include "hot_swap.hpp"
-#include "terminal.hpp"
 #include "kreg/registry.hpp"
+#include "terminal.hpp"
 
 #if defined(KREG_HAVE_CUDA)
 #include <cublas_v2.h>

@@ -11,11 +11,11 @@
 
 #include "harness.hpp"
 #include "json.hpp"
-#include "terminal.hpp"
 #include "kreg/parse_number.hpp"
 #include "kreg/registry.hpp"
 #include "kreg/text.hpp"
 #include "kreg/validation.hpp"
+#include "terminal.hpp"
 
 namespace fs = std::filesystem;
 using kreg::cli::JsonWriter;
@@ -254,7 +254,8 @@ int cmd_validate(const std::string& manifest, const ValidateArgs& a) {
   if (!a.expect_groups.empty()) {
     auto names = kreg::read_expect_groups(a.expect_groups);
     if (!names) {
-      return fail(kExitUsage, "kreg validate: --expect-groups: ", message(names.status().message()));
+      return fail(kExitUsage,
+                  "kreg validate: --expect-groups: ", message(names.status().message()));
     }
     opts.expect_groups = *names;
     opts.expect_groups_source = a.expect_groups;
@@ -263,7 +264,8 @@ int cmd_validate(const std::string& manifest, const ValidateArgs& a) {
   if (a.update_pins) {
     auto updates = kreg::update_pins(manifest, opts.manifest);
     if (!updates) {
-      return fail(kExitUsage, "kreg validate: --update-pins: ", message(updates.status().message()));
+      return fail(kExitUsage,
+                  "kreg validate: --update-pins: ", message(updates.status().message()));
     }
     pinned = std::move(updates).value();
     for (const auto& u : pinned) {
@@ -394,8 +396,8 @@ int check_dimensions(const kreg::KernelSpec& spec, const kreg::harness::SymbolMa
   }
   for (const std::string& s : sig.symbols) {
     if (!symbols.count(s)) {
-      return fail(kExitUsage, "kreg: ", spec.op, ": --shape needs a size for '", s,
-                  "' (signature ", sig.text, "; e.g. --shape ", all, ")");
+      return fail(kExitUsage, "kreg: ", spec.op, ": --shape needs a size for '", s, "' (signature ",
+                  sig.text, "; e.g. --shape ", all, ")");
     }
   }
   for (const auto& [name, size] : symbols) {
@@ -432,8 +434,8 @@ int prepare(const std::string& manifest, const RunArgs& a, Opened* o, kreg::Kern
   }
   // A machine without the backend is not the user's mistake: the run cannot happen here.
   if (!be->available()) {
-    return fail(kExitFailed, "kreg: backend ", backend, " is not available here: ",
-                message(be->unavailable_reason()));
+    return fail(kExitFailed, "kreg: backend ", backend,
+                " is not available here: ", message(be->unavailable_reason()));
   }
   auto handle = o->registry->resolve(a.op, kreg::Target{DLDevice{be->device_type(), 0}, *d},
                                      kreg::ResolveOptions{backend});
@@ -443,8 +445,8 @@ int prepare(const std::string& manifest, const RunArgs& a, Opened* o, kreg::Kern
   *h = *handle;
   if (int rc = check_dimensions(h->spec(), *symbols)) return rc;
   // Sizes overflow-checked and compared with free memory before anything is allocated.
-  if (kreg::Status st = kreg::harness::check_example_fits(
-          h->spec(), *symbols, *d, DLDevice{be->device_type(), 0}, !a.bench);
+  if (kreg::Status st = kreg::harness::check_example_fits(h->spec(), *symbols, *d,
+                                                          DLDevice{be->device_type(), 0}, !a.bench);
       !st.ok()) {
     return fail(kExitUsage, "kreg: ", message(st.message()));
   }
@@ -464,13 +466,22 @@ int prepare(const std::string& manifest, const RunArgs& a, Opened* o, kreg::Kern
     kreg::Status bad;
     if (p && p->kind == kreg::ArgKind::kFloat) {
       auto v = kreg::parse_float(value, what);
-      if (v) na.value = *v; else bad = v.status();
+      if (v)
+        na.value = *v;
+      else
+        bad = v.status();
     } else if (p && p->kind == kreg::ArgKind::kInt) {
       auto v = kreg::parse_int(value, what);
-      if (v) na.value = *v; else bad = v.status();
+      if (v)
+        na.value = *v;
+      else
+        bad = v.status();
     } else if (p && p->kind == kreg::ArgKind::kBool) {
       auto v = kreg::parse_bool(value, what);
-      if (v) na.value = *v; else bad = v.status();
+      if (v)
+        na.value = *v;
+      else
+        bad = v.status();
     }
     if (!bad.ok()) {
       return fail(kExitUsage, "kreg: ", message(bad.message()), " (an attribute of ", h->op(), ")");
@@ -552,11 +563,11 @@ int cmd_bench(const std::string& manifest, const RunArgs& a) {
   if (!t) return fail(kExitFailed, "kreg: ", message(t.status().message()));
   out << h.op() << " [" << h.backend() << "] " << a.shape << " " << kreg::dtype_name(dtype)
       << " on " << kreg::harness::gpu_name() << "\n";
-  out << "  median " << num("%.2f", t->median_us) << " us (min " << num("%.2f", t->min_us)
-      << "), " << t->bytes << " bytes, " << num("%.0f", t->gbps) << " GB/s = "
-      << num("%.1f", 100.0 * t->gbps / *copy) << "% of copy " << num("%.0f", *copy) << " GB/s ["
-      << t->buffer_sets << " buffer sets" << (t->graph ? ", CUDA graph" : "") << ", " << a.reps
-      << " reps]\n";
+  out << "  median " << num("%.2f", t->median_us) << " us (min " << num("%.2f", t->min_us) << "), "
+      << t->bytes << " bytes, " << num("%.0f", t->gbps)
+      << " GB/s = " << num("%.1f", 100.0 * t->gbps / *copy) << "% of copy " << num("%.0f", *copy)
+      << " GB/s [" << t->buffer_sets << " buffer sets" << (t->graph ? ", CUDA graph" : "") << ", "
+      << a.reps << " reps]\n";
   out << "  " << checked << ": OK\n";
   return kExitOk;
 }
@@ -637,8 +648,7 @@ int main(int argc, char** argv) {
   auto* bench =
       app.add_subcommand("bench", "time an op on the GPU (CUDA events) against a D2D copy");
   add_run_options(bench);
-  bench->add_option("--reps", ra.reps_text,
-                    "timed repetitions (median reported), in [1, 1000000]");
+  bench->add_option("--reps", ra.reps_text, "timed repetitions (median reported), in [1, 1000000]");
 
   try {
     app.parse(argc, argv);

@@ -209,8 +209,7 @@ int run(const Options& o) {
   auto make = [&](kreg::DType dt, std::vector<int64_t> shape, const std::vector<double>& v) {
     auto b = Buffer::make(dev, dt, std::move(shape));
     if (!b) {
-      std::fprintf(stderr, "lplb_demo: %s\n",
-                   kreg::terminal_message(b.status().message()).c_str());
+      std::fprintf(stderr, "lplb_demo: %s\n", kreg::terminal_message(b.status().message()).c_str());
       std::exit(1);
     }
     if (!v.empty()) (void)b->from_doubles(v);
@@ -233,8 +232,7 @@ int run(const Options& o) {
   auto resolve = [&](const char* op, kreg::DType dt) {
     auto h = (*registry)->resolve(op, kreg::Target{dev, dt}, kreg::ResolveOptions{backend});
     if (!h) {
-      std::fprintf(stderr, "lplb_demo: %s\n",
-                   kreg::terminal_message(h.status().message()).c_str());
+      std::fprintf(stderr, "lplb_demo: %s\n", kreg::terminal_message(h.status().message()).c_str());
       std::exit(1);
     }
     return *h;

@@ -121,8 +121,9 @@ std::unique_ptr<PyRegistry> open_registry(const std::string& path,
                                           bool load_lazy, bool precheck) {
   // A path is a C string further down: a NUL would silently open a shorter one.
   if (path.find('\0') != std::string::npos) {
-    throw_status(Status(KREG_INVALID_ARGUMENT, "kreg.open(): the manifest path contains a NUL "
-                                               "character"));
+    throw_status(Status(KREG_INVALID_ARGUMENT,
+                        "kreg.open(): the manifest path contains a NUL "
+                        "character"));
   }
   if (plugin_dir && plugin_dir->find('\0') != std::string::npos) {
     throw_status(Status(KREG_INVALID_ARGUMENT, "kreg.open(): plugin_dir contains a NUL character"));

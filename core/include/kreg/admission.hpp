@@ -59,9 +59,9 @@ struct AdmitOptions {
 
 // A library that passed admission, ready to load.
 struct AdmittedLibrary {
-  RegularFile file;                  // the user's file, opened once
-  std::optional<PrivateCopy> copy;   // when copied: what to load
-  std::string sha256;                // when pinned: the hash of the loaded bytes
+  RegularFile file;                 // the user's file, opened once
+  std::optional<PrivateCopy> copy;  // when copied: what to load
+  std::string sha256;               // when pinned: the hash of the loaded bytes
 
   // What dlopen (or a child's pre-check) must open.
   const std::filesystem::path& load_path() const { return copy ? copy->path() : file.path(); }

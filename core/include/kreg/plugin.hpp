@@ -221,14 +221,13 @@ constexpr int count_tensors(const char (&kinds)[N]) {
 
 inline int32_t check_tensor(const DLTensor* t, int idx, kreg_error* err) {
   if (static_cast<uint32_t>(t->ndim) > static_cast<uint32_t>(kMaxFrameNdim)) {
-    return frame_error(err, "tensor %d has ndim %d, outside [0, %d]", idx, t->ndim,
-                       kMaxFrameNdim);
+    return frame_error(err, "tensor %d has ndim %d, outside [0, %d]", idx, t->ndim, kMaxFrameNdim);
   }
   if (t->ndim > 0 && t->shape == nullptr) {
     return frame_error(err, "tensor %d has ndim %d but a null shape", idx, t->ndim);
   }
-  const int bad = check_extents(t->shape, t->ndim, dl_item_bytes(t->dtype.bits, t->dtype.lanes),
-                                nullptr);
+  const int bad =
+      check_extents(t->shape, t->ndim, dl_item_bytes(t->dtype.bits, t->dtype.lanes), nullptr);
   if (bad >= 0) {
     return frame_error(err, "tensor %d has a negative extent %lld in dim %d", idx,
                        static_cast<long long>(t->shape[bad]), bad);
@@ -303,8 +302,9 @@ inline int32_t check_frame(const kreg_call_frame* f, kreg_error* err, std::index
     if (f->attrs == nullptr) return frame_error(err, "null attribute array");
   }
   int32_t rc = KREG_OK;
-  (void)((rc = check_param<std::remove_cv_t<std::remove_reference_t<std::tuple_element_t<I, Params>>>,
-                           Traits::kinds[I]>(f, index_among<I>(Traits::kinds), err),
+  (void)((rc = check_param<
+              std::remove_cv_t<std::remove_reference_t<std::tuple_element_t<I, Params>>>,
+              Traits::kinds[I]>(f, index_among<I>(Traits::kinds), err),
           rc == KREG_OK) &&
          ...);
   return rc;

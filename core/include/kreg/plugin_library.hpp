@@ -25,7 +25,8 @@ inline constexpr size_t kMaxPluginStructBytes = 4096;   // any struct_size it ha
 inline constexpr uint32_t kMaxPluginKernels = 4096;     // num_kernels
 inline constexpr uint32_t kMaxPluginCapabilities = 64;  // num_caps of one kernel
 inline constexpr size_t kMaxPluginNameBytes = 256;      // group, version, build strings
-inline constexpr size_t kMaxPluginStringBytes = 65536;  // any kernel record string (make_kernel_spec caps each field lower)
+inline constexpr size_t kMaxPluginStringBytes =
+    65536;  // any kernel record string (make_kernel_spec caps each field lower)
 
 struct PluginInfo {
   std::string group;

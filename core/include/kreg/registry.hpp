@@ -61,9 +61,9 @@ enum class CheckFailure : uint8_t {
   kDType,
   kSharedDType,
   kRank,
-  kBadShape,    // ndim negative or above kMaxCallNdim, or a null shape with ndim > 0
+  kBadShape,  // ndim negative or above kMaxCallNdim, or a null shape with ndim > 0
   kNegativeDim,
-  kTooLarge,    // elements * itemsize overflows int64
+  kTooLarge,  // elements * itemsize overflows int64
   kDim,
   kDimDivisible,
   kContiguous,
