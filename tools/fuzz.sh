@@ -64,7 +64,8 @@ for n in "${names[@]}"; do
     status=1
   fi
   [ "$(ls "$findings" | wc -l)" -gt 0 ] && { echo "tools/fuzz.sh: $n: findings in $findings/" >&2; status=1; }
-  cat "$log" build-fuzz/$n-workers/fuzz-*.log 2>/dev/null | awk -v n="$n" '
+  # (the worker logs exist only with -j; under pipefail a failing cat would end the script)
+  { cat "$log"; cat build-fuzz/$n-workers/fuzz-*.log 2>/dev/null || true; } | awk -v n="$n" '
     /stat::number_of_executed_units/ {e += $2}
     /stat::average_exec_per_sec/ {r += $2}
     /stat::peak_rss_mb/ {if ($2 > m) m = $2}
