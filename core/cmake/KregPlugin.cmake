@@ -1,4 +1,4 @@
-# kreg_add_plugin(<group> SOURCES <cpu sources...> [CUDA_SOURCES <.cu sources...>])
+# kreg_add_plugin(<group> VERSION x.y.z SOURCES <cpu sources...> [CUDA_SOURCES <.cu sources...>])
 #
 # Builds one ops group as its own shared object, build/plugins/libkreg_<group>.so. CPU
 # sources (the registration file and the CPU references) always build; CUDA sources only
@@ -6,7 +6,11 @@
 # registration file can list the CUDA implementations. Plugins link the ABI headers only,
 # never the core library.
 function(kreg_add_plugin group)
-  cmake_parse_arguments(ARG "" "" "SOURCES;CUDA_SOURCES" ${ARGN})
+  cmake_parse_arguments(ARG "" "VERSION" "SOURCES;CUDA_SOURCES" ${ARGN})
+  if(NOT ARG_VERSION)
+    message(FATAL_ERROR "kreg_add_plugin(${group}): VERSION x.y.z is required (it reaches the "
+                        "plugin's descriptor; registry.yaml may pin it)")
+  endif()
   set(target kreg_${group})
   set(sources ${ARG_SOURCES})
   if(KREG_HAVE_CUDA)
@@ -25,6 +29,7 @@ function(kreg_add_plugin group)
     $<$<COMPILE_LANGUAGE:CXX>:${KREG_WARNINGS} -fno-gnu-unique>
     $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-fno-gnu-unique --expt-relaxed-constexpr>)
   target_link_options(${target} PRIVATE LINKER:--no-undefined)
+  target_compile_definitions(${target} PRIVATE KREG_PLUGIN_VERSION="${ARG_VERSION}")
   if(KREG_HAVE_CUDA)
     string(REGEX MATCH "^([0-9]+)\\.([0-9]+)" _ "${CMAKE_CUDA_COMPILER_VERSION}")
     math(EXPR cuda_version "${CMAKE_MATCH_1} * 1000 + ${CMAKE_MATCH_2} * 10")

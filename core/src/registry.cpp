@@ -906,7 +906,7 @@ Result<KernelHandle> Registry::resolve(std::string_view op, const Target& target
 }
 
 Status Registry::call(std::string_view op, std::span<DLTensor* const> tensors,
-                      std::span<const kreg_attr> attrs, void* stream) const {
+                      std::span<const kreg_attr> attrs, const CallOptions& options) const {
   const OpEntry* entry = find_op_or_alias(op);
   if (entry != nullptr && force_.empty()) {
     // Fast path: the first implementation whose checks pass, highest priority first.
@@ -920,12 +920,12 @@ Status Registry::call(std::string_view op, std::span<DLTensor* const> tensors,
         if (!sm || !sm_in_caps(impl->spec, *sm)) continue;
       }
       if (!impl->plan.accepts(tensors, attrs)) continue;
-      return detail::invoke(*impl, tensors, attrs, stream);
+      return detail::invoke(*impl, tensors, attrs, options);
     }
   }
   auto handle = resolve(op, tensors);
   if (!handle) return handle.status();
-  return handle->call(tensors, attrs, stream);
+  return handle->call(tensors, attrs, options);
 }
 
 // ---------------------------------------------------------------------------------------

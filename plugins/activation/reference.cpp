@@ -50,7 +50,7 @@ template <typename Act>
 KernelStatus act_and_mul(Context& ctx, const char* op, const DLTensor& x, DLTensor& out) {
   const int64_t rows = x.shape[0];
   const int64_t d = out.shape[1];
-  return cpu::visit_float_dtype(ctx, op, x, [&](auto tag) {
+  return host::visit_float_dtype(ctx, op, x, [&](auto tag) {
     using T = decltype(tag);
     act_and_mul_rows(data_ptr<const T>(x), data_ptr<T>(out), rows, d, Act{});
   });

@@ -51,7 +51,7 @@ void rotate_head(T* x, int64_t rotary_dim, bool is_neox, const double* c, const 
 
 KernelStatus concat_mla_k_cpu(Context& ctx, const DLTensor& k_nope, const DLTensor& k_rope,
                               DLTensor& out) {
-  return cpu::visit_float_dtype(ctx, "attention.concat_mla_k", out, [&](auto tag) {
+  return host::visit_float_dtype(ctx, "attention.concat_mla_k", out, [&](auto tag) {
     using T = decltype(tag);
     const T* nope = data_ptr<const T>(k_nope);
     const T* rope = data_ptr<const T>(k_rope);
@@ -74,7 +74,7 @@ KernelStatus mrope_interleave_cpu(Context& ctx, const DLTensor& x, DLTensor& out
   if (auto st = check_mrope_sections(ctx, op, section_t, section_h, section_w); !st.ok()) {
     return st;
   }
-  return cpu::visit_float_dtype(ctx, op, out, [&](auto tag) {
+  return host::visit_float_dtype(ctx, op, out, [&](auto tag) {
     using T = decltype(tag);
     const T* in = data_ptr<const T>(x);
     T* o = data_ptr<T>(out);
@@ -107,7 +107,7 @@ KernelStatus rope_cpu(Context& ctx, DLTensor& q, DLTensor& k, const DLTensor& co
                       static_cast<long long>(max_pos));
     }
   }
-  return cpu::visit_float_dtype(ctx, op, q, [&](auto tag) {
+  return host::visit_float_dtype(ctx, op, q, [&](auto tag) {
     using T = decltype(tag);
     const int64_t rotary_dim = cos_sin_cache.shape[1];
     const int64_t half = rotary_dim / 2;
@@ -142,7 +142,7 @@ KernelStatus fused_qk_norm_rope_cpu(Context& ctx, DLTensor& qkv, const DLTensor&
       !st.ok()) {
     return st;
   }
-  return cpu::visit_float_dtype(ctx, op, qkv, [&](auto tag) {
+  return host::visit_float_dtype(ctx, op, qkv, [&](auto tag) {
     using T = decltype(tag);
     const int64_t tokens = qkv.shape[0];
     const int64_t width = qkv.shape[1];
@@ -219,7 +219,7 @@ KernelStatus decode_cpu(Context& ctx, const DLTensor& q, const DLTensor& k_cache
       }
     }
   }
-  return cpu::visit_float_dtype(ctx, op, q, [&](auto tag) {
+  return host::visit_float_dtype(ctx, op, q, [&](auto tag) {
     using T = decltype(tag);
     const T* qp = data_ptr<const T>(q);
     const T* kp = data_ptr<const T>(k_cache);

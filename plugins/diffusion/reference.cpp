@@ -28,7 +28,7 @@ KernelStatus timestep_embedding_cpu(Context& ctx, const DLTensor& t, DLTensor& o
   }
   const int64_t n = t.shape[0];
   float* o = data_ptr<float>(out);
-  return cpu::visit_float_dtype(ctx, kOp, t, [&](auto tag) {
+  return host::visit_float_dtype(ctx, kOp, t, [&](auto tag) {
     using T = decltype(tag);
     const T* tp = data_ptr<const T>(t);
     for (int64_t r = 0; r < n; ++r) {
@@ -58,7 +58,7 @@ KernelStatus norm_scale_shift_cpu(Context& ctx, const DLTensor& x, const DLTenso
     return st;
   const int64_t batch = x.shape[0], tokens = x.shape[1], hidden = x.shape[2];
   const auto feps = static_cast<float>(eps);
-  return cpu::visit_float_dtype(ctx, kOp, x, [&](auto tag) {
+  return host::visit_float_dtype(ctx, kOp, x, [&](auto tag) {
     using T = decltype(tag);
     const T* xp = data_ptr<const T>(x);
     const T* scp = data_ptr<const T>(scale);
@@ -102,7 +102,7 @@ KernelStatus residual_gate_add_cpu(Context& ctx, const DLTensor& residual, const
   if (KernelStatus st = modulation_layout(ctx, kOp, "gate", gate, x, per_token); !st.ok())
     return st;
   const int64_t batch = x.shape[0], tokens = x.shape[1], hidden = x.shape[2];
-  return cpu::visit_float_dtype(ctx, kOp, x, [&](auto tag) {
+  return host::visit_float_dtype(ctx, kOp, x, [&](auto tag) {
     using T = decltype(tag);
     const T* rp = data_ptr<const T>(residual);
     const T* xp = data_ptr<const T>(x);
@@ -133,7 +133,7 @@ KernelStatus group_norm_silu_cpu(Context& ctx, const DLTensor& x, const DLTensor
   const int64_t channels_per_group = g.channels / g.groups;
   const int64_t group_elems = channels_per_group * g.spatial;
   const auto feps = static_cast<float>(eps);
-  return cpu::visit_float_dtype(ctx, kOp, x, [&](auto tag) {
+  return host::visit_float_dtype(ctx, kOp, x, [&](auto tag) {
     using T = decltype(tag);
     const T* xp = data_ptr<const T>(x);
     const T* wp = data_ptr<const T>(weight);

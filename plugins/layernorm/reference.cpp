@@ -66,7 +66,7 @@ void fused_add_rmsnorm_rows(T* x, T* residual, const T* w, int64_t rows, int64_t
 template <bool kGemma>
 KernelStatus rmsnorm_impl(Context& ctx, const char* op, const DLTensor& x, const DLTensor& weight,
                           DLTensor& out, double eps) {
-  return cpu::visit_float_dtype(ctx, op, x, [&](auto tag) {
+  return host::visit_float_dtype(ctx, op, x, [&](auto tag) {
     using T = decltype(tag);
     rmsnorm_rows<kGemma>(data_ptr<const T>(x), data_ptr<const T>(weight), data_ptr<T>(out),
                          x.shape[0], x.shape[1], static_cast<float>(eps));
@@ -76,7 +76,7 @@ KernelStatus rmsnorm_impl(Context& ctx, const char* op, const DLTensor& x, const
 template <bool kGemma>
 KernelStatus fused_add_rmsnorm_impl(Context& ctx, const char* op, DLTensor& x, DLTensor& residual,
                                     const DLTensor& weight, double eps) {
-  return cpu::visit_float_dtype(ctx, op, x, [&](auto tag) {
+  return host::visit_float_dtype(ctx, op, x, [&](auto tag) {
     using T = decltype(tag);
     fused_add_rmsnorm_rows<kGemma>(data_ptr<T>(x), data_ptr<T>(residual), data_ptr<const T>(weight),
                                    x.shape[0], x.shape[1], static_cast<float>(eps));

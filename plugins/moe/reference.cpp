@@ -125,7 +125,7 @@ KernelStatus route_typed(Context& ctx, const char* op, const DLTensor& gating, D
                          DLTensor& out_ids, const RoutingParams& p) {
   float* w = data_ptr<float>(out_w);
   int32_t* ids = data_ptr<int32_t>(out_ids);
-  return cpu::visit_float_dtype(ctx, op, gating, [&](auto tag) {
+  return host::visit_float_dtype(ctx, op, gating, [&](auto tag) {
     route_rows(data_ptr<const decltype(tag)>(gating), w, ids, p);
   });
 }
@@ -140,7 +140,7 @@ KernelStatus sum_cpu(Context& ctx, const DLTensor& x, DLTensor& out, double rout
   }
   const int64_t tokens = x.shape[0], k = x.shape[1], h = x.shape[2];
   const auto scale = static_cast<float>(routed_scaling_factor);
-  return cpu::visit_float_dtype(ctx, "moe.sum", x, [&](auto tag) {
+  return host::visit_float_dtype(ctx, "moe.sum", x, [&](auto tag) {
     using T = decltype(tag);
     sum_rows(data_ptr<const T>(x), data_ptr<T>(out), tokens, k, h, scale);
   });

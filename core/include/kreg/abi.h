@@ -1,17 +1,31 @@
 /* kreg plugin ABI: the only thing that crosses a plugin's shared-object boundary.
  *
- * Versioning contract
- * -------------------
+ * Versioning contract (what core/src/plugin_library.cpp does)
+ * -----------------------------------------------------------
  * - A MAJOR change (KREG_ABI_MAJOR) removes, retypes or reorders a field of any struct
- *   below, or changes the meaning of a value. The core refuses a plugin whose major
- *   differs from its own, with a message naming both.
- * - A MINOR change (KREG_ABI_MINOR) only appends fields at the end of a struct, or adds
- *   a meaning an older peer refuses cleanly (1.1: optional tensors, arg kind 'O'). Every
- *   struct starts with `struct_size`; a reader uses a field only when
- *   `struct_size >= offsetof(field) + sizeof(field)` (see KREG_STRUCT_HAS), so a newer
- *   core reads an older plugin and the reverse.
+ *   below, changes a frozen struct, or changes the meaning of a value. The core refuses a
+ *   plugin whose major differs from its own, with a message naming both versions.
+ * - A MINOR change (KREG_ABI_MINOR) only appends fields at the end of a struct that
+ *   starts with `struct_size`, or adds a meaning an older peer refuses cleanly (1.1:
+ *   optional tensors; 1.2: the fields marked "ABI 1.2" below). Both directions work:
+ *     * an older plugin in a newer core: the core reads a field only when the plugin's
+ *       `struct_size >= offsetof(field) + sizeof(field)` (KREG_STRUCT_HAS) and uses the
+ *       documented default otherwise;
+ *     * a newer plugin in an older core: the core copies the first sizeof(its struct)
+ *       bytes and never looks past them; a plugin fills the older fields too (the SDK
+ *       fills `caps` and `capabilities` alike), so an older core sees a complete record.
+ * - Arrays of records are walked by the stride the PLUGIN declares: the first record's
+ *   `struct_size`, the same for every record of that array (a newer minor's records are
+ *   longer). Never by the reader's own sizeof. This holds for the kernel table and for
+ *   the capability records of ABI 1.2.
+ * - Structs without `struct_size` are FROZEN: kreg_attr and kreg_capability. Each says
+ *   why; changing one is a major change.
  * - The first three fields of kreg_plugin_desc (struct_size, abi_major, abi_minor) never
  *   move, in any major, so that any core can tell any plugin what is wrong with it.
+ * - What the core hands a plugin (the call frame, the host services, the error buffer)
+ *   follows the same rule in the other direction: a plugin reads a field only when the
+ *   core's struct_size covers it (kreg::Context does this), so a 1.2 plugin runs in a
+ *   1.1 core (no op id, no host services, no launch flags: their defaults apply).
  *
  * Rules for the boundary
  * ----------------------
@@ -19,14 +33,19 @@
  * hands out (strings, tables, the descriptor) is owned by the plugin and stays valid
  * while the library is loaded; the core copies what it must keep longer. Those pointers
  * must point into the library's own static storage (string literals, constant tables,
- * globals: what KREG_PLUGIN produces), and function pointers into its code: the core
+ * globals: what the SDK macros produce), and function pointers into its code: the core
  * checks each against the library's loaded segments before reading through it, and
  * refuses a descriptor, table or string elsewhere (the heap, another library). Strings
- * are NUL-terminated within bounds the core names (kreg/plugin_library.hpp). An array of
- * structs (the kernel table) has the stride of its first record's struct_size, the same
- * for every record. The entry symbol must be an exported function (STT_FUNC).
+ * are NUL-terminated within bounds the core names (kreg/plugin_library.hpp). The entry
+ * symbol must be an exported function (STT_FUNC).
  * Tensors are DLPack `DLTensor`s (dlpack/dlpack.h); the core checks every call against
  * the kernel's signature before the kernel runs, so a kernel may trust the frame.
+ *
+ * Metadata without running plugin code (ABI 1.2)
+ * ----------------------------------------------
+ * The SDK also writes the descriptor's content as data into the ELF section
+ * KREG_METADATA_SECTION (format: kreg/plugin_metadata.hpp). The core reads it with its
+ * own ELF reader, without dlopen, to list and describe lazy groups.
  */
 #ifndef KREG_ABI_H_
 #define KREG_ABI_H_
@@ -41,10 +60,12 @@ extern "C" {
 #endif
 
 #define KREG_ABI_MAJOR 1
-#define KREG_ABI_MINOR 1
+#define KREG_ABI_MINOR 2
 
 /* The one symbol every plugin exports (a function returning its descriptor). */
 #define KREG_PLUGIN_ENTRY_SYMBOL "kreg_plugin_entry"
+/* The ELF section holding a plugin's registration metadata (ABI 1.2). */
+#define KREG_METADATA_SECTION ".kreg_metadata"
 
 #define KREG_STRUCT_HAS(ptr, type, field) \
   ((ptr)->struct_size >= offsetof(type, field) + sizeof(((type*)0)->field))
@@ -86,6 +107,9 @@ typedef enum kreg_attr_type {
   KREG_ATTR_STRING = 4 /* const char*, NUL-terminated, owned by the caller */
 } kreg_attr_type;
 
+/* FROZEN (no struct_size): one element of the call frame's attribute array, 16 bytes,
+ * indexed by position on every call; a size field per attribute would cost every call
+ * for nothing a minor version could use. Changing it is a major change. */
 typedef struct kreg_attr {
   int32_t type; /* kreg_attr_type */
   int32_t reserved;
@@ -95,6 +119,31 @@ typedef struct kreg_attr {
     const char* s;
   } value;
 } kreg_attr;
+
+/* What the host provides to kernels during a call (ABI 1.2). Every function may be NULL:
+ * the SDK then falls back to its own default (kreg/device/workspace.cuh: cudaMallocAsync
+ * and cudaFreeAsync on the call's stream). The Python extension passes torch's caching
+ * allocator when the call's tensors are torch's. */
+typedef struct kreg_host_services {
+  size_t struct_size;
+  void* self; /* the host's state, passed back to each function */
+  /* Device memory of at least `bytes` on `device`, usable by work enqueued on `stream`
+   * (the call's stream) from now on. Stream-ordered: it may be handed to later work on
+   * that stream once freed. NULL, with a message in err, when it cannot be had. */
+  void* (*workspace_alloc)(void* self, size_t bytes, DLDevice device, void* stream,
+                           kreg_error* err);
+  /* Returns memory from workspace_alloc, after the work using it was enqueued on `stream`. */
+  void (*workspace_free)(void* self, void* ptr, size_t bytes, DLDevice device, void* stream);
+} kreg_host_services;
+
+/* Launch flags (a bitset in kreg_call_frame.launch_flags, ABI 1.2). A kernel that cannot
+ * honour a flag ignores it. */
+enum {
+  /* The caller asks for programmatic dependent launch (sm90+): the kernel may start
+   * before the previous kernel on the stream finishes and must wait for it
+   * (griddepcontrol.wait) before reading its outputs. */
+  KREG_LAUNCH_PDL = 1u << 0
+};
 
 /* One call. Tensors and attributes appear in the order of the signature; every
  * attribute is present (the core fills in defaults). `stream` is the device stream the
@@ -108,6 +157,10 @@ typedef struct kreg_call_frame {
   int32_t num_attrs;
   const kreg_attr* attrs;
   void* stream;
+  /* ABI 1.2. Defaults when a 1.1 core sends a shorter frame: "", NULL, 0. */
+  const char* op;                     /* the op being called, "<group>.<name>" */
+  const kreg_host_services* services; /* may be NULL */
+  uint64_t launch_flags;              /* KREG_LAUNCH_* */
 } kreg_call_frame;
 
 /* The one signature of every kernel. Returns KREG_OK or a code, with a message in err. */
@@ -120,13 +173,33 @@ enum {
   KREG_TRAIT_DETERMINISTIC = 1u << 2 /* bitwise identical results run to run */
 };
 
-/* A device kind with an inclusive SM window, e.g. {kDLCUDA, 80, 90}. SM numbers are
+/* FROZEN (no struct_size): ABI 1.0's capability record, 12 bytes, in arrays that a 1.0
+ * reader walks by this size. Kept so that 1.0 and 1.1 cores read 1.2 plugins; ABI 1.2
+ * readers use kreg_capability_record (below) when a kernel record has it.
+ * A device kind with an inclusive SM window, e.g. {kDLCUDA, 80, 90}. SM numbers are
  * major*10+minor. For kDLCPU both bounds are 0. An implementation lists an OR-set. */
 typedef struct kreg_capability {
   int32_t device_type; /* DLDeviceType */
   int32_t sm_min;
   int32_t sm_max;
 } kreg_capability;
+
+/* ABI 1.2: the same window as a record that can grow (walked by its struct_size). */
+typedef struct kreg_capability_record {
+  size_t struct_size;
+  int32_t device_type; /* DLDeviceType */
+  int32_t sm_min;      /* inclusive, major*10+minor; 0 for CPU */
+  int32_t sm_max;
+  int32_t reserved;
+} kreg_capability_record;
+
+/* Kernel record flags (kreg_kernel_desc.flags, ABI 1.2). */
+enum {
+  /* The CUDA capability windows were derived from the architectures the plugin was
+   * compiled for (CMAKE_CUDA_ARCHITECTURES), not written by hand: the core narrows them
+   * to the images the library's fatbinary really holds instead of refusing the claim. */
+  KREG_KERNEL_CAPS_FROM_BUILD = 1u << 0
+};
 
 /* One implementation of one op. */
 typedef struct kreg_kernel_desc {
@@ -144,6 +217,11 @@ typedef struct kreg_kernel_desc {
   const char* description;
   const char* source_file;
   kreg_kernel_fn fn;
+  /* ABI 1.2. When num_capabilities > 0 these replace caps/num_caps (which a 1.2 plugin
+   * fills too, for older cores). The array's stride is capabilities[0].struct_size. */
+  const kreg_capability_record* capabilities;
+  uint32_t num_capabilities;
+  uint32_t flags; /* KREG_KERNEL_* */
 } kreg_kernel_desc;
 
 typedef struct kreg_build_info {

@@ -84,14 +84,14 @@ KernelStatus visit_dtype(Context& ctx, const char* op, const DLTensor& t, Fn&& f
   return ctx.fail(KREG_INVALID_ARGUMENT, "%s: dtype must be %s", op, list);
 }
 
-// The floating-point types of the CPU references: bf16, f16 or f32. (In kreg::cpu: the
+// The floating-point types of the CPU references: bf16, f16 or f32. (In kreg::host: the
 // CUDA launchers' kreg::device::visit_float_dtype visits CUDA's 16-bit types, and two
 // such functions in kreg and kreg::device would make unqualified calls ambiguous.)
-namespace cpu {
+namespace host {
 template <typename Fn>
 KernelStatus visit_float_dtype(Context& ctx, const char* op, const DLTensor& t, Fn&& fn) {
   return visit_dtype<bf16, f16, float>(ctx, op, t, static_cast<Fn&&>(fn));
 }
-}  // namespace cpu
+}  // namespace host
 
 }  // namespace kreg

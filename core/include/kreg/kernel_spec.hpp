@@ -26,6 +26,9 @@ struct Provenance {
   std::string plugin_version;  // the plugin's version
   std::string library;         // path of the shared object ("" when registered in-process)
   std::string source_file;     // the kernel's source file
+  // The CUDA images the library holds (CudaImages::summary(), kreg/fatbin.hpp), for
+  // selection reasons; "" when not read (CPU builds, in-process registrations).
+  std::string cuda_images;
 };
 
 struct KernelSpec {
@@ -36,6 +39,7 @@ struct KernelSpec {
   DTypeMask dtypes = 0;  // the shared dtype variable's set
   uint32_t traits = 0;   // KREG_TRAIT_*
   int32_t priority = 0;
+  uint32_t flags = 0;  // KREG_KERNEL_* (ABI 1.2): KREG_KERNEL_CAPS_FROM_BUILD
   std::string description;
   Provenance provenance;
   kreg_kernel_fn fn = nullptr;

@@ -48,6 +48,16 @@ namespace kreg {
 
 class Registry;
 
+// How one call runs, besides its arguments (the ABI 1.2 call frame's fields).
+struct CallOptions {
+  void* stream = nullptr;  // cudaStream_t for CUDA; null: the legacy default stream
+  // Workspace allocation for kernels that need scratch memory (abi.h); null: the SDK's
+  // default, cudaMallocAsync on the call's stream.
+  const kreg_host_services* services = nullptr;
+  uint64_t launch_flags = 0;  // KREG_LAUNCH_*: KREG_LAUNCH_PDL asks for programmatic
+                              // dependent launch (kernels that cannot, ignore it)
+};
+
 namespace detail {
 
 // Why an argument check failed; formatted into a message only off the fast path.
@@ -364,7 +374,7 @@ inline bool CheckPlan::accepts(std::span<DLTensor* const> t, std::span<const kre
 // Fills in default attributes and calls the kernel through the C frame. The arguments
 // must already have passed impl.plan.accepts().
 inline Status invoke(const Impl& impl, std::span<DLTensor* const> tensors,
-                     std::span<const kreg_attr> attrs, void* stream) {
+                     std::span<const kreg_attr> attrs, const CallOptions& options) {
   const CheckPlan& plan = impl.plan;
   const kreg_attr* attr_ptr = attrs.data();
   kreg_attr full[kMaxAttrs];
@@ -374,9 +384,15 @@ inline Status invoke(const Impl& impl, std::span<DLTensor* const> tensors,
     for (; i < static_cast<size_t>(plan.num_attrs); ++i) full[i] = plan.defaults[i];
     attr_ptr = full;
   }
-  const kreg_call_frame frame{
-      sizeof(kreg_call_frame), tensors.data(), static_cast<int32_t>(tensors.size()),
-      plan.num_attrs,          attr_ptr,       stream};
+  const kreg_call_frame frame{sizeof(kreg_call_frame),
+                              tensors.data(),
+                              static_cast<int32_t>(tensors.size()),
+                              plan.num_attrs,
+                              attr_ptr,
+                              options.stream,
+                              impl.spec.op.c_str(),
+                              options.services,
+                              options.launch_flags};
   char message[256];
   message[0] = '\0';
   kreg_error err{sizeof(kreg_error), message, sizeof message};
@@ -418,14 +434,18 @@ class KernelHandle {
 
   // Runs the kernel. `attrs` are positional in signature order; trailing attributes with
   // defaults may be omitted. Errors name the op, the argument and what was expected.
-  Status call(std::span<DLTensor* const> tensors, std::span<const kreg_attr> attrs = {},
-              void* stream = nullptr) const {
+  Status call(std::span<DLTensor* const> tensors, std::span<const kreg_attr> attrs,
+              const CallOptions& options) const {
     const detail::Impl& impl = *impl_;
     const detail::CheckPlan& plan = impl.plan;
     if (!plan.accepts(tensors, attrs)) [[unlikely]] {
       return explain(plan.diagnose(tensors, attrs), tensors, attrs);
     }
-    return detail::invoke(impl, tensors, attrs, stream);
+    return detail::invoke(impl, tensors, attrs, options);
+  }
+  Status call(std::span<DLTensor* const> tensors, std::span<const kreg_attr> attrs = {},
+              void* stream = nullptr) const {
+    return call(tensors, attrs, CallOptions{stream});
   }
 
   // Builds a positional attribute list from names (unknown names, wrong types and
@@ -561,7 +581,11 @@ class Registry {
 
   // Lookup by name and call: resolve against these arguments, then call.
   Status call(std::string_view op, std::span<DLTensor* const> tensors,
-              std::span<const kreg_attr> attrs = {}, void* stream = nullptr) const;
+              std::span<const kreg_attr> attrs, const CallOptions& options) const;
+  Status call(std::string_view op, std::span<DLTensor* const> tensors,
+              std::span<const kreg_attr> attrs = {}, void* stream = nullptr) const {
+    return call(op, tensors, attrs, CallOptions{stream});
+  }
 
   // Introspection (sorted by name).
   std::vector<GroupInfo> groups() const;

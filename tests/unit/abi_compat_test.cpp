@@ -1,0 +1,2 @@
+// Being written (issue 13).
+#include <gtest/gtest.h>
