@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "activation.hpp"
 #include "kreg/device/fast_divisor.cuh"
@@ -104,8 +105,15 @@ cudaError_t launch_typed(const DLTensor& x, DLTensor& out, cudaStream_t stream) 
   });
 }
 
-template <typename Act>
-KernelStatus act_and_mul(Context& ctx, const char* op, const DLTensor& x, DLTensor& out) {
+template <Act A>
+using Functor =
+    std::conditional_t<A == Act::kSilu, Silu, std::conditional_t<A == Act::kGelu, Gelu, GeluTanh>>;
+
+}  // namespace
+
+template <Act A>
+KernelStatus act_and_mul_cuda(Context& ctx, const DLTensor& x, DLTensor& out) {
+  const char* op = ctx.op();
   const int64_t rows = x.shape[0];
   const int64_t d = out.shape[1];
   if (rows == 0 || d == 0) return kOk;
@@ -117,22 +125,12 @@ KernelStatus act_and_mul(Context& ctx, const char* op, const DLTensor& x, DLTens
   if (!guard.ok()) return guard.fail(ctx, op);
   const auto stream = static_cast<cudaStream_t>(ctx.stream());
   return device::visit_float_dtype(ctx, op, x, [&](auto tag) {
-    return device::launch_status(ctx, op, launch_typed<decltype(tag), Act>(x, out, stream));
+    return device::launch_status(ctx, op, launch_typed<decltype(tag), Functor<A>>(x, out, stream));
   });
 }
 
-}  // namespace
-
-KernelStatus silu_and_mul_cuda(Context& ctx, const DLTensor& x, DLTensor& out) {
-  return act_and_mul<Silu>(ctx, "activation.silu_and_mul", x, out);
-}
-
-KernelStatus gelu_and_mul_cuda(Context& ctx, const DLTensor& x, DLTensor& out) {
-  return act_and_mul<Gelu>(ctx, "activation.gelu_and_mul", x, out);
-}
-
-KernelStatus gelu_tanh_and_mul_cuda(Context& ctx, const DLTensor& x, DLTensor& out) {
-  return act_and_mul<GeluTanh>(ctx, "activation.gelu_tanh_and_mul", x, out);
-}
+template KernelStatus act_and_mul_cuda<Act::kSilu>(Context&, const DLTensor&, DLTensor&);
+template KernelStatus act_and_mul_cuda<Act::kGelu>(Context&, const DLTensor&, DLTensor&);
+template KernelStatus act_and_mul_cuda<Act::kGeluTanh>(Context&, const DLTensor&, DLTensor&);
 
 }  // namespace kreg::activation

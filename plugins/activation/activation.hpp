@@ -10,16 +10,19 @@
 
 namespace kreg::activation {
 
-// CPU references (reference.cpp).
-KernelStatus silu_and_mul_cpu(Context& ctx, const DLTensor& x, DLTensor& out);
-KernelStatus gelu_and_mul_cpu(Context& ctx, const DLTensor& x, DLTensor& out);
-KernelStatus gelu_tanh_and_mul_cpu(Context& ctx, const DLTensor& x, DLTensor& out);
+// Which activation gates the product; each op binds one instantiation
+// (act_and_mul_cpu<Act::kSilu> serves activation.silu_and_mul).
+enum class Act { kSilu, kGelu, kGeluTanh };
+
+// CPU references (reference.cpp), instantiated there for every Act.
+template <Act A>
+KernelStatus act_and_mul_cpu(Context& ctx, const DLTensor& x, DLTensor& out);
 
 #if defined(KREG_PLUGIN_HAS_CUDA)
-// CUDA kernels (act_and_mul.cu). They enqueue on ctx.stream() and return without waiting.
-KernelStatus silu_and_mul_cuda(Context& ctx, const DLTensor& x, DLTensor& out);
-KernelStatus gelu_and_mul_cuda(Context& ctx, const DLTensor& x, DLTensor& out);
-KernelStatus gelu_tanh_and_mul_cuda(Context& ctx, const DLTensor& x, DLTensor& out);
+// CUDA kernels (act_and_mul.cu), instantiated there for every Act. They enqueue on
+// ctx.stream() and return without waiting.
+template <Act A>
+KernelStatus act_and_mul_cuda(Context& ctx, const DLTensor& x, DLTensor& out);
 #endif
 
 }  // namespace kreg::activation

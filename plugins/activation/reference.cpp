@@ -2,6 +2,7 @@
 // kernels must compute (fp32 math, one rounding at the store).
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "activation.hpp"
 #include "kreg/dtype.hpp"
@@ -46,28 +47,25 @@ void act_and_mul_rows(const T* x, T* out, int64_t rows, int64_t d, Act act) {
   }
 }
 
-template <typename Act>
-KernelStatus act_and_mul(Context& ctx, const char* op, const DLTensor& x, DLTensor& out) {
-  const int64_t rows = x.shape[0];
-  const int64_t d = out.shape[1];
-  return host::visit_float_dtype(ctx, op, x, [&](auto tag) {
-    using T = decltype(tag);
-    act_and_mul_rows(data_ptr<const T>(x), data_ptr<T>(out), rows, d, Act{});
-  });
-}
+// The function of each Act value.
+template <Act A>
+using Functor =
+    std::conditional_t<A == Act::kSilu, Silu, std::conditional_t<A == Act::kGelu, Gelu, GeluTanh>>;
 
 }  // namespace
 
-KernelStatus silu_and_mul_cpu(Context& ctx, const DLTensor& x, DLTensor& out) {
-  return act_and_mul<Silu>(ctx, "activation.silu_and_mul", x, out);
+template <Act A>
+KernelStatus act_and_mul_cpu(Context& ctx, const DLTensor& x, DLTensor& out) {
+  const int64_t rows = x.shape[0];
+  const int64_t d = out.shape[1];
+  return host::visit_float_dtype(ctx, ctx.op(), x, [&](auto tag) {
+    using T = decltype(tag);
+    act_and_mul_rows(data_ptr<const T>(x), data_ptr<T>(out), rows, d, Functor<A>{});
+  });
 }
 
-KernelStatus gelu_and_mul_cpu(Context& ctx, const DLTensor& x, DLTensor& out) {
-  return act_and_mul<Gelu>(ctx, "activation.gelu_and_mul", x, out);
-}
-
-KernelStatus gelu_tanh_and_mul_cpu(Context& ctx, const DLTensor& x, DLTensor& out) {
-  return act_and_mul<GeluTanh>(ctx, "activation.gelu_tanh_and_mul", x, out);
-}
+template KernelStatus act_and_mul_cpu<Act::kSilu>(Context&, const DLTensor&, DLTensor&);
+template KernelStatus act_and_mul_cpu<Act::kGelu>(Context&, const DLTensor&, DLTensor&);
+template KernelStatus act_and_mul_cpu<Act::kGeluTanh>(Context&, const DLTensor&, DLTensor&);
 
 }  // namespace kreg::activation
