@@ -79,7 +79,7 @@ cudaError_t launch(const DLTensor& src, DLTensor& dst, const DLTensor& offset,
 
 KernelStatus copy_rows_cuda(Context& ctx, const DLTensor& src, DLTensor& dst,
                             const DLTensor& offset, const DLTensor& count, bool offset_on_src) {
-  constexpr const char* kOp = "memory.copy_rows";
+  const char* const kOp = ctx.op();
   RowCopyPlan plan;
   if (KernelStatus st = copy_rows_plan(ctx, src, dst, plan); !st.ok()) return st;
   if (plan.src_rows == 0 || plan.dst_rows == 0 || plan.row_bytes == 0) return kOk;

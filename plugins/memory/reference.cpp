@@ -8,21 +8,21 @@ namespace kreg::memory {
 KernelStatus copy_rows_plan(Context& ctx, const DLTensor& src, const DLTensor& dst,
                             RowCopyPlan& plan) {
   if (src.ndim < 1) {
-    return ctx.fail(KREG_INVALID_ARGUMENT,
-                    "memory.copy_rows: argument 'src' must have rank >= 1 (rows first)");
+    return ctx.fail(KREG_INVALID_ARGUMENT, "%s: argument 'src' must have rank >= 1 (rows first)",
+                    ctx.op());
   }
   if (dst.ndim != src.ndim) {
     return ctx.fail(KREG_INVALID_ARGUMENT,
-                    "memory.copy_rows: argument 'dst' has rank %d, expected %d (the rank of src)",
+                    "%s: argument 'dst' has rank %d, expected %d (the rank of src)", ctx.op(),
                     dst.ndim, src.ndim);
   }
   int64_t row_elems = 1;
   for (int d = 1; d < src.ndim; ++d) {
     if (dst.shape[d] != src.shape[d]) {
       return ctx.fail(KREG_INVALID_ARGUMENT,
-                      "memory.copy_rows: argument 'dst' has size %lld in dimension %d, expected "
+                      "%s: argument 'dst' has size %lld in dimension %d, expected "
                       "%lld (src's; the trailing shapes must agree)",
-                      static_cast<long long>(dst.shape[d]), d,
+                      ctx.op(), static_cast<long long>(dst.shape[d]), d,
                       static_cast<long long>(src.shape[d]));
     }
     row_elems *= src.shape[d];
