@@ -209,7 +209,7 @@ bool pairs_ok(const char* kv, int64_t row_bytes) {
 }  // namespace
 
 KernelStatus stamp_cuda(Context& ctx, DLTensor& canary, const DLTensor& plan, const DLTensor* kv) {
-  constexpr const char* kOp = "kv_canary.stamp";
+  const char* const kOp = ctx.op();
   const int64_t num_slots = canary.shape[0], n = plan.shape[0];
   int64_t row_bytes = 0;
   if (KernelStatus st = check_kv(ctx, kOp, kv, num_slots, &row_bytes); !st.ok()) return st;
@@ -243,7 +243,7 @@ KernelStatus stamp_cuda(Context& ctx, DLTensor& canary, const DLTensor& plan, co
 
 KernelStatus verify_cuda(Context& ctx, const DLTensor& canary, const DLTensor& plan,
                          DLTensor& violations, DLTensor& count, const DLTensor* kv) {
-  constexpr const char* kOp = "kv_canary.verify";
+  const char* const kOp = ctx.op();
   const int64_t num_slots = canary.shape[0], n = plan.shape[0], cap = violations.shape[0];
   int64_t row_bytes = 0;
   if (KernelStatus st = check_kv(ctx, kOp, kv, num_slots, &row_bytes); !st.ok()) return st;

@@ -38,7 +38,7 @@ uint64_t data_hash(const DLTensor& kv, int64_t slot, int64_t row_bytes) {
 KernelStatus stamp_cpu(Context& ctx, DLTensor& canary, const DLTensor& plan, const DLTensor* kv) {
   const int64_t num_slots = canary.shape[0], n = plan.shape[0];
   int64_t row_bytes = 0;
-  if (KernelStatus st = check_kv(ctx, "kv_canary.stamp", kv, num_slots, &row_bytes); !st.ok()) {
+  if (KernelStatus st = check_kv(ctx, ctx.op(), kv, num_slots, &row_bytes); !st.ok()) {
     return st;
   }
   const bool hash_data = kv != nullptr;
@@ -69,7 +69,7 @@ KernelStatus verify_cpu(Context& ctx, const DLTensor& canary, const DLTensor& pl
                         DLTensor& violations, DLTensor& count, const DLTensor* kv) {
   const int64_t num_slots = canary.shape[0], n = plan.shape[0], cap = violations.shape[0];
   int64_t row_bytes = 0;
-  if (KernelStatus st = check_kv(ctx, "kv_canary.verify", kv, num_slots, &row_bytes); !st.ok()) {
+  if (KernelStatus st = check_kv(ctx, ctx.op(), kv, num_slots, &row_bytes); !st.ok()) {
     return st;
   }
   const bool hash_data = kv != nullptr;
