@@ -1,39 +1,100 @@
 # kreg_add_plugin(<group> VERSION x.y.z SOURCES <cpu sources...> [CUDA_SOURCES <.cu sources...>])
 #
-# Builds one ops group as its own shared object, build/plugins/libkreg_<group>.so. CPU
-# sources (the registration file and the CPU references) always build; CUDA sources only
-# when a CUDA toolkit was found, in which case KREG_PLUGIN_HAS_CUDA=1 is defined so the
-# registration file can list the CUDA implementations. Plugins link the ABI headers only,
-# never the core library.
+# Builds one ops group as its own shared object, libkreg_<group>.so. CPU sources (the
+# registration file and the CPU references) always build; CUDA sources only when CUDA is
+# available, in which case KREG_PLUGIN_HAS_CUDA=1 is defined so the registration file can
+# list the CUDA implementations (KREG_IF_CUDA). Plugins link the ABI headers only
+# (kreg::plugin_api), never the core library.
+#
+# The same function serves two callers:
+# - kreg's own tree (plugins/, tests/fixtures/plugins): CUDA when the top level found a
+#   toolkit (KREG_HAVE_CUDA), output in KREG_PLUGIN_OUTPUT_DIR (build/plugins, where
+#   registry.yaml looks), kreg's warnings (KREG_WARNINGS);
+# - a project outside the tree, after find_package(kreg): none of those variables is set,
+#   so CUDA sources build when the calling project enabled the CUDA language, the library
+#   lands in CMAKE_CURRENT_BINARY_DIR (or KREG_PLUGIN_OUTPUT_DIR if the project sets it),
+#   and no warning flags are imposed.
 function(kreg_add_plugin group)
   cmake_parse_arguments(ARG "" "VERSION" "SOURCES;CUDA_SOURCES" ${ARGN})
   if(NOT ARG_VERSION)
     message(FATAL_ERROR "kreg_add_plugin(${group}): VERSION x.y.z is required (it reaches the "
                         "plugin's descriptor; registry.yaml may pin it)")
   endif()
+  if(NOT ARG_SOURCES)
+    message(FATAL_ERROR "kreg_add_plugin(${group}): SOURCES is empty (the registration file "
+                        "and the CPU references are needed)")
+  endif()
+  if(NOT TARGET kreg::plugin_api)
+    message(FATAL_ERROR "kreg_add_plugin(${group}): no target kreg::plugin_api; call "
+                        "find_package(kreg) first")
+  endif()
+
+  if(DEFINED KREG_HAVE_CUDA)
+    set(with_cuda ${KREG_HAVE_CUDA})
+  else()
+    get_property(languages GLOBAL PROPERTY ENABLED_LANGUAGES)
+    if("CUDA" IN_LIST languages)
+      set(with_cuda ON)
+    else()
+      set(with_cuda OFF)
+      if(ARG_CUDA_SOURCES)
+        message(STATUS "kreg_add_plugin(${group}): the CUDA language is not enabled: building "
+                       "the CPU implementations only")
+      endif()
+    endif()
+  endif()
+  if(DEFINED KREG_PLUGIN_OUTPUT_DIR)
+    set(output_dir ${KREG_PLUGIN_OUTPUT_DIR})
+  else()
+    set(output_dir ${CMAKE_CURRENT_BINARY_DIR})
+  endif()
+
   set(target kreg_${group})
   set(sources ${ARG_SOURCES})
-  if(KREG_HAVE_CUDA)
+  if(with_cuda)
     list(APPEND sources ${ARG_CUDA_SOURCES})
   endif()
   add_library(${target} MODULE ${sources})
   target_link_libraries(${target} PRIVATE kreg::plugin_api)
+  # The SDK is C++20 (designated initializers, constexpr records). In kreg's tree
+  # CMAKE_CXX_STANDARD is already 20, so this adds no flag there.
+  target_compile_features(${target} PRIVATE cxx_std_20)
   set_target_properties(${target} PROPERTIES
     OUTPUT_NAME kreg_${group}
-    LIBRARY_OUTPUT_DIRECTORY ${KREG_PLUGIN_OUTPUT_DIR}
+    LIBRARY_OUTPUT_DIRECTORY ${output_dir}
     CXX_VISIBILITY_PRESET hidden
     CUDA_VISIBILITY_PRESET hidden
     VISIBILITY_INLINES_HIDDEN ON)
-  # GNU unique symbols would pin the library in memory forever (no real unload).
+  # GNU unique symbols would pin the library in memory forever (no real unload). Only GCC
+  # makes them (and only GCC knows the flag).
   target_compile_options(${target} PRIVATE
-    $<$<COMPILE_LANGUAGE:CXX>:${KREG_WARNINGS} -fno-gnu-unique>
+    $<$<COMPILE_LANGUAGE:CXX>:${KREG_WARNINGS}>
+    $<$<COMPILE_LANG_AND_ID:CXX,GNU>:-fno-gnu-unique>
     $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-fno-gnu-unique --expt-relaxed-constexpr>)
   target_link_options(${target} PRIVATE LINKER:--no-undefined)
   target_compile_definitions(${target} PRIVATE KREG_PLUGIN_VERSION="${ARG_VERSION}")
-  if(KREG_HAVE_CUDA)
+  if(with_cuda)
+    if(NOT DEFINED CMAKE_CUDA_STANDARD)
+      # Outside kreg's tree: the SDK's CUDA side is C++20 too. CMake 3.25 does not know
+      # nvcc 12+'s flag for it (kreg's top level sets CMAKE_CUDA20_STANDARD_COMPILE_OPTION).
+      if(CMAKE_CUDA20_STANDARD_COMPILE_OPTION)
+        set_target_properties(${target} PROPERTIES CUDA_STANDARD 20 CUDA_STANDARD_REQUIRED ON)
+      else()
+        target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-std=c++20>)
+      endif()
+    endif()
+    if(NOT TARGET CUDA::cudart)
+      find_package(CUDAToolkit REQUIRED)
+    endif()
     string(REGEX MATCH "^([0-9]+)\\.([0-9]+)" _ "${CMAKE_CUDA_COMPILER_VERSION}")
     math(EXPR cuda_version "${CMAKE_MATCH_1} * 1000 + ${CMAKE_MATCH_2} * 10")
-    string(REPLACE ";" "," archs "${CMAKE_CUDA_ARCHITECTURES}")
+    # The target's own architectures (the project's CMAKE_CUDA_ARCHITECTURES unless the
+    # caller set the property): the capabilities kreg::cuda() claims are derived from them.
+    get_target_property(cuda_archs ${target} CUDA_ARCHITECTURES)
+    if(NOT cuda_archs)
+      set(cuda_archs "")  # unset or OFF: the claim is sm75+, narrowed at load to the images
+    endif()
+    string(REPLACE ";" "," archs "${cuda_archs}")
     target_compile_definitions(${target} PRIVATE
       KREG_PLUGIN_HAS_CUDA=1
       KREG_PLUGIN_CUDA_VERSION=${cuda_version}
