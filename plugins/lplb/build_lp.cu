@@ -66,7 +66,7 @@ __global__ void __launch_bounds__(kBlock)
 KernelStatus build_lp_cuda(Context& ctx, const DLTensor& counts, const DLTensor& log2phy,
                            const DLTensor& phy2gpu, DLTensor& out_a, DLTensor& out_b,
                            DLTensor& out_c, int64_t num_gpus) {
-  constexpr const char* kOp = "lplb.build_lp";
+  const char* const kOp = ctx.op();
   if (KernelStatus st = check_build_lp(ctx, counts, phy2gpu, out_a, num_gpus); !st.ok()) return st;
   const int64_t L = counts.shape[0], C = log2phy.shape[1], R = phy2gpu.shape[0], G = num_gpus;
   const int64_t total = (L + G) * (R + 1 + G) + (L + G) + (R + 1 + G);

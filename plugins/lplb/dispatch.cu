@@ -56,7 +56,7 @@ __global__ void __launch_bounds__(kBlock)
 KernelStatus replica_probabilities_cuda(Context& ctx, const DLTensor& counts,
                                         const DLTensor& log2phy, const DLTensor& x,
                                         const DLTensor& status, DLTensor& out_probs) {
-  constexpr const char* kOp = "lplb.replica_probabilities";
+  const char* const kOp = ctx.op();
   const int64_t L = log2phy.shape[0], C = log2phy.shape[1];
   if (L == 0 || C == 0) return kOk;
   const device::DeviceGuard guard(counts);
@@ -73,7 +73,7 @@ KernelStatus replica_probabilities_cuda(Context& ctx, const DLTensor& counts,
 
 KernelStatus dispatch_cuda(Context& ctx, const DLTensor& topk_ids, const DLTensor& probs,
                            const DLTensor& log2phy, const DLTensor& u, DLTensor& out_phy_ids) {
-  constexpr const char* kOp = "lplb.dispatch";
+  const char* const kOp = ctx.op();
   const int64_t slots = numel(topk_ids), L = log2phy.shape[0], C = log2phy.shape[1];
   if (slots == 0) return kOk;
   const device::DeviceGuard guard(topk_ids);

@@ -250,7 +250,7 @@ KernelStatus build_lp_cpu(Context& ctx, const DLTensor& counts, const DLTensor& 
   for (int64_t l = 0; l < L; ++l) {
     const double cnt = count_at(counts, l);
     if (!(cnt >= 0)) {
-      return ctx.fail(KREG_INVALID_ARGUMENT, "lplb.build_lp: counts[%lld] = %g, expected >= 0",
+      return ctx.fail(KREG_INVALID_ARGUMENT, "%s: counts[%lld] = %g, expected >= 0", ctx.op(),
                       static_cast<long long>(l), cnt);
     }
     for (int64_t c = 0; c < C; ++c) {
@@ -258,14 +258,14 @@ KernelStatus build_lp_cpu(Context& ctx, const DLTensor& counts, const DLTensor& 
       if (id == -1) continue;
       if (id < 0 || id >= R) {
         return ctx.fail(KREG_INVALID_ARGUMENT,
-                        "lplb.build_lp: log2phy[%lld,%lld] = %d, expected -1 or a replica id "
+                        "%s: log2phy[%lld,%lld] = %d, expected -1 or a replica id "
                         "in [0, R=%lld)",
-                        static_cast<long long>(l), static_cast<long long>(c), id,
+                        ctx.op(), static_cast<long long>(l), static_cast<long long>(c), id,
                         static_cast<long long>(R));
       }
       if (owner[static_cast<size_t>(id)] >= 0) {
         return ctx.fail(KREG_INVALID_ARGUMENT,
-                        "lplb.build_lp: log2phy lists replica %d twice (experts %lld and %lld)", id,
+                        "%s: log2phy lists replica %d twice (experts %lld and %lld)", ctx.op(), id,
                         static_cast<long long>(owner[static_cast<size_t>(id)]),
                         static_cast<long long>(l));
       }
@@ -275,7 +275,7 @@ KernelStatus build_lp_cpu(Context& ctx, const DLTensor& counts, const DLTensor& 
   for (int64_t r = 0; r < R; ++r) {
     if (p2g[r] < 0 || p2g[r] >= G) {
       return ctx.fail(KREG_INVALID_ARGUMENT,
-                      "lplb.build_lp: phy2gpu[%lld] = %d, expected a GPU in [0, num_gpus=%lld)",
+                      "%s: phy2gpu[%lld] = %d, expected a GPU in [0, num_gpus=%lld)", ctx.op(),
                       static_cast<long long>(r), p2g[r], static_cast<long long>(G));
     }
   }
