@@ -38,7 +38,7 @@ KernelStatus modulation_layout(Context& ctx, const char* op, const char* name, c
 KernelStatus group_norm_shape(Context& ctx, const DLTensor& x, const DLTensor& weight,
                               const DLTensor& bias, const DLTensor& out, int64_t num_groups,
                               GroupNormShape& shape) {
-  constexpr const char* kOp = "diffusion.group_norm_silu";
+  const char* const kOp = ctx.op();
   if (x.ndim < 2) {
     return ctx.fail(KREG_INVALID_ARGUMENT,
                     "%s: argument 'x' has shape %s, expected rank >= 2 ([N,C,*])", kOp,
@@ -81,7 +81,7 @@ KernelStatus group_norm_shape(Context& ctx, const DLTensor& x, const DLTensor& w
 KernelStatus timestep_embedding_args(Context& ctx, const DLTensor& out, int64_t dim,
                                      bool flip_sin_to_cos, double downscale_freq_shift,
                                      double scale, int64_t max_period, TimestepEmbedding& e) {
-  constexpr const char* kOp = "diffusion.timestep_embedding";
+  const char* const kOp = ctx.op();
   if (dim != out.shape[1]) {
     return ctx.fail(KREG_INVALID_ARGUMENT,
                     "%s: attribute 'dim' = %lld must equal the width of argument 'out' (%lld)", kOp,

@@ -330,7 +330,7 @@ cudaError_t launch_typed(const GroupArgs& a, cudaStream_t stream) {
 KernelStatus group_norm_silu_cuda(Context& ctx, const DLTensor& x, const DLTensor& weight,
                                   const DLTensor& bias, DLTensor& out, int64_t num_groups,
                                   double eps) {
-  constexpr const char* kOp = "diffusion.group_norm_silu";
+  const char* const kOp = ctx.op();
   GroupArgs a{.x = data_ptr<const void>(x),
               .weight = data_ptr<const void>(weight),
               .bias = data_ptr<const void>(bias),

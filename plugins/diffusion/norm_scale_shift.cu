@@ -242,7 +242,7 @@ cudaError_t launch_typed(const NormArgs& a, cudaStream_t stream) {
 KernelStatus norm_scale_shift_cuda(Context& ctx, const DLTensor& x, const DLTensor& scale,
                                    const DLTensor& shift, const DLTensor* weight,
                                    const DLTensor* bias, DLTensor& out, double eps) {
-  constexpr const char* kOp = "diffusion.norm_scale_shift";
+  const char* const kOp = ctx.op();
   NormArgs a{.x = data_ptr<const void>(x),
              .scale = data_ptr<const void>(scale),
              .shift = data_ptr<const void>(shift),

@@ -19,7 +19,7 @@ float silu(float v) { return v / (1.0f + std::exp(-v)); }
 KernelStatus timestep_embedding_cpu(Context& ctx, const DLTensor& t, DLTensor& out, int64_t dim,
                                     bool flip_sin_to_cos, double downscale_freq_shift, double scale,
                                     int64_t max_period) {
-  constexpr const char* kOp = "diffusion.timestep_embedding";
+  const char* const kOp = ctx.op();
   TimestepEmbedding e;
   if (KernelStatus st = timestep_embedding_args(ctx, out, dim, flip_sin_to_cos,
                                                 downscale_freq_shift, scale, max_period, e);
@@ -50,7 +50,7 @@ KernelStatus timestep_embedding_cpu(Context& ctx, const DLTensor& t, DLTensor& o
 KernelStatus norm_scale_shift_cpu(Context& ctx, const DLTensor& x, const DLTensor& scale,
                                   const DLTensor& shift, const DLTensor* weight,
                                   const DLTensor* bias, DLTensor& out, double eps) {
-  constexpr const char* kOp = "diffusion.norm_scale_shift";
+  const char* const kOp = ctx.op();
   bool scale_per_token = false, shift_per_token = false;
   if (KernelStatus st = modulation_layout(ctx, kOp, "scale", scale, x, scale_per_token); !st.ok())
     return st;
@@ -97,7 +97,7 @@ KernelStatus norm_scale_shift_cpu(Context& ctx, const DLTensor& x, const DLTenso
 
 KernelStatus residual_gate_add_cpu(Context& ctx, const DLTensor& residual, const DLTensor& x,
                                    const DLTensor& gate, DLTensor& out) {
-  constexpr const char* kOp = "diffusion.residual_gate_add";
+  const char* const kOp = ctx.op();
   bool per_token = false;
   if (KernelStatus st = modulation_layout(ctx, kOp, "gate", gate, x, per_token); !st.ok())
     return st;
@@ -126,7 +126,7 @@ KernelStatus residual_gate_add_cpu(Context& ctx, const DLTensor& residual, const
 KernelStatus group_norm_silu_cpu(Context& ctx, const DLTensor& x, const DLTensor& weight,
                                  const DLTensor& bias, DLTensor& out, int64_t num_groups,
                                  double eps) {
-  constexpr const char* kOp = "diffusion.group_norm_silu";
+  const char* const kOp = ctx.op();
   GroupNormShape g;
   if (KernelStatus st = group_norm_shape(ctx, x, weight, bias, out, num_groups, g); !st.ok())
     return st;

@@ -117,7 +117,7 @@ cudaError_t launch_typed(const GateArgs& a, cudaStream_t stream) {
 
 KernelStatus residual_gate_add_cuda(Context& ctx, const DLTensor& residual, const DLTensor& x,
                                     const DLTensor& gate, DLTensor& out) {
-  constexpr const char* kOp = "diffusion.residual_gate_add";
+  const char* const kOp = ctx.op();
   GateArgs a{.residual = data_ptr<const void>(residual),
              .x = data_ptr<const void>(x),
              .gate = data_ptr<const void>(gate),

@@ -106,7 +106,7 @@ cudaError_t launch(const DLTensor& t, DLTensor& out, const TimestepEmbedding& e,
 KernelStatus timestep_embedding_cuda(Context& ctx, const DLTensor& t, DLTensor& out, int64_t dim,
                                      bool flip_sin_to_cos, double downscale_freq_shift,
                                      double scale, int64_t max_period) {
-  constexpr const char* kOp = "diffusion.timestep_embedding";
+  const char* const kOp = ctx.op();
   TimestepEmbedding e;
   if (KernelStatus st = timestep_embedding_args(ctx, out, dim, flip_sin_to_cos,
                                                 downscale_freq_shift, scale, max_period, e);
