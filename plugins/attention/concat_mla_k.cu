@@ -58,7 +58,7 @@ cudaError_t launch(const T* k_nope, const T* k_rope, T* out, int64_t tokens, int
 
 KernelStatus concat_mla_k_cuda(Context& ctx, const DLTensor& k_nope, const DLTensor& k_rope,
                                DLTensor& out) {
-  const char* op = "attention.concat_mla_k";
+  const char* op = ctx.op();
   const int64_t tokens = out.shape[0];
   const int64_t heads = out.shape[1];
   if (tokens == 0 || heads == 0) return kOk;

@@ -212,7 +212,7 @@ KernelStatus fused_qk_norm_rope_cuda(Context& ctx, DLTensor& qkv, const DLTensor
                                      const DLTensor& k_weight, const DLTensor& positions,
                                      int64_t num_heads_q, int64_t num_heads_k, int64_t num_heads_v,
                                      int64_t head_dim, double eps, double base, bool is_neox) {
-  const char* op = "attention.fused_qk_norm_rope";
+  const char* op = ctx.op();
   if (auto st = check_fused_qk_norm_rope(ctx, op, qkv, q_weight, k_weight, num_heads_q, num_heads_k,
                                          num_heads_v, head_dim, eps, base);
       !st.ok()) {

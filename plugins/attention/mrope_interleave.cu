@@ -70,7 +70,7 @@ cudaError_t launch(const T* x, T* out, int64_t seq_len, int64_t dim, int limit_h
 
 KernelStatus mrope_interleave_cuda(Context& ctx, const DLTensor& x, DLTensor& out,
                                    int64_t section_t, int64_t section_h, int64_t section_w) {
-  const char* op = "attention.mrope_interleave";
+  const char* op = ctx.op();
   if (auto st = check_mrope_sections(ctx, op, section_t, section_h, section_w); !st.ok()) {
     return st;
   }

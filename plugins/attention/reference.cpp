@@ -51,7 +51,7 @@ void rotate_head(T* x, int64_t rotary_dim, bool is_neox, const double* c, const 
 
 KernelStatus concat_mla_k_cpu(Context& ctx, const DLTensor& k_nope, const DLTensor& k_rope,
                               DLTensor& out) {
-  return host::visit_float_dtype(ctx, "attention.concat_mla_k", out, [&](auto tag) {
+  return host::visit_float_dtype(ctx, ctx.op(), out, [&](auto tag) {
     using T = decltype(tag);
     const T* nope = data_ptr<const T>(k_nope);
     const T* rope = data_ptr<const T>(k_rope);
@@ -70,7 +70,7 @@ KernelStatus concat_mla_k_cpu(Context& ctx, const DLTensor& k_nope, const DLTens
 
 KernelStatus mrope_interleave_cpu(Context& ctx, const DLTensor& x, DLTensor& out, int64_t section_t,
                                   int64_t section_h, int64_t section_w) {
-  const char* op = "attention.mrope_interleave";
+  const char* op = ctx.op();
   if (auto st = check_mrope_sections(ctx, op, section_t, section_h, section_w); !st.ok()) {
     return st;
   }
@@ -93,7 +93,7 @@ KernelStatus mrope_interleave_cpu(Context& ctx, const DLTensor& x, DLTensor& out
 
 KernelStatus rope_cpu(Context& ctx, DLTensor& q, DLTensor& k, const DLTensor& cos_sin_cache,
                       const DLTensor& positions, bool is_neox) {
-  const char* op = "attention.rope";
+  const char* op = ctx.op();
   if (auto st = check_rope(ctx, op, q, cos_sin_cache); !st.ok()) return st;
   const int64_t tokens = q.shape[0];
   const int64_t max_pos = cos_sin_cache.shape[0];
@@ -136,7 +136,7 @@ KernelStatus fused_qk_norm_rope_cpu(Context& ctx, DLTensor& qkv, const DLTensor&
                                     const DLTensor& k_weight, const DLTensor& positions,
                                     int64_t num_heads_q, int64_t num_heads_k, int64_t num_heads_v,
                                     int64_t head_dim, double eps, double base, bool is_neox) {
-  const char* op = "attention.fused_qk_norm_rope";
+  const char* op = ctx.op();
   if (auto st = check_fused_qk_norm_rope(ctx, op, qkv, q_weight, k_weight, num_heads_q, num_heads_k,
                                          num_heads_v, head_dim, eps, base);
       !st.ok()) {
@@ -190,7 +190,7 @@ KernelStatus fused_qk_norm_rope_cpu(Context& ctx, DLTensor& qkv, const DLTensor&
 KernelStatus decode_cpu(Context& ctx, const DLTensor& q, const DLTensor& k_cache,
                         const DLTensor& v_cache, const DLTensor& block_table,
                         const DLTensor& seq_lens, DLTensor& out, double scale) {
-  const char* op = "attention.decode";
+  const char* op = ctx.op();
   if (auto st = check_decode(ctx, op, q, k_cache, scale); !st.ok()) return st;
   const int64_t batch = q.shape[0], heads_q = q.shape[1], dim = q.shape[2];
   const int64_t num_pages = k_cache.shape[0], page_size = k_cache.shape[1];

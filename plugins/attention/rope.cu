@@ -167,7 +167,7 @@ cudaError_t launch_typed(T* q, T* k, const float* cache, const void* positions,
 
 KernelStatus rope_cuda(Context& ctx, DLTensor& q, DLTensor& k, const DLTensor& cos_sin_cache,
                        const DLTensor& positions, bool is_neox) {
-  const char* op = "attention.rope";
+  const char* op = ctx.op();
   if (auto st = check_rope(ctx, op, q, cos_sin_cache); !st.ok()) return st;
   const int64_t tokens = q.shape[0];
   const int64_t heads = q.shape[1] + k.shape[1];
