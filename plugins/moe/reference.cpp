@@ -121,8 +121,9 @@ void route_rows(const T* gating, float* out_w, int32_t* out_ids, const RoutingPa
   }
 }
 
-KernelStatus route_typed(Context& ctx, const char* op, const DLTensor& gating, DLTensor& out_w,
-                         DLTensor& out_ids, const RoutingParams& p) {
+KernelStatus route_typed(Context& ctx, const DLTensor& gating, DLTensor& out_w, DLTensor& out_ids,
+                         const RoutingParams& p) {
+  const char* op = ctx.op();
   float* w = data_ptr<float>(out_w);
   int32_t* ids = data_ptr<int32_t>(out_ids);
   return host::visit_float_dtype(ctx, op, gating, [&](auto tag) {
@@ -135,12 +136,13 @@ KernelStatus route_typed(Context& ctx, const char* op, const DLTensor& gating, D
 KernelStatus sum_cpu(Context& ctx, const DLTensor& x, DLTensor& out, double routed_scaling_factor) {
   if (!std::isfinite(routed_scaling_factor)) {
     return ctx.fail(KREG_INVALID_ARGUMENT,
-                    "moe.sum: attribute 'routed_scaling_factor' must be "
-                    "finite");
+                    "%s: attribute 'routed_scaling_factor' must be "
+                    "finite",
+                    ctx.op());
   }
   const int64_t tokens = x.shape[0], k = x.shape[1], h = x.shape[2];
   const auto scale = static_cast<float>(routed_scaling_factor);
-  return host::visit_float_dtype(ctx, "moe.sum", x, [&](auto tag) {
+  return host::visit_float_dtype(ctx, ctx.op(), x, [&](auto tag) {
     using T = decltype(tag);
     sum_rows(data_ptr<const T>(x), data_ptr<T>(out), tokens, k, h, scale);
   });
@@ -155,7 +157,7 @@ KernelStatus topk_softmax_cpu(Context& ctx, const DLTensor& gating, const DLTens
       !st.ok()) {
     return st;
   }
-  return route_typed(ctx, "moe.topk_softmax", gating, out_weights, out_ids, p);
+  return route_typed(ctx, gating, out_weights, out_ids, p);
 }
 
 KernelStatus grouped_topk_cpu(Context& ctx, const DLTensor& gating, const DLTensor& correction_bias,
@@ -167,7 +169,7 @@ KernelStatus grouped_topk_cpu(Context& ctx, const DLTensor& gating, const DLTens
       !st.ok()) {
     return st;
   }
-  return route_typed(ctx, "moe.grouped_topk", gating, out_weights, out_ids, p);
+  return route_typed(ctx, gating, out_weights, out_ids, p);
 }
 
 KernelStatus route_cpu(Context& ctx, const DLTensor& gating, const DLTensor* correction_bias,
@@ -179,7 +181,7 @@ KernelStatus route_cpu(Context& ctx, const DLTensor& gating, const DLTensor* cor
       !st.ok()) {
     return st;
   }
-  return route_typed(ctx, "moe.route", gating, out_weights, out_ids, p);
+  return route_typed(ctx, gating, out_weights, out_ids, p);
 }
 
 KernelStatus align_block_size_cpu(Context& ctx, const DLTensor& topk_ids,
@@ -202,9 +204,9 @@ KernelStatus align_block_size_cpu(Context& ctx, const DLTensor& topk_ids,
     if (e < 0 || e >= E) {
       if (ignore_invalid) continue;
       return ctx.fail(KREG_INVALID_ARGUMENT,
-                      "moe.align_block_size: argument 'topk_ids' holds expert %d at slot %lld, "
+                      "%s: argument 'topk_ids' holds expert %d at slot %lld, "
                       "outside [0, num_experts = %lld) (set ignore_invalid to skip such slots)",
-                      e, static_cast<long long>(i), static_cast<long long>(E));
+                      ctx.op(), e, static_cast<long long>(i), static_cast<long long>(E));
     }
     slots_of[static_cast<size_t>(e)].push_back(static_cast<int32_t>(i));
   }

@@ -80,7 +80,7 @@ KernelStatus missing_bias(Context& ctx, const char* op, const char* method) {
 KernelStatus topk_softmax_params(Context& ctx, const DLTensor& gating, const DLTensor* bias,
                                  const DLTensor& out_weights, bool renormalize, double softcapping,
                                  RoutingParams& p) {
-  const char* op = "moe.topk_softmax";
+  const char* op = ctx.op();
   if (KernelStatus st = common_params(ctx, op, gating, out_weights, p); !st.ok()) return st;
   if (!(softcapping >= 0) || !std::isfinite(softcapping)) {
     return ctx.fail(KREG_INVALID_ARGUMENT,
@@ -96,7 +96,7 @@ KernelStatus topk_softmax_params(Context& ctx, const DLTensor& gating, const DLT
 KernelStatus grouped_topk_params(Context& ctx, const DLTensor& gating, const DLTensor& bias,
                                  const DLTensor& out_weights, int64_t n_group, int64_t topk_group,
                                  bool renormalize, double routed_scaling_factor, RoutingParams& p) {
-  const char* op = "moe.grouped_topk";
+  const char* op = ctx.op();
   if (KernelStatus st = common_params(ctx, op, gating, out_weights, p); !st.ok()) return st;
   if (KernelStatus st = group_params(ctx, op, n_group, topk_group, p); !st.ok()) return st;
   if (KernelStatus st = scale_param(ctx, op, routed_scaling_factor, p); !st.ok()) return st;
@@ -110,7 +110,7 @@ KernelStatus grouped_topk_params(Context& ctx, const DLTensor& gating, const DLT
 KernelStatus route_params(Context& ctx, const DLTensor& gating, const DLTensor* bias,
                           const DLTensor& out_weights, std::string_view method, int64_t n_group,
                           int64_t topk_group, double routed_scaling_factor, RoutingParams& p) {
-  const char* op = "moe.route";
+  const char* op = ctx.op();
   if (KernelStatus st = common_params(ctx, op, gating, out_weights, p); !st.ok()) return st;
   if (KernelStatus st = scale_param(ctx, op, routed_scaling_factor, p); !st.ok()) return st;
   if (method == "Default") {
@@ -158,7 +158,7 @@ KernelStatus route_params(Context& ctx, const DLTensor& gating, const DLTensor* 
 KernelStatus align_params(Context& ctx, const DLTensor& topk_ids, const DLTensor& sorted,
                           const DLTensor& expert_ids, int64_t num_experts, int64_t block_size,
                           AlignParams& p) {
-  const char* op = "moe.align_block_size";
+  const char* op = ctx.op();
   p = AlignParams{};
   if (num_experts < 1 || num_experts > kMaxAlignExperts) {
     return ctx.fail(KREG_INVALID_ARGUMENT,

@@ -256,8 +256,9 @@ cudaError_t launch_typed(const DLTensor& gating, DLTensor& out_w, DLTensor& out_
   return launch_slots<T, 16>(g, w, ids, p, stream);
 }
 
-KernelStatus route_launch(Context& ctx, const char* op, const DLTensor& gating, DLTensor& out_w,
-                          DLTensor& out_ids, const RoutingParams& p) {
+KernelStatus route_launch(Context& ctx, const DLTensor& gating, DLTensor& out_w, DLTensor& out_ids,
+                          const RoutingParams& p) {
+  const char* op = ctx.op();
   if (p.tokens == 0) return kOk;
   const device::DeviceGuard guard(gating);
   if (!guard.ok()) return guard.fail(ctx, op);
@@ -279,7 +280,7 @@ KernelStatus topk_softmax_cuda(Context& ctx, const DLTensor& gating,
       !st.ok()) {
     return st;
   }
-  return route_launch(ctx, "moe.topk_softmax", gating, out_weights, out_ids, p);
+  return route_launch(ctx, gating, out_weights, out_ids, p);
 }
 
 KernelStatus grouped_topk_cuda(Context& ctx, const DLTensor& gating,
@@ -292,7 +293,7 @@ KernelStatus grouped_topk_cuda(Context& ctx, const DLTensor& gating,
       !st.ok()) {
     return st;
   }
-  return route_launch(ctx, "moe.grouped_topk", gating, out_weights, out_ids, p);
+  return route_launch(ctx, gating, out_weights, out_ids, p);
 }
 
 KernelStatus route_cuda(Context& ctx, const DLTensor& gating, const DLTensor* correction_bias,
@@ -304,7 +305,7 @@ KernelStatus route_cuda(Context& ctx, const DLTensor& gating, const DLTensor* co
       !st.ok()) {
     return st;
   }
-  return route_launch(ctx, "moe.route", gating, out_weights, out_ids, p);
+  return route_launch(ctx, gating, out_weights, out_ids, p);
 }
 
 }  // namespace kreg::moe

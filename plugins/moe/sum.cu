@@ -89,7 +89,7 @@ cudaError_t launch_typed(const DLTensor& x, DLTensor& out, float scale, cudaStre
 
 KernelStatus sum_cuda(Context& ctx, const DLTensor& x, DLTensor& out,
                       double routed_scaling_factor) {
-  const char* op = "moe.sum";
+  const char* op = ctx.op();
   if (!std::isfinite(routed_scaling_factor)) {
     return ctx.fail(KREG_INVALID_ARGUMENT, "%s: attribute 'routed_scaling_factor' must be finite",
                     op);
