@@ -99,6 +99,9 @@ function(kreg_add_plugin group)
       KREG_PLUGIN_HAS_CUDA=1
       KREG_PLUGIN_CUDA_VERSION=${cuda_version}
       KREG_PLUGIN_CUDA_ARCHS="${archs}")
+    # One CUDA runtime per process, shared with the host (torch, kreg's tools): a
+    # static copy in each plugin besides CUDA::cudart would be two runtimes in one library.
+    set_target_properties(${target} PROPERTIES CUDA_RUNTIME_LIBRARY Shared)
     target_link_libraries(${target} PRIVATE CUDA::cudart)
   endif()
   # kreg refuses a library that its group or others may write, or that sits in such a
