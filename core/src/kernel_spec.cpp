@@ -20,6 +20,8 @@ constexpr size_t kMaxDtypesBytes = 256;
 constexpr size_t kMaxArgKindsBytes = 64;
 constexpr size_t kMaxDescriptionBytes = 4096;
 constexpr size_t kMaxSourceFileBytes = 1024;
+// The KREG_KERNEL_* flags this core knows (abi.h).
+constexpr uint32_t kKnownKernelFlags = KREG_KERNEL_CAPS_FROM_BUILD;
 
 std::string_view bounded(const char* p, size_t cap) {
   return p == nullptr ? std::string_view() : std::string_view(p, ::strnlen(p, cap + 1));
@@ -123,6 +125,19 @@ bool KernelSpec::same_registration(const KernelSpec& o) const {
 }
 
 Result<KernelSpec> make_kernel_spec(const kreg_kernel_desc& d, const Provenance& prov) {
+  // The frozen ABI 1.0 array. PluginLibrary reads a plugin's capabilities itself (bounded,
+  // inside the library) and calls the span form; this one serves callers in the process.
+  std::vector<Capability> caps;
+  if (d.caps != nullptr) {
+    for (uint32_t i = 0; i < d.num_caps; ++i) {
+      caps.push_back({d.caps[i].device_type, d.caps[i].sm_min, d.caps[i].sm_max});
+    }
+  }
+  return make_kernel_spec(d, caps, prov);
+}
+
+Result<KernelSpec> make_kernel_spec(const kreg_kernel_desc& d, std::span<const Capability> caps,
+                                    const Provenance& prov) {
   const std::string_view op_text = bounded(d.op, kMaxOpBytes);
   const std::string_view backend_text = bounded(d.backend, kMaxBackendBytes);
   auto fail = [&](const std::string& what) {
@@ -180,9 +195,8 @@ Result<KernelSpec> make_kernel_spec(const kreg_kernel_desc& d, const Provenance&
   if (backend == nullptr) {
     return fail("unknown backend '" + excerpt(s.backend, 40) + "' (known: cpu, cuda)");
   }
-  if (d.num_caps == 0 || d.caps == nullptr) return fail("no capabilities");
-  for (uint32_t i = 0; i < d.num_caps; ++i) {
-    Capability c{d.caps[i].device_type, d.caps[i].sm_min, d.caps[i].sm_max};
+  if (caps.empty()) return fail("no capabilities");
+  for (const Capability& c : caps) {
     if (c.device_type != backend->device_type()) {
       return fail("capability " + c.to_string() + " does not match backend " + s.backend +
                   ", which runs on " + device_type_name(backend->device_type()));
@@ -229,6 +243,9 @@ Result<KernelSpec> make_kernel_spec(const kreg_kernel_desc& d, const Provenance&
   }
   s.traits = d.traits;
   s.priority = d.priority;
+  // ABI 1.2; a shorter record has no flags. Bits this core does not know are hints from a
+  // newer minor and are dropped, so nothing downstream acts on a meaning it never had.
+  if (KREG_STRUCT_HAS(&d, kreg_kernel_desc, flags)) s.flags = d.flags & kKnownKernelFlags;
   s.description = desc_text;
   s.provenance = prov;
   s.provenance.source_file = source_text;

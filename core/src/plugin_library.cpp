@@ -4,6 +4,7 @@
 #include <elf.h>
 #include <link.h>
 
+#include <algorithm>
 #include <cstring>
 #include <optional>
 #include <system_error>
@@ -11,6 +12,7 @@
 #include <boost/dll/shared_library.hpp>
 
 #include "kreg/elf_file.hpp"
+#include "kreg/fatbin.hpp"
 #include "kreg/text.hpp"
 
 namespace kreg {
@@ -299,7 +301,8 @@ Result<size_t> check_struct(const LoadedImage& image, const void* p, size_t alig
   return size;
 }
 
-// Every pointer of one kernel record, before make_kernel_spec reads through them.
+// Every pointer of one kernel record, before make_kernel_spec reads through them (the
+// capabilities: read_capabilities).
 Status check_record(const LoadedImage& image, const kreg_kernel_desc& k, const std::string& rec) {
   const std::pair<const char*, const char*> strings[] = {{"op", k.op},
                                                          {"backend", k.backend},
@@ -313,25 +316,81 @@ Status check_record(const LoadedImage& image, const kreg_kernel_desc& k, const s
     auto s = image.string(p, kMaxPluginStringBytes, rec + ": its " + field);
     if (!s) return s.status();
   }
-  if (k.caps != nullptr && k.num_caps > 0) {
-    const uintptr_t a = address_of(k.caps);
-    if (k.num_caps > kMaxPluginCapabilities) {
-      return Status(KREG_INVALID_ARGUMENT, rec + ": " + num(k.num_caps) +
-                                               " capabilities, above the limit of " +
-                                               num(kMaxPluginCapabilities));
-    }
-    if (a % alignof(kreg_capability) != 0 ||
-        image.readable(a, k.num_caps * sizeof(kreg_capability)) == nullptr) {
-      return Status(KREG_INVALID_ARGUMENT,
-                    rec + ": its capability array of " + num(k.num_caps) + " entries at " + hex(a) +
-                        " is misaligned or extends past the library's data segment");
-    }
-  }
   if (k.fn != nullptr && !image.executable(address_of(k.fn))) {
     return Status(KREG_INVALID_ARGUMENT, rec + ": its function pointer " + hex(address_of(k.fn)) +
                                              " is outside the library's code");
   }
   return OkStatus();
+}
+
+// One kernel record's capability windows, read and bounded here so that make_kernel_spec
+// gets a checked list. ABI 1.2 records (kreg_capability_record) replace the frozen
+// caps/num_caps when the record has them and num_capabilities > 0; the frozen array is
+// then never read (a 1.2 plugin fills it only for older cores).
+Result<std::vector<Capability>> read_capabilities(const LoadedImage& image,
+                                                  const kreg_kernel_desc& k,
+                                                  const std::string& rec) {
+  std::vector<Capability> out;
+  if (KREG_STRUCT_HAS(&k, kreg_kernel_desc, num_capabilities) && k.num_capabilities > 0) {
+    const uint32_t n = k.num_capabilities;
+    if (n > kMaxPluginCapabilities) {
+      return Status(KREG_INVALID_ARGUMENT, rec + ": " + num(n) +
+                                               " capability records, above the limit of " +
+                                               num(kMaxPluginCapabilities));
+    }
+    if (k.capabilities == nullptr) {
+      return Status(KREG_INVALID_ARGUMENT, rec + ": num_capabilities is " + num(n) +
+                                               ", but its capability records are NULL");
+    }
+    // Walked by the plugin's stride (a newer minor's records are longer), as the kernel
+    // table is: the first record's struct_size, the same for every record.
+    auto stride = check_struct(image, k.capabilities, alignof(kreg_capability_record),
+                               sizeof(kreg_capability_record), rec + ": capability record 0");
+    if (!stride) return stride.status();
+    if (*stride % alignof(kreg_capability_record) != 0) {
+      return Status(KREG_INVALID_ARGUMENT, rec + ": capability record 0 has struct_size " +
+                                               num(*stride) + ", not a multiple of " +
+                                               num(alignof(kreg_capability_record)));
+    }
+    const uint64_t bytes = uint64_t{n} * *stride;  // both capped: no overflow
+    if (image.readable(address_of(k.capabilities), bytes) == nullptr) {
+      return Status(KREG_INVALID_ARGUMENT, rec + ": its " + num(n) + " capability records (" +
+                                               num(bytes) +
+                                               " bytes) extend past the library's data segment");
+    }
+    const char* base = reinterpret_cast<const char*>(k.capabilities);
+    for (uint32_t i = 0; i < n; ++i) {
+      kreg_capability_record c{};
+      std::memcpy(&c, base + uint64_t{i} * *stride, std::min(*stride, sizeof c));
+      if (c.struct_size != *stride) {
+        return Status(KREG_INVALID_ARGUMENT, rec + ": capability record " + num(i) +
+                                                 " has struct_size " + num(c.struct_size) +
+                                                 ", but record 0 has " + num(*stride) +
+                                                 " (one array has one record size)");
+      }
+      out.push_back({c.device_type, c.sm_min, c.sm_max});
+    }
+    return out;
+  }
+  if (k.caps == nullptr || k.num_caps == 0) return out;  // make_kernel_spec: "no capabilities"
+  const uintptr_t a = address_of(k.caps);
+  if (k.num_caps > kMaxPluginCapabilities) {
+    return Status(KREG_INVALID_ARGUMENT, rec + ": " + num(k.num_caps) +
+                                             " capabilities, above the limit of " +
+                                             num(kMaxPluginCapabilities));
+  }
+  if (a % alignof(kreg_capability) != 0 ||
+      image.readable(a, k.num_caps * sizeof(kreg_capability)) == nullptr) {
+    return Status(KREG_INVALID_ARGUMENT,
+                  rec + ": its capability array of " + num(k.num_caps) + " entries at " + hex(a) +
+                      " is misaligned or extends past the library's data segment");
+  }
+  for (uint32_t i = 0; i < k.num_caps; ++i) {
+    kreg_capability c;
+    std::memcpy(&c, k.caps + i, sizeof c);
+    out.push_back({c.device_type, c.sm_min, c.sm_max});
+  }
+  return out;
 }
 
 }  // namespace
@@ -353,15 +412,14 @@ Result<std::unique_ptr<PluginLibrary>> PluginLibrary::open(const fs::path& file,
   if (Status st = file_problem(file); !st.ok()) return st;
 
   stage = Stage::kLoad;
-  {
-    auto elf = check_elf(file);
-    if (!elf) return elf.status();
-    if (Status st = check_entry(
-            *elf, where + ": does not export the entry symbol '" KREG_PLUGIN_ENTRY_SYMBOL "'");
-        !st.ok()) {
-      stage = Stage::kEntry;
-      return st;
-    }
+  // Kept open past dlopen: the CUDA images are read from it once the kernels are known.
+  auto elf = check_elf(file);
+  if (!elf) return elf.status();
+  if (Status st = check_entry(
+          *elf, where + ": does not export the entry symbol '" KREG_PLUGIN_ENTRY_SYMBOL "'");
+      !st.ok()) {
+    stage = Stage::kEntry;
+    return st;
   }
   auto impl = std::make_unique<Impl>();
   try {
@@ -492,9 +550,11 @@ Result<std::unique_ptr<PluginLibrary>> PluginLibrary::open(const fs::path& file,
   }
   if (n > 0) {
     // One array of one record type: its stride is the first record's struct_size (a newer
-    // minor's records are longer), the same for every record.
-    auto stride = check_struct(*image, desc.kernels, alignof(kreg_kernel_desc),
-                               sizeof(kreg_kernel_desc), where + ": kernel record 0");
+    // minor's records are longer, an older one's shorter: ABI 1.0 and 1.1 end at `fn`),
+    // the same for every record.
+    auto stride =
+        check_struct(*image, desc.kernels, alignof(kreg_kernel_desc),
+                     offsetof(kreg_kernel_desc, capabilities), where + ": kernel record 0");
     if (!stride) return stride.status();
     if (*stride % alignof(kreg_kernel_desc) != 0) {
       return Status(KREG_INVALID_ARGUMENT, where + ": kernel record 0 has struct_size " +
@@ -510,8 +570,10 @@ Result<std::unique_ptr<PluginLibrary>> PluginLibrary::open(const fs::path& file,
     Provenance prov{info.group, info.version, file.string(), ""};
     const char* base = reinterpret_cast<const char*>(desc.kernels);
     for (uint32_t i = 0; i < n; ++i) {
-      kreg_kernel_desc k;
-      std::memcpy(&k, base + uint64_t{i} * *stride, sizeof k);
+      // Only the plugin's own bytes: a shorter (older) record leaves the fields it lacks
+      // zero, and KREG_STRUCT_HAS on its struct_size says which it has.
+      kreg_kernel_desc k{};
+      std::memcpy(&k, base + uint64_t{i} * *stride, std::min(*stride, sizeof k));
       const std::string rec = where + ": kernel record " + num(i);
       if (k.struct_size != *stride) {
         return Status(KREG_INVALID_ARGUMENT, rec + " has struct_size " + num(k.struct_size) +
@@ -519,9 +581,28 @@ Result<std::unique_ptr<PluginLibrary>> PluginLibrary::open(const fs::path& file,
                                                  " (one table has one record size)");
       }
       if (Status st = check_record(*image, k, rec); !st.ok()) return st;
-      auto spec = make_kernel_spec(k, prov);
+      auto caps = read_capabilities(*image, k, rec);
+      if (!caps) return caps.status();
+      auto spec = make_kernel_spec(k, *caps, prov);
       if (!spec) return Status(spec.status().code(), where + ": " + spec.status().message());
       p->kernels_.push_back(std::move(spec).value());
+    }
+  }
+  // What a CUDA implementation claims must be in the library's fatbinary (kreg/fatbin.hpp):
+  // checked, or narrowed for claims derived from the build, before anything is published.
+  const bool any_cuda = std::any_of(p->kernels_.begin(), p->kernels_.end(),
+                                    [](const KernelSpec& k) { return k.backend == "cuda"; });
+  if (any_cuda) {
+    auto images = read_cuda_images(*elf);
+    if (!images) return Status(images.status().code(), where + ": " + images.status().message());
+    info.cuda_images = images->summary();
+    const std::string library = file.filename().string();
+    for (KernelSpec& spec : p->kernels_) {
+      if (spec.backend != "cuda") continue;
+      if (Status st = check_arch_coverage(spec, *images, library); !st.ok()) {
+        return Status(st.code(), where + ": " + st.message());
+      }
+      spec.provenance.cuda_images = info.cuda_images;
     }
   }
   for (const auto& [hook, addr] : {std::pair<const char*, uintptr_t>{"init", address_of(desc.init)},

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -67,7 +68,13 @@ std::string device_type_name(int32_t device_type);  // "cpu", "cuda", ...
 // Builds and checks a KernelSpec from a plugin's descriptor: the op id, that the
 // signature parses and agrees with the binding's arg_kinds, dtypes, capabilities (one
 // device kind, min <= max), and the core's limits (at most kMaxTensors tensors ...).
+// This form reads the frozen caps/num_caps array (ABI 1.0) through the record's pointer;
+// the span form takes capabilities the caller has already read and bounded (PluginLibrary:
+// the ABI 1.2 capability records when a record has them) and ignores caps/capabilities.
 Result<KernelSpec> make_kernel_spec(const kreg_kernel_desc& desc, const Provenance& provenance);
+Result<KernelSpec> make_kernel_spec(const kreg_kernel_desc& desc,
+                                    std::span<const Capability> capabilities,
+                                    const Provenance& provenance);
 
 // kMaxTensors, kMaxAttrs, kMaxRank, kMaxSymbols: schema.hpp (the parser enforces them).
 

@@ -2,8 +2,10 @@
 // ELF reader (elf_file.hpp: structure, and an entry symbol that is an exported function),
 // loaded with Boost.DLL (rtld_local, rtld_now), its descriptor read defensively (every
 // pointer checked to lie in the library's own loaded segments, every string bounded) and
-// checked (ABI major, struct sizes, group name, version), and its kernel table turned into
-// KernelSpecs. No plugin-owned object outlives the library: specs copy every string; only
+// checked (ABI major, struct sizes, group name, version), its kernel table turned into
+// KernelSpecs (records of any 1.x size, walked by the plugin's stride; ABI 1.2 capability
+// records when present), and the CUDA implementations' claims checked against the CUDA
+// images in the library's fatbinary (kreg/fatbin.hpp). No plugin-owned object outlives the library: specs copy every string; only
 // kernel function pointers point inside.
 #pragma once
 
@@ -23,7 +25,7 @@ namespace kreg {
 inline constexpr uint64_t kMaxPluginLibraryBytes = uint64_t{4} << 30;  // the .so file
 inline constexpr size_t kMaxPluginStructBytes = 4096;   // any struct_size it hands over
 inline constexpr uint32_t kMaxPluginKernels = 4096;     // num_kernels
-inline constexpr uint32_t kMaxPluginCapabilities = 64;  // num_caps of one kernel
+inline constexpr uint32_t kMaxPluginCapabilities = 64;  // num_caps / num_capabilities
 inline constexpr size_t kMaxPluginNameBytes = 256;      // group, version, build strings
 inline constexpr size_t kMaxPluginStringBytes =
     65536;  // any kernel record string (make_kernel_spec caps each field lower)
@@ -36,6 +38,9 @@ struct PluginInfo {
   std::string compiler;
   int32_t cuda_version = 0;  // 0: built without CUDA
   std::string cuda_archs;
+  // The CUDA images the library holds (CudaImages::summary(), kreg/fatbin.hpp); "" when
+  // no implementation is CUDA (the fatbinary is not read).
+  std::string cuda_images;
   std::filesystem::path path;
   std::string abi_string() const;   // "1.0"
   std::string cuda_string() const;  // "13.0 (80-real,90)" or "none"
