@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kreg/elf_file.hpp"
@@ -25,9 +26,14 @@ namespace kreg {
 struct CudaImage {
   enum class Kind : uint8_t { kSass, kPtx };
   Kind kind = Kind::kSass;
-  int32_t sm = 0;         // major*10+minor: sm_90 -> 90
+  int32_t sm = 0;              // major*10+minor: sm_90 -> 90
   bool arch_specific = false;  // sm_90a: runs on sm_90 only
-  std::string name() const;    // "sm_90", "sm_90a", "compute_90"
+  // sm_100f / compute_100f: family-specific. The SASS runs where plain sm_100 SASS does
+  // (sm_10x); the PTX is JIT-compiled for its own major only (sm_100, sm_103), never newer.
+  bool family_specific = false;
+  std::string name() const;  // "sm_90", "sm_90a", "sm_100f", "compute_90"
+  bool runs_on(int32_t sm) const;
+  bool operator==(const CudaImage&) const = default;
 };
 
 struct CudaImages {
@@ -39,7 +45,30 @@ struct CudaImages {
 };
 
 // Limits: the section (512 MiB), containers (4096), entries per container (4096).
+inline constexpr uint64_t kMaxFatbinSection = uint64_t{512} << 20;
+inline constexpr uint64_t kMaxFatbinContainers = 4096;
+inline constexpr uint64_t kMaxFatbinEntries = 4096;
+
+// The images of `elf`'s .nv_fatbin section (has_fatbin false, no error, when it has none).
+// Messages name the file as elf.what() does.
 Result<CudaImages> read_cuda_images(const ElfFile& elf);
+
+// The images described by the bytes of a .nv_fatbin section (has_fatbin true). Only the
+// container and entry headers are read, never a payload (compressed or not); entries of
+// kinds other than PTX and SASS (e.g. LTO IR, which the driver cannot load) are skipped.
+// Anything malformed (a bad magic or version, a header or payload past its container, a
+// container past the section, too many containers or entries) is INVALID_ARGUMENT or
+// RESOURCE_EXHAUSTED naming `where` ("plugin library /x.so") and the byte offset.
+//
+// The format, as nvcc 13 writes it (little-endian): the section is a sequence of
+// containers (one per translation unit, zero padding between them); a container is a
+// 16-byte header {u32 magic 0xBA55ED50, u16 version 1, u16 header size, u64 size of its
+// entries} and its entries, each a header {u16 kind (1 PTX, 2 SASS cubin, 8 LTO IR),
+// u16 version, u32 header size, u64 payload size, u32 compressed size, u32 options offset,
+// u16 minor, u16 major (of the PTX ISA or cubin ABI), u32 SM, u32 name offset, u32 name
+// size, u64 flags (1 64-bit, 2 debug, 0x10 Linux, 0x8000 zstd-compressed, 0x100000
+// arch-specific "a", 0x200000 family-specific "f"), ...} followed by its payload.
+Result<CudaImages> parse_fatbin_section(std::string_view bytes, const std::string& where);
 
 // Checks or narrows one implementation's CUDA capability windows against `images`:
 // - every SM of a window is checked (the real SMs of kreg::is_real_sm);
