@@ -7,17 +7,27 @@
  *   plugin whose major differs from its own, with a message naming both versions.
  * - A MINOR change (KREG_ABI_MINOR) only appends fields at the end of a struct that
  *   starts with `struct_size`, or adds a meaning an older peer refuses cleanly (1.1:
- *   optional tensors; 1.2: the fields marked "ABI 1.2" below). Both directions work:
- *     * an older plugin in a newer core: the core reads a field only when the plugin's
- *       `struct_size >= offsetof(field) + sizeof(field)` (KREG_STRUCT_HAS) and uses the
- *       documented default otherwise;
+ *   optional tensors; 1.2: the fields marked "ABI 1.2" below). Any minor of the core's
+ *   major is accepted, older or newer. Both directions work:
+ *     * an older plugin in a newer core: the core copies min(struct_size, sizeof(its
+ *       struct)) bytes of each struct into a zeroed one, reads a field only when the
+ *       plugin's `struct_size >= offsetof(field) + sizeof(field)` (KREG_STRUCT_HAS) and
+ *       uses the documented default otherwise. A struct shorter than ABI 1.0's is
+ *       refused (the descriptor must reach `shutdown`, a kernel record `fn`); build info
+ *       shorter than 1.0's is ignored as a whole;
  *     * a newer plugin in an older core: the core copies the first sizeof(its struct)
  *       bytes and never looks past them; a plugin fills the older fields too (the SDK
  *       fills `caps` and `capabilities` alike), so an older core sees a complete record.
+ *       KREG_KERNEL_* flag bits the core does not know are ignored.
  * - Arrays of records are walked by the stride the PLUGIN declares: the first record's
  *   `struct_size`, the same for every record of that array (a newer minor's records are
- *   longer). Never by the reader's own sizeof. This holds for the kernel table and for
- *   the capability records of ABI 1.2.
+ *   longer, an older one's shorter), a multiple of the struct's alignment, the whole
+ *   array inside one readable segment of the library. Never by the reader's own sizeof.
+ *   This holds for the kernel table and for the capability records of ABI 1.2. When a
+ *   kernel record has capability records (num_capabilities > 0), a 1.2 core reads only
+ *   them and never the frozen `caps`.
+ * - Limits (kreg/plugin_library.hpp): any struct_size at most 4096 bytes, at most 4096
+ *   kernels and 64 capability windows per kernel.
  * - Structs without `struct_size` are FROZEN: kreg_attr and kreg_capability. Each says
  *   why; changing one is a major change.
  * - The first three fields of kreg_plugin_desc (struct_size, abi_major, abi_minor) never
