@@ -20,10 +20,11 @@
 // writes out = acc / sum directly; with more it writes (acc, max, sum) partials to a
 // workspace and a merge kernel combines the splits by log-sum-exp.
 //
-// Workspace: B * Hq * num_splits * (D + 2) floats, allocated on the call's stream with
-// cudaMallocAsync and freed with cudaFreeAsync after the merge (stream-ordered, so it is
-// graph-capturable: a capture records allocation and free nodes). No workspace when one
-// split suffices.
+// Workspace: B * Hq * num_splits * (D + 2) floats, a device::Workspace: the host's
+// allocator when the call frame offers one (torch's caching allocator under the Python
+// extension), else cudaMallocAsync on the call's stream, freed after the merge is enqueued
+// (stream-ordered, so it is graph-capturable: a capture records allocation and free
+// nodes). No workspace when one split suffices.
 //
 // Empty sequences (seq_lens[b] == 0) give zeros. Lengths are clamped to [0, max_pages *
 // page_size] and page ids outside [0, num_pages) contribute nothing: no read outside the
@@ -40,6 +41,7 @@
 #include "kreg/device/launch.cuh"
 #include "kreg/device/reduce.cuh"
 #include "kreg/device/vec.cuh"
+#include "kreg/device/workspace.cuh"
 
 namespace kreg::attention {
 namespace {
@@ -358,41 +360,37 @@ KernelStatus run(Context& ctx, const char* op, const DLTensor& q, const DLTensor
   p.num_splits = choose_splits(base_blocks, int64_t{p.max_pages} * p.page_size, sms);
 
   const auto stream = static_cast<cudaStream_t>(ctx.stream());
-  void* workspace = nullptr;
-  if (p.num_splits > 1) {
-    const size_t partials = static_cast<size_t>(batch * heads_q * p.num_splits);
-    const size_t acc_bytes = partials * static_cast<size_t>(dim) * sizeof(float);
-    if (cudaError_t err =
-            cudaMallocAsync(&workspace, acc_bytes + partials * sizeof(float2), stream);
-        err != cudaSuccess) {
-      return ctx.fail(KREG_RESOURCE_EXHAUSTED, "%s: workspace allocation of %zu bytes failed: %s",
-                      op, acc_bytes + partials * sizeof(float2), cudaGetErrorString(err));
-    }
-    p.ws_acc = static_cast<float*>(workspace);
-    p.ws_ml = reinterpret_cast<float2*>(static_cast<char*>(workspace) + acc_bytes);
-  }
+  const size_t partials =
+      p.num_splits > 1 ? static_cast<size_t>(batch * heads_q * p.num_splits) : 0;
+  const size_t acc_bytes = partials * static_cast<size_t>(dim) * sizeof(float);
   cudaError_t err;
-  switch (dim) {
-    case 64:
-      err = launch_dim<T, 64>(p, static_cast<int>(batch), stream);
-      break;
-    case 128:
-      err = launch_dim<T, 128>(p, static_cast<int>(batch), stream);
-      break;
-    default:
-      err = launch_dim<T, 256>(p, static_cast<int>(batch), stream);
-      break;
-  }
-  if (err == cudaSuccess && p.num_splits > 1) {
-    decode_merge_kernel<T>
-        <<<static_cast<unsigned>(batch * heads_q), static_cast<unsigned>(dim), 0, stream>>>(
-            p.ws_acc, p.ws_ml, p.out, p.num_splits, static_cast<int>(dim));
-    err = cudaGetLastError();
-  }
-  if (workspace != nullptr) {
-    const cudaError_t free_err = cudaFreeAsync(workspace, stream);
-    if (err == cudaSuccess) err = free_err;
-  }
+  {
+    const device::Workspace ws(ctx, acc_bytes + partials * sizeof(float2), q.device);
+    if (!ws.ok()) return ws.fail(ctx);
+    if (p.num_splits > 1) {
+      p.ws_acc = static_cast<float*>(ws.data());
+      p.ws_ml = reinterpret_cast<float2*>(static_cast<char*>(ws.data()) + acc_bytes);
+    }
+    switch (dim) {
+      case 64:
+        err = launch_dim<T, 64>(p, static_cast<int>(batch), stream);
+        break;
+      case 128:
+        err = launch_dim<T, 128>(p, static_cast<int>(batch), stream);
+        break;
+      default:
+        err = launch_dim<T, 256>(p, static_cast<int>(batch), stream);
+        break;
+    }
+    if (err == cudaSuccess && p.num_splits > 1) {
+      decode_merge_kernel<T>
+          <<<static_cast<unsigned>(batch * heads_q), static_cast<unsigned>(dim), 0, stream>>>(
+              p.ws_acc, p.ws_ml, p.out, p.num_splits, static_cast<int>(dim));
+      err = cudaGetLastError();
+    }
+  }  // ws freed here, after the merge in stream order
+  // A failed cudaFreeAsync shows as the last error; read (and clear) it in any case.
+  if (const cudaError_t free_err = cudaGetLastError(); err == cudaSuccess) err = free_err;
   return device::launch_status(ctx, op, err);
 }
 

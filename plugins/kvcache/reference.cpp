@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "fp8_e4m3.hpp"
+#include "kreg/device/fp8_e4m3.hpp"
 #include "kreg/numeric.hpp"
 #include "kvcache.hpp"
 
@@ -21,7 +21,7 @@ int64_t index_at(const DLTensor& idx, int64_t i) {
 
 template <typename T>
 void quantize_row(const T* src, uint8_t* dst, int64_t n, float scale) {
-  for (int64_t i = 0; i < n; ++i) dst[i] = float_to_e4m3(load_as_float(src[i]) / scale);
+  for (int64_t i = 0; i < n; ++i) dst[i] = device::float_to_e4m3(load_as_float(src[i]) / scale);
 }
 
 void quantize_row(DType dt, const void* src, uint8_t* dst, int64_t n, float scale) {

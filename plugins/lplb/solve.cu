@@ -22,17 +22,18 @@
 
 #include "args.hpp"
 #include "kreg/device/launch.cuh"
+#include "kreg/device/warp.cuh"
 #include "lplb.hpp"
 
 namespace kreg::lplb {
 namespace {
 
+using device::kFullWarpMask;
 constexpr int kThreads = 512;
-constexpr int kWarps = kThreads / 32;
+constexpr int kWarps = kThreads / device::kWarpSize;
 constexpr int kGroupLanes = 16;  // lanes that share one (row, row) sum in the dense parts
 constexpr int kRedValues = 5;    // values reduced together at most
 constexpr int kUnroll = 4;       // 16-byte loads in flight per lane while reading A
-constexpr unsigned kFull = 0xffffffffu;
 
 // Shared-memory layout, in bytes from the start, for an m x n LP. Doubles first.
 struct Layout {
@@ -104,7 +105,7 @@ struct Reducer {
 #pragma unroll
     for (int i = 0; i < N; ++i) {
       for (int off = 16; off > 0; off /= 2) {
-        const double o = __shfl_xor_sync(kFull, v[i], off);
+        const double o = __shfl_xor_sync(kFullWarpMask, v[i], off);
         v[i] = i < NS ? v[i] + o : i < NS + NM ? fmax(v[i], o) : fmin(v[i], o);
       }
       if (lane == 0) buf[i * kWarps + warp] = v[i];
@@ -123,10 +124,7 @@ struct Reducer {
 };
 
 // Sum over the kGroupLanes lanes of a group (aligned half-warps); all 32 lanes call it.
-__device__ inline double group_sum(double v) {
-  for (int off = kGroupLanes / 2; off > 0; off /= 2) v += __shfl_xor_sync(kFull, v, off);
-  return v;
-}
+__device__ inline double group_sum(double v) { return device::warp_sum(v, kGroupLanes); }
 
 struct Lp {
   int m, n, k, r;
@@ -201,7 +199,7 @@ __device__ void factor(const Lp& lp, const double* d, double* diag, double* w, d
     double max_diag = 0;
     for (int g = lane; g < r; g += 32) max_diag = fmax(max_diag, chol[g * r + g]);
     for (int off = 16; off > 0; off /= 2)
-      max_diag = fmax(max_diag, __shfl_xor_sync(kFull, max_diag, off));
+      max_diag = fmax(max_diag, __shfl_xor_sync(kFullWarpMask, max_diag, off));
     for (int p = 0; p < r; ++p) {
       const double piv = chol[p * r + p];
       const double lpp = piv > kRelPivotTol * max_diag && piv > 0 ? sqrt(piv) : kSkippedPivot;
@@ -271,29 +269,10 @@ __device__ void block_scan(const int* counts, int* out, int len, int* scratch) {
   const int begin = min(len, tid * chunk), end = min(len, begin + chunk);
   int local = 0;
   for (int i = begin; i < end; ++i) local += counts[i];
-  // Inclusive scan of the per-thread sums across the block.
-  const int lane = tid % 32, warp = tid / 32;
-  int inc = local;
-  for (int off = 1; off < 32; off *= 2) {
-    const int o = __shfl_up_sync(kFull, inc, off);
-    if (lane >= off) inc += o;
-  }
-  if (lane == 31) scratch[warp] = inc;
-  __syncthreads();
-  int before = 0;
-  for (int w2 = 0; w2 < warp; ++w2) before += scratch[w2];
-  int run = before + inc - local;
-  // counts and out may alias: read each count before writing its slot.
-  for (int i = begin; i < end; ++i) {
-    const int c = counts[i];
-    out[i] = run;
-    run += c;
-  }
-  if (tid == kThreads - 1) {
-    int total = 0;
-    for (int w2 = 0; w2 < kWarps; ++w2) total += scratch[w2];
-    out[len] = total;
-  }
+  int total = 0;
+  const int run = device::block_exclusive_scan(local, scratch, &total);
+  device::serial_exclusive_scan(counts, out, begin, end, run);  // counts and out may alias
+  if (tid == kThreads - 1) out[len] = total;
   __syncthreads();
 }
 
@@ -330,12 +309,8 @@ __device__ void scan_a(const float* __restrict__ a, int64_t total, int pass, int
       int mine = 0;
 #pragma unroll
       for (int e = 0; e < kVec; ++e) mine += vals[u][e] != 0.0f ? 1 : 0;
-      int inc = mine;
-      for (int off = 1; off < 32; off *= 2) {
-        const int o = __shfl_up_sync(kFull, inc, off);
-        if (lane >= off) inc += o;
-      }
-      const int warp_total = __shfl_sync(kFull, inc, 31);
+      const int inc = device::warp_inclusive_scan(mine);
+      const int warp_total = __shfl_sync(kFullWarpMask, inc, 31);
       if (pass == 1) {
         int at = pos + inc - mine;
         const int64_t flat0 = (base + u * 32 + lane) * kVec;
@@ -361,7 +336,7 @@ __device__ void scan_a(const float* __restrict__ a, int64_t total, int pass, int
   if (warp == kWarps - 1) {
     const int64_t flat = vecs * kVec + lane;
     const float v = flat < total ? a[flat] : 0.0f;
-    const unsigned nz = __ballot_sync(kFull, v != 0.0f);
+    const unsigned nz = __ballot_sync(kFullWarpMask, v != 0.0f);
     if (pass == 1 && v != 0.0f) {
       const int at = pos + __popc(nz & ((1u << lane) - 1u));
       if (at < kMaxNnz) {

@@ -29,27 +29,31 @@
 //      blocks, the unused tails and the total;
 //   3. scatter: one block per chunk runs A, B and D above over its chunk, its warps'
 //      prefixes starting at offsets[e][chunk].
-// The workspace (E * C ints) is allocated on the call's stream with cudaMallocAsync and
-// freed with cudaFreeAsync after the scatter: stream-ordered, so graph-capturable.
+// The workspace (E * C ints) is a device::Workspace: the host's allocator when the call
+// frame offers one (torch's caching allocator under the Python extension), else
+// cudaMallocAsync on the call's stream; freed after the scatter is enqueued, in stream
+// order, so graph-capturable.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
 
 #include "kreg/device/launch.cuh"
+#include "kreg/device/warp.cuh"
+#include "kreg/device/workspace.cuh"
 #include "moe.hpp"
 #include "routing.hpp"
 
 namespace kreg::moe {
 namespace {
 
-constexpr int kLanes = 32;
+using device::kFullWarpMask;
+constexpr int kLanes = device::kWarpSize;
 constexpr int kMaxWarps = 32;
 // Dynamic shared memory, in ints: 48 KiB (the limit without an opt-in) less 1 KiB for
 // the static arrays. num_experts <= 2048 leaves at least 3 warps.
 constexpr int kSmemInts = (48 * 1024 - 1024) / 4;
 constexpr int kUnroll = 16;
-constexpr unsigned kFullMask = 0xffffffffu;
 
 // The multi-block path.
 constexpr int kMinChunk = 512;   // slots per chunk, at least
@@ -62,10 +66,10 @@ constexpr int kOffsetsThreads = 1024;
 // meaningless for an invalid lane). Ids are below 2^bits: two ids are equal when every
 // bit is, and one ballot per bit tells each lane which lanes share that bit with it.
 __device__ __forceinline__ unsigned same_expert_lanes(int expert, bool valid, int bits) {
-  unsigned same = __ballot_sync(kFullMask, valid);
+  unsigned same = __ballot_sync(kFullWarpMask, valid);
   for (int b = 0; b < bits; ++b) {
     const bool bit = (expert >> b) & 1;
-    const unsigned ones = __ballot_sync(kFullMask, bit);
+    const unsigned ones = __ballot_sync(kFullWarpMask, bit);
     same &= bit ? ones : ~ones;
   }
   return same;
@@ -75,9 +79,13 @@ __device__ __forceinline__ int expert_bits(int num_experts) {
   return num_experts > 1 ? 32 - __clz(num_experts - 1) : 0;
 }
 
-// A: this warp's slots [begin, end) counted per expert into my_hist (zeroed by the caller).
-__device__ __forceinline__ void count_piece(const int32_t* __restrict__ ids, int begin, int end,
-                                            int num_experts, int32_t* my_hist) {
+// A warp's walk over its slots [begin, end), shared by A and D: the ids are loaded
+// kUnroll steps of 32 at a time, and for each step with a valid id in some lane,
+// step(expert, valid, same, slot) runs on every lane, `same` being the lanes with the same
+// expert (same_expert_lanes) and `slot` the lane's slot.
+template <typename Step>
+__device__ __forceinline__ void for_each_step(const int32_t* __restrict__ ids, int begin, int end,
+                                              int num_experts, Step&& step) {
   const int lane = static_cast<int>(threadIdx.x) % kLanes;
   const int bits = expert_bits(num_experts);
   for (int base = begin; base < end; base += kUnroll * kLanes) {
@@ -90,12 +98,21 @@ __device__ __forceinline__ void count_piece(const int32_t* __restrict__ ids, int
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const bool valid = e[u] >= 0 && e[u] < num_experts;
-      if (!__any_sync(kFullMask, valid)) continue;  // past the piece's end, say
+      if (!__any_sync(kFullWarpMask, valid)) continue;  // past the piece's end, say
       const unsigned same = same_expert_lanes(e[u], valid, bits);
-      if (valid && lane == __ffs(same) - 1) my_hist[e[u]] += __popc(same);
-      __syncwarp();
+      step(e[u], valid, same, base + u * kLanes + lane);
     }
   }
+}
+
+// A: this warp's slots [begin, end) counted per expert into my_hist (zeroed by the caller).
+__device__ __forceinline__ void count_piece(const int32_t* __restrict__ ids, int begin, int end,
+                                            int num_experts, int32_t* my_hist) {
+  const int lane = static_cast<int>(threadIdx.x) % kLanes;
+  for_each_step(ids, begin, end, num_experts, [&](int e, bool valid, unsigned same, int) {
+    if (valid && lane == __ffs(same) - 1) my_hist[e] += __popc(same);
+    __syncwarp();
+  });
 }
 
 // D: this warp's slots [begin, end) written at my_hist[e] (the next free position of
@@ -105,25 +122,12 @@ __device__ __forceinline__ void scatter_piece(const int32_t* __restrict__ ids, i
                                               int32_t* __restrict__ sorted) {
   const int lane = static_cast<int>(threadIdx.x) % kLanes;
   const unsigned lanes_below = (1u << lane) - 1u;
-  const int bits = expert_bits(num_experts);
-  for (int base = begin; base < end; base += kUnroll * kLanes) {
-    int e[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int i = base + u * kLanes + lane;
-      e[u] = i < end ? __ldg(ids + i) : -1;
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const bool valid = e[u] >= 0 && e[u] < num_experts;
-      if (!__any_sync(kFullMask, valid)) continue;
-      const unsigned same = same_expert_lanes(e[u], valid, bits);
-      if (valid) sorted[my_hist[e[u]] + __popc(same & lanes_below)] = base + u * kLanes + lane;
-      __syncwarp();
-      if (valid && lane == __ffs(same) - 1) my_hist[e[u]] += __popc(same);
-      __syncwarp();
-    }
-  }
+  for_each_step(ids, begin, end, num_experts, [&](int e, bool valid, unsigned same, int slot) {
+    if (valid) sorted[my_hist[e] + __popc(same & lanes_below)] = slot;
+    __syncwarp();
+    if (valid && lane == __ffs(same) - 1) my_hist[e] += __popc(same);
+    __syncwarp();
+  });
 }
 
 // C and the outputs that do not depend on slot order, by every thread of the block: from
@@ -146,20 +150,8 @@ __device__ void lay_out_segments(const int32_t* count, int32_t* start, int32_t* 
   const int x1 = min(E, x0 + per);
   int local = 0;
   for (int x = x0; x < x1; ++x) local += (count[x] + bs - 1) / bs * bs;
-  int incl = local;
-#pragma unroll
-  for (int off = 1; off < kLanes; off *= 2) {
-    const int v = __shfl_up_sync(kFullMask, incl, off);
-    if (lane >= off) incl += v;
-  }
-  if (lane == kLanes - 1) warp_totals[warp] = incl;
-  __syncthreads();
-  int run = incl - local;
   int total = 0;
-  for (int w = 0; w < nwarps; ++w) {
-    if (w < warp) run += warp_totals[w];
-    total += warp_totals[w];
-  }
+  int run = device::block_exclusive_scan(local, warp_totals, &total);
   for (int x = x0; x < x1; ++x) {
     start[x] = run;
     run += (count[x] + bs - 1) / bs * bs;
@@ -288,18 +280,9 @@ __global__ void __launch_bounds__(kOffsetsThreads)
 #pragma unroll 8
       for (int c = c0; c < c1; ++c) sum += row[c];
     }
-    int incl = sum;
-    for (int off = 1; off < tpe; off *= 2) {
-      const int v = __shfl_up_sync(kFullMask, incl, off, tpe);
-      if (sub >= off) incl += v;
-    }
+    const int incl = device::warp_inclusive_scan(sum, tpe);
     if (active) {
-      int run = incl - sum;
-      for (int c = c0; c < c1; ++c) {
-        const int v = row[c];
-        row[c] = run;
-        run += v;
-      }
+      device::serial_exclusive_scan(row, row, c0, c1, incl - sum);
       if (sub == tpe - 1) count[e] = incl;
     }
   }
@@ -373,13 +356,10 @@ KernelStatus align_block_size_cuda(Context& ctx, const DLTensor& topk_ids,
     return device::launch_status(ctx, op);
   }
 
-  int32_t* counts = nullptr;
-  const size_t ws_bytes = static_cast<size_t>(E) * chunks.count * sizeof(int32_t);
-  if (const cudaError_t err = cudaMallocAsync(reinterpret_cast<void**>(&counts), ws_bytes, stream);
-      err != cudaSuccess) {
-    return ctx.fail(KREG_RESOURCE_EXHAUSTED, "%s: workspace allocation of %zu bytes failed: %s", op,
-                    ws_bytes, cudaGetErrorString(err));
-  }
+  const device::Workspace ws(ctx, static_cast<size_t>(E) * chunks.count * sizeof(int32_t),
+                             topk_ids.device);
+  if (!ws.ok()) return ws.fail(ctx);
+  auto* counts = static_cast<int32_t*>(ws.data());
   const int slots = static_cast<int>(p.slots);
   const int scatter_warps = std::min(kChunkWarps, kSmemInts / E - 1);
   align_count_kernel<<<chunks.count, kChunkWarps * kLanes, E * sizeof(int32_t), stream>>>(
@@ -389,9 +369,7 @@ KernelStatus align_block_size_cuda(Context& ctx, const DLTensor& topk_ids,
   align_scatter_kernel<<<chunks.count, scatter_warps * kLanes,
                          static_cast<size_t>(scatter_warps) * E * sizeof(int32_t), stream>>>(
       ids, counts, sorted, slots, E, chunks.size, chunks.count);
-  const KernelStatus launched = device::launch_status(ctx, op);
-  cudaFreeAsync(counts, stream);  // after the scatter, in stream order
-  return launched;
+  return device::launch_status(ctx, op);  // ws is freed after the scatter, in stream order
 }
 
 }  // namespace kreg::moe

@@ -15,9 +15,9 @@
 #include <optional>
 #include <random>
 
-#include "../../plugins/kvcache/fp8_e4m3.hpp"
 #include "harness.hpp"
 #include "kernel_test.hpp"
+#include "kreg/device/fp8_e4m3.hpp"
 #include "kreg/registry.hpp"
 
 namespace kreg {
@@ -25,17 +25,7 @@ namespace {
 
 using harness::Buffer;
 
-using test::registry;
-
-constexpr DLDevice kCpuDev{kDLCPU, 0};
-constexpr DLDevice kGpuDev{kDLCUDA, 0};
-
-kreg_attr float_attr(double v) {
-  kreg_attr a{};
-  a.type = KREG_ATTR_FLOAT;
-  a.value.f = v;
-  return a;
-}
+using namespace test;  // kernel_test.hpp
 
 // A tensor argument: an owning buffer and the DLTensor the op sees. FP8 tensors are
 // held in a u8 buffer (the harness reads and writes their bytes as numbers) and viewed
@@ -159,15 +149,15 @@ TEST(KvcacheFp8, RoundingMatchesTheNearestValueOracle) {
   std::uniform_real_distribution<float> u(-600.0f, 600.0f);
   for (int i = 0; i < 20000; ++i) probes.push_back(u(rng) * (i % 2 ? 1.0f : 1.0f / 512));
   for (float p : probes) {
-    ASSERT_EQ(kvcache::float_to_e4m3(p), oracle_e4m3(p)) << "x = " << p;
+    ASSERT_EQ(device::float_to_e4m3(p), oracle_e4m3(p)) << "x = " << p;
   }
-  EXPECT_EQ(kvcache::float_to_e4m3(NAN), 0x7f);
+  EXPECT_EQ(device::float_to_e4m3(NAN), 0x7f);
   EXPECT_EQ(to_dl(DType::kF8E4M3).code, kDLFloat8E4M3FnCode);
   EXPECT_EQ(dtype_size(DType::kF8E4M3), 1u);
   EXPECT_EQ(parse_dtype("f8e4m3"), DType::kF8E4M3);
   for (int c = 0; c < 256; ++c) {
     if ((c & 0x7f) == 0x7f) continue;
-    EXPECT_EQ(kvcache::float_to_e4m3(kvcache::e4m3_to_float(static_cast<uint8_t>(c))), c);
+    EXPECT_EQ(device::float_to_e4m3(device::e4m3_to_float(static_cast<uint8_t>(c))), c);
   }
 }
 
@@ -257,13 +247,6 @@ std::string label(const StoreShape& s, DtypePair d, DType idx) {
          std::string(dtype_name(idx));
 }
 
-KernelHandle handle(const char* op, const std::string& backend) {
-  auto h =
-      registry().resolve(op, Target{backend == "cpu" ? kCpuDev : kGpuDev, std::nullopt}, {backend});
-  EXPECT_TRUE(h.ok()) << h.status().message();
-  return h.ok() ? *h : KernelHandle{};
-}
-
 TEST(Kvcache, EveryShippedOpHasAnOracleHere) {
   std::vector<std::string> shipped;
   for (const std::string& id : registry().op_ids()) {
@@ -290,7 +273,7 @@ TEST(Kvcache, StoreCpuReferenceMatchesTheOracle) {
         // Scales that send quotients into the subnormals (4) and past 448 (0.003).
         for (auto [ks, vs] : fp8 ? std::vector<std::pair<double, double>>{{1, 1}, {4, 0.003}}
                                  : std::vector<std::pair<double, double>>{{1, 1}}) {
-          StoreCase c = make_store(s, d.in, d.cache, idx, seed++, kCpuDev, false, ks, vs);
+          StoreCase c = make_store(s, d.in, d.cache, idx, seed++, kCpu, false, ks, vs);
           Status st = call_store(h, c);
           ASSERT_TRUE(st.ok()) << st.message();
           expect_exact(c.k_cache.values(), c.expect_k, "k_cache");
@@ -312,36 +295,34 @@ TEST(Kvcache, StoreBadArgumentsNameTheArgument) {
     expect_exact(c.k_cache.values(), before, "k_cache untouched");
   };
   {
-    StoreCase c = make_store(s, DType::kBF16, DType::kF16, DType::kI64, 1, kCpuDev);
+    StoreCase c = make_store(s, DType::kBF16, DType::kF16, DType::kI64, 1, kCpu);
     expect_error(c, "argument 'k_cache' has dtype f16; expected k's dtype (bf16) or f8e4m3");
   }
   {
-    StoreCase c = make_store(s, DType::kBF16, DType::kBF16, DType::kI64, 1, kCpuDev);
-    c.v_cache = make_arg(kCpuDev, DType::kF16, {2, 4, 2, 8}, std::vector<double>(128, 1.0));
+    StoreCase c = make_store(s, DType::kBF16, DType::kBF16, DType::kI64, 1, kCpu);
+    c.v_cache = make_arg(kCpu, DType::kF16, {2, 4, 2, 8}, std::vector<double>(128, 1.0));
     expect_error(c, "argument 'v_cache' has dtype f16, but 'k_cache' has bf16");
   }
   {
-    StoreCase c = make_store(s, DType::kBF16, DType::kBF16, DType::kI64, 1, kCpuDev, false, 0.5);
+    StoreCase c = make_store(s, DType::kBF16, DType::kBF16, DType::kI64, 1, kCpu, false, 0.5);
     expect_error(c, "attribute 'k_scale' is 0.5, but the caches are bf16");
   }
   {
-    StoreCase c =
-        make_store(s, DType::kBF16, DType::kF8E4M3, DType::kI64, 1, kCpuDev, false, 1, 0.0);
+    StoreCase c = make_store(s, DType::kBF16, DType::kF8E4M3, DType::kI64, 1, kCpu, false, 1, 0.0);
     expect_error(c, "attribute 'v_scale' is 0; an fp8 cache needs a positive, finite scale");
   }
   {
-    StoreCase c =
-        make_store(s, DType::kBF16, DType::kF8E4M3, DType::kI64, 1, kCpuDev, false, NAN, 1);
+    StoreCase c = make_store(s, DType::kBF16, DType::kF8E4M3, DType::kI64, 1, kCpu, false, NAN, 1);
     expect_error(c, "attribute 'k_scale' is nan");
   }
   {
-    StoreCase c = make_store(s, DType::kBF16, DType::kBF16, DType::kI64, 1, kCpuDev);
-    c.slots = make_arg(kCpuDev, DType::kF32, {4}, {0, 1, 2, 3});
+    StoreCase c = make_store(s, DType::kBF16, DType::kBF16, DType::kI64, 1, kCpu);
+    c.slots = make_arg(kCpu, DType::kF32, {4}, {0, 1, 2, 3});
     expect_error(c, "argument 'slot_mapping' (tensor 3 of 5) has dtype f32, expected i32|i64");
   }
   {
-    StoreCase c = make_store(s, DType::kBF16, DType::kBF16, DType::kI64, 1, kCpuDev);
-    c.v_cache = make_arg(kCpuDev, DType::kBF16, {2, 4, 2, 4}, std::vector<double>(64, 1.0));
+    StoreCase c = make_store(s, DType::kBF16, DType::kBF16, DType::kI64, 1, kCpu);
+    c.v_cache = make_arg(kCpu, DType::kBF16, {2, 4, 2, 4}, std::vector<double>(64, 1.0));
     expect_error(c, "argument 'v_cache' (tensor 5 of 5) has shape [2,4,2,4]");
   }
 }
@@ -404,7 +385,7 @@ TEST(Kvcache, SetMlaCpuReferenceMatchesTheOracle) {
         SCOPED_TRACE("n=" + std::to_string(s.n) + " P=" + std::to_string(s.P) +
                      " Dn=" + std::to_string(s.Dn) + " Dr=" + std::to_string(s.Dr) + " " +
                      std::string(dtype_name(dt)) + " " + std::string(dtype_name(idx)));
-        MlaCase c = make_mla(s, dt, idx, seed++, kCpuDev);
+        MlaCase c = make_mla(s, dt, idx, seed++, kCpu);
         Status st = call_mla(h, c);
         ASSERT_TRUE(st.ok()) << st.message();
         expect_exact(c.kv_buffer.values(), c.expect, "kv_buffer");
@@ -415,7 +396,7 @@ TEST(Kvcache, SetMlaCpuReferenceMatchesTheOracle) {
 
 TEST(Kvcache, SetMlaBadArgumentsNameTheArgument) {
   const KernelHandle h = handle("kvcache.set_mla_kv_buffer", "cpu");
-  MlaCase c = make_mla({3, 5, 8, 4}, DType::kBF16, DType::kI64, 1, kCpuDev);
+  MlaCase c = make_mla({3, 5, 8, 4}, DType::kBF16, DType::kI64, 1, kCpu);
   c.kv_buffer.shape = {4, 15};
   Status st = call_mla(h, c);
   EXPECT_EQ(st.code(), KREG_INVALID_ARGUMENT);
@@ -423,7 +404,7 @@ TEST(Kvcache, SetMlaBadArgumentsNameTheArgument) {
                               "8 + 4"),
             std::string::npos)
       << st.message();
-  MlaCase d = make_mla({3, 5, 8, 4}, DType::kBF16, DType::kI64, 1, kCpuDev);
+  MlaCase d = make_mla({3, 5, 8, 4}, DType::kBF16, DType::kI64, 1, kCpu);
   d.k_rope.view_dtype = DType::kF16;
   st = call_mla(h, d);
   EXPECT_NE(st.message().find("argument 'k_rope' (tensor 4 of 4) has dtype f16, but 'kv_buffer' "
@@ -448,42 +429,12 @@ std::vector<uint8_t> random_bytes(std::mt19937_64& rng, int64_t n) {
 
 // A u8 buffer on `device` holding `bytes`.
 Buffer bytes_buffer(DLDevice device, const std::vector<uint8_t>& bytes) {
-  const auto n = static_cast<int64_t>(bytes.size());
-  auto host = Buffer::make(kCpuDev, DType::kU8, {n});
-  EXPECT_TRUE(host.ok()) << host.status().message();
-  if (n > 0) std::memcpy(host->tensor()->data, bytes.data(), bytes.size());
-  auto b = Buffer::make(device, DType::kU8, {n});
-  EXPECT_TRUE(b.ok()) << b.status().message();
-  EXPECT_TRUE(b->copy_from(*host).ok());
-  return std::move(b).value();
-}
-
-// The bytes of any buffer (copied back from the device when needed).
-std::vector<uint8_t> bytes_of(const Buffer& b) {
-  auto host = Buffer::make(kCpuDev, b.dtype(), b.shape());
-  EXPECT_TRUE(host.ok()) << host.status().message();
-  EXPECT_TRUE(host->copy_from(b).ok());
-  const auto* p = static_cast<const uint8_t*>(host->tensor()->data);
-  return std::vector<uint8_t>(p, p + host->bytes());
+  return test::exact_buffer(device, DType::kU8, {static_cast<int64_t>(bytes.size())}, bytes.data());
 }
 
 // An i64 buffer on `device` holding `v` exactly (addresses do not go through doubles).
 Buffer i64_buffer(DLDevice device, const std::vector<int64_t>& v) {
-  const auto n = static_cast<int64_t>(v.size());
-  auto host = Buffer::make(kCpuDev, DType::kI64, {n});
-  EXPECT_TRUE(host.ok()) << host.status().message();
-  if (n > 0) std::memcpy(host->tensor()->data, v.data(), v.size() * sizeof(int64_t));
-  auto b = Buffer::make(device, DType::kI64, {n});
-  EXPECT_TRUE(b.ok()) << b.status().message();
-  EXPECT_TRUE(b->copy_from(*host).ok());
-  return std::move(b).value();
-}
-
-kreg_attr int_attr(int64_t v) {
-  kreg_attr a{};
-  a.type = KREG_ATTR_INT;
-  a.value.i = v;
-  return a;
+  return test::exact_buffer(device, DType::kI64, {static_cast<int64_t>(v.size())}, v.data());
 }
 
 // Row-index pairs of one transfer and the rows they address.
@@ -647,7 +598,7 @@ TEST(Kvcache, TransferCpuReferenceMatchesTheOracle) {
     for (bool dup : {false, true}) {
       SCOPED_TRACE(label(s) + (dup ? " duplicate dst indices" : ""));
       const DType dt = kTransferDtypes[k++ % std::size(kTransferDtypes)];
-      TransferCase c = make_transfer(s, seed++, kCpuDev, kCpuDev, kCpuDev, 0, dup);
+      TransferCase c = make_transfer(s, seed++, kCpu, kCpu, kCpu, 0, dup);
       const auto src_before = bytes_of(c.src);
       Status st = run_transfer(h, c, dt, k % 3 == 0);
       ASSERT_TRUE(st.ok()) << st.message();
@@ -662,9 +613,9 @@ TEST(Kvcache, TransferSkipsOutOfRangeRowsAndKeepsTheLastDuplicate) {
   // 3 source rows of 16 bytes (row r filled with r + 1), 4 destination rows (0xee).
   std::vector<uint8_t> src(48), dst(64, 0xee);
   for (int r = 0; r < 3; ++r) std::fill_n(src.begin() + 16 * r, 16, static_cast<uint8_t>(r + 1));
-  Buffer s = bytes_buffer(kCpuDev, src), d = bytes_buffer(kCpuDev, dst);
-  Buffer si = i64_buffer(kCpuDev, {0, 2, -1, 3, 1, 1, 2});
-  Buffer di = i64_buffer(kCpuDev, {3, 0, 1, 1, 4, 0, 0});
+  Buffer s = bytes_buffer(kCpu, src), d = bytes_buffer(kCpu, dst);
+  Buffer si = i64_buffer(kCpu, {0, 2, -1, 3, 1, 1, 2});
+  Buffer di = i64_buffer(kCpu, {3, 0, 1, 1, 4, 0, 0});
   RowsView sv = rows_view(s, DType::kU8, 3, 16), dv = rows_view(d, DType::kU8, 4, 16);
   ASSERT_TRUE(call_transfer(h, si, di, sv, dv).ok());
   const auto got = bytes_of(d);
@@ -691,23 +642,23 @@ TEST(Kvcache, TransferLayersCpuReferenceMatchesTheOracle) {
       // (token-major: row r of layer l at (r * L + l) * row).
       const int64_t ss = strided ? kLayers * row : row;
       auto page_first = random_bytes(rng, s.src_rows * kLayers * row);
-      Buffer pf = bytes_buffer(kCpuDev, page_first);
+      Buffer pf = bytes_buffer(kCpu, page_first);
       std::vector<Buffer> srcs, dsts;
       std::vector<std::vector<uint8_t>> src_bytes, dst_bytes_before;
       std::vector<int64_t> sp, dp;
       for (int64_t l = 0; l < kLayers; ++l) {
         src_bytes.push_back(random_bytes(rng, s.src_rows * row));
         dst_bytes_before.push_back(random_bytes(rng, s.dst_rows * row));
-        srcs.push_back(bytes_buffer(kCpuDev, src_bytes.back()));
-        dsts.push_back(bytes_buffer(kCpuDev, dst_bytes_before.back()));
+        srcs.push_back(bytes_buffer(kCpu, src_bytes.back()));
+        dsts.push_back(bytes_buffer(kCpu, dst_bytes_before.back()));
         auto* base = strided ? static_cast<uint8_t*>(pf.tensor()->data) + l * row
                              : static_cast<uint8_t*>(srcs.back().tensor()->data);
         // Layer 2 is left out (a null source address).
         sp.push_back(l == 2 ? 0 : reinterpret_cast<int64_t>(base));
         dp.push_back(reinterpret_cast<int64_t>(dsts.back().tensor()->data));
       }
-      Buffer si = i64_buffer(kCpuDev, idx.src), di = i64_buffer(kCpuDev, idx.dst);
-      Buffer spb = i64_buffer(kCpuDev, sp), dpb = i64_buffer(kCpuDev, dp);
+      Buffer si = i64_buffer(kCpu, idx.src), di = i64_buffer(kCpu, idx.dst);
+      Buffer spb = i64_buffer(kCpu, sp), dpb = i64_buffer(kCpu, dp);
       DLTensor* args[] = {si.tensor(), di.tensor(), spb.tensor(), dpb.tensor()};
       const kreg_attr attrs[] = {int_attr(row), int_attr(s.src_rows), int_attr(s.dst_rows),
                                  int_attr(strided ? ss : 0), int_attr(0)};
@@ -733,7 +684,7 @@ TEST(Kvcache, TransferLayersCpuReferenceMatchesTheOracle) {
 
 TEST(Kvcache, TransferBadArgumentsNameTheArgument) {
   const KernelHandle h = handle("kvcache.transfer", "cpu");
-  TransferCase c = make_transfer({4, 4, 4, 32}, 1, kCpuDev, kCpuDev, kCpuDev);
+  TransferCase c = make_transfer({4, 4, 4, 32}, 1, kCpu, kCpu, kCpu);
   const auto before = bytes_of(c.dst);
   auto expect_error = [&](RowsView src, RowsView dst, const std::string& needle,
                           Buffer* si = nullptr) {
@@ -767,12 +718,12 @@ TEST(Kvcache, TransferBadArgumentsNameTheArgument) {
     expect_error(src, dst, "argument 'src' is a scalar");
   }
   {
-    Buffer wrong = i64_buffer(kCpuDev, {0, 1, 2});
+    Buffer wrong = i64_buffer(kCpu, {0, 1, 2});
     expect_error(rows_view(c.src, DType::kU8, 4, 32), rows_view(c.dst, DType::kU8, 4, 32),
                  "argument 'dst_idx' (tensor 2 of 4) has shape [4]", &wrong);
   }
   {
-    auto i32 = Buffer::make(kCpuDev, DType::kI32, {4});
+    auto i32 = Buffer::make(kCpu, DType::kI32, {4});
     ASSERT_TRUE(i32.ok());
     ASSERT_TRUE(i32->from_doubles({0, 1, 2, 3}).ok());
     expect_error(rows_view(c.src, DType::kU8, 4, 32), rows_view(c.dst, DType::kU8, 4, 32),
@@ -782,11 +733,11 @@ TEST(Kvcache, TransferBadArgumentsNameTheArgument) {
 
 TEST(Kvcache, TransferLayersBadAttributesNameTheAttribute) {
   const KernelHandle h = handle("kvcache.transfer_layers", "cpu");
-  Buffer si = i64_buffer(kCpuDev, {0}), di = i64_buffer(kCpuDev, {0});
+  Buffer si = i64_buffer(kCpu, {0}), di = i64_buffer(kCpu, {0});
   std::vector<uint8_t> dst(64, 0xee);
-  Buffer src = bytes_buffer(kCpuDev, std::vector<uint8_t>(64, 1)), d = bytes_buffer(kCpuDev, dst);
-  Buffer sp = i64_buffer(kCpuDev, {reinterpret_cast<int64_t>(src.tensor()->data)});
-  Buffer dp = i64_buffer(kCpuDev, {reinterpret_cast<int64_t>(d.tensor()->data)});
+  Buffer src = bytes_buffer(kCpu, std::vector<uint8_t>(64, 1)), d = bytes_buffer(kCpu, dst);
+  Buffer sp = i64_buffer(kCpu, {reinterpret_cast<int64_t>(src.tensor()->data)});
+  Buffer dp = i64_buffer(kCpu, {reinterpret_cast<int64_t>(d.tensor()->data)});
   auto expect_error = [&](std::vector<int64_t> a, const std::string& needle) {
     DLTensor* args[] = {si.tensor(), di.tensor(), sp.tensor(), dp.tensor()};
     const kreg_attr attrs[] = {int_attr(a[0]), int_attr(a[1]), int_attr(a[2]), int_attr(a[3]),
@@ -808,15 +759,7 @@ TEST(Kvcache, TransferLayersBadAttributesNameTheAttribute) {
 
 // ---- GPU: every CUDA implementation against its CPU reference ----
 
-class KvcacheGpu : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (!harness::gpu_available()) {
-      GTEST_SKIP() << "no CUDA device on this machine: GPU kernel tests skipped "
-                      "(run ctest on a GPU machine to exercise them)";
-    }
-  }
-};
+class KvcacheGpu : public test::GpuTest {};
 
 TEST_F(KvcacheGpu, StoreMatchesTheCpuReference) {
   const KernelHandle gpu = handle("kvcache.store", "cuda");
@@ -832,8 +775,8 @@ TEST_F(KvcacheGpu, StoreMatchesTheCpuReference) {
           SCOPED_TRACE(label(s, d, idx) + (misalign ? " misaligned" : ""));
           const bool fp8 = d.cache == DType::kF8E4M3;
           const double ks = fp8 ? 4.0 : 1.0, vs = fp8 ? 0.003 : 1.0;
-          StoreCase g = make_store(s, d.in, d.cache, idx, seed, kGpuDev, misalign, ks, vs);
-          StoreCase c = make_store(s, d.in, d.cache, idx, seed++, kCpuDev, false, ks, vs);
+          StoreCase g = make_store(s, d.in, d.cache, idx, seed, kGpu, misalign, ks, vs);
+          StoreCase c = make_store(s, d.in, d.cache, idx, seed++, kCpu, false, ks, vs);
           Status st = call_store(gpu, g);
           ASSERT_TRUE(st.ok()) << st.message();
           ASSERT_TRUE(harness::device_synchronize().ok());
@@ -859,8 +802,8 @@ TEST_F(KvcacheGpu, SetMlaMatchesTheCpuReference) {
           SCOPED_TRACE("n=" + std::to_string(s.n) + " P=" + std::to_string(s.P) +
                        " Dn=" + std::to_string(s.Dn) + " Dr=" + std::to_string(s.Dr) + " " +
                        std::string(dtype_name(dt)) + (misalign ? " misaligned" : ""));
-          MlaCase g = make_mla(s, dt, idx, seed, kGpuDev, misalign);
-          MlaCase c = make_mla(s, dt, idx, seed++, kCpuDev);
+          MlaCase g = make_mla(s, dt, idx, seed, kGpu, misalign);
+          MlaCase c = make_mla(s, dt, idx, seed++, kCpu);
           Status st = call_mla(gpu, g);
           ASSERT_TRUE(st.ok()) << st.message();
           ASSERT_TRUE(harness::device_synchronize().ok());
@@ -874,7 +817,7 @@ TEST_F(KvcacheGpu, SetMlaMatchesTheCpuReference) {
 
 TEST_F(KvcacheGpu, CpuTensorsToTheCudaPathAreRefused) {
   const KernelHandle gpu = handle("kvcache.store", "cuda");
-  StoreCase c = make_store({4, 2, 8, 2, 4}, DType::kBF16, DType::kBF16, DType::kI64, 1, kCpuDev);
+  StoreCase c = make_store({4, 2, 8, 2, 4}, DType::kBF16, DType::kBF16, DType::kI64, 1, kCpu);
   Status st = call_store(gpu, c);
   EXPECT_EQ(st.code(), KREG_INVALID_ARGUMENT);
   EXPECT_NE(st.message().find("is on cpu:0, but backend cuda runs on cuda tensors"),
@@ -891,7 +834,7 @@ TEST_F(KvcacheGpu, PinnedHarnessBuffersRoundTrip) {
   std::vector<double> v(15);
   for (size_t i = 0; i < v.size(); ++i) v[i] = 0.25 * static_cast<double>(i + 1);
   ASSERT_TRUE(p->from_doubles(v).ok());
-  auto g = Buffer::make(kGpuDev, DType::kBF16, {3, 5});
+  auto g = Buffer::make(kGpu, DType::kBF16, {3, 5});
   auto q = Buffer::make(kPinnedDev, DType::kBF16, {3, 5});
   ASSERT_TRUE(g.ok() && q.ok());
   ASSERT_TRUE(g->copy_from(*p).ok());
@@ -909,8 +852,8 @@ TEST_F(KvcacheGpu, TransferMatchesTheCpuReferenceInEveryDirection) {
   const KernelHandle cpu = handle("kvcache.transfer", "cpu");
   uint64_t seed = 5000;
   int k = 0;
-  for (DLDevice from : {kGpuDev, kPinnedDev}) {
-    for (DLDevice to : {kGpuDev, kPinnedDev}) {
+  for (DLDevice from : {kGpu, kPinnedDev}) {
+    for (DLDevice to : {kGpu, kPinnedDev}) {
       for (const TransferShape& s : transfer_shapes()) {
         // 0: plain; 1: pinned tensors exported as kDLCPU (PyTorch); 2: 8-byte offset views
         // (not 16-byte aligned: the bytewise path).
@@ -924,8 +867,8 @@ TEST_F(KvcacheGpu, TransferMatchesTheCpuReferenceInEveryDirection) {
           const bool rank3 = k++ % 4 == 1;
           const int64_t offset = variant == 2 ? 8 : 0;
           const auto claim = variant == 1 ? std::optional<DLDeviceType>(kDLCPU) : std::nullopt;
-          TransferCase g = make_transfer(s, seed, kGpuDev, from, to, offset);
-          TransferCase c = make_transfer(s, seed++, kCpuDev, kCpuDev, kCpuDev, offset);
+          TransferCase g = make_transfer(s, seed, kGpu, from, to, offset);
+          TransferCase c = make_transfer(s, seed++, kCpu, kCpu, kCpu, offset);
           Status st = run_transfer(gpu, g, dt, rank3, claim);
           ASSERT_TRUE(st.ok()) << st.message();
           ASSERT_TRUE(harness::device_synchronize().ok());
@@ -949,10 +892,10 @@ TEST_F(KvcacheGpu, TransferLargeCopiesTakeSeveralGridRounds) {
   for (int64_t row : {int64_t{4096}, int64_t{256}}) {
     const int64_t n = (int64_t{96} << 20) / row;
     const TransferShape s{n, n + 1000, n + 3000, row};
-    for (auto [from, to] : {std::pair{kGpuDev, kPinnedDev}, std::pair{kPinnedDev, kGpuDev}}) {
+    for (auto [from, to] : {std::pair{kGpu, kPinnedDev}, std::pair{kPinnedDev, kGpu}}) {
       SCOPED_TRACE(std::string(place(from)) + " -> " + place(to) + " " + label(s));
-      TransferCase g = make_transfer(s, seed, kGpuDev, from, to);
-      TransferCase c = make_transfer(s, seed++, kCpuDev, kCpuDev, kCpuDev);
+      TransferCase g = make_transfer(s, seed, kGpu, from, to);
+      TransferCase c = make_transfer(s, seed++, kCpu, kCpu, kCpu);
       Status st = run_transfer(gpu, g, DType::kBF16);
       ASSERT_TRUE(st.ok()) << st.message();
       ASSERT_TRUE(harness::device_synchronize().ok());
@@ -986,7 +929,7 @@ void check_layers(const KernelHandle& gpu, const KernelHandle& cpu,
   if (page_first_src) {  // every layer's source in one token-major buffer, where plan[0] says
     const auto bytes = random_bytes(rng, s.src_rows * layers * row);
     gbufs.push_back(bytes_buffer(plan[0].from, bytes));
-    cbufs.push_back(bytes_buffer(kCpuDev, bytes));
+    cbufs.push_back(bytes_buffer(kCpu, bytes));
   }
   Buffer* gpf = page_first_src ? &gbufs.front() : nullptr;
   Buffer* cpf = page_first_src ? &cbufs.front() : nullptr;
@@ -999,21 +942,21 @@ void check_layers(const KernelHandle& gpu, const KernelHandle& cpu,
     } else {
       const auto bytes = random_bytes(rng, off + s.src_rows * row);
       gbufs.push_back(bytes_buffer(p.from, bytes));
-      cbufs.push_back(bytes_buffer(kCpuDev, bytes));
+      cbufs.push_back(bytes_buffer(kCpu, bytes));
       gsp.push_back(addr(gbufs.back(), off));
       csp.push_back(addr(cbufs.back(), off));
     }
     const auto bytes = random_bytes(rng, off + s.dst_rows * row);
     gbufs.push_back(bytes_buffer(p.to, bytes));
-    cbufs.push_back(bytes_buffer(kCpuDev, bytes));
+    cbufs.push_back(bytes_buffer(kCpu, bytes));
     dsts.emplace_back(&gbufs.back(), &cbufs.back());
     gdp.push_back(p.skip ? 0 : addr(gbufs.back(), off));
     cdp.push_back(p.skip ? 0 : addr(cbufs.back(), off));
   }
-  Buffer gsi = i64_buffer(kGpuDev, idx.src), gdi = i64_buffer(kGpuDev, idx.dst);
-  Buffer gspb = i64_buffer(kGpuDev, gsp), gdpb = i64_buffer(kGpuDev, gdp);
-  Buffer csi = i64_buffer(kCpuDev, idx.src), cdi = i64_buffer(kCpuDev, idx.dst);
-  Buffer cspb = i64_buffer(kCpuDev, csp), cdpb = i64_buffer(kCpuDev, cdp);
+  Buffer gsi = i64_buffer(kGpu, idx.src), gdi = i64_buffer(kGpu, idx.dst);
+  Buffer gspb = i64_buffer(kGpu, gsp), gdpb = i64_buffer(kGpu, gdp);
+  Buffer csi = i64_buffer(kCpu, idx.src), cdi = i64_buffer(kCpu, idx.dst);
+  Buffer cspb = i64_buffer(kCpu, csp), cdpb = i64_buffer(kCpu, cdp);
   const kreg_attr attrs[] = {int_attr(row), int_attr(s.src_rows), int_attr(s.dst_rows),
                              int_attr(page_first_src ? src_stride : 0), int_attr(0)};
   DLTensor* gargs[] = {gsi.tensor(), gdi.tensor(), gspb.tensor(), gdpb.tensor()};
@@ -1034,13 +977,12 @@ void check_layers(const KernelHandle& gpu, const KernelHandle& cpu,
 TEST_F(KvcacheGpu, TransferLayersMixesDirectionsInOneLaunch) {
   const KernelHandle gpu = handle("kvcache.transfer_layers", "cuda");
   const KernelHandle cpu = handle("kvcache.transfer_layers", "cpu");
-  const std::vector<LayerPlan> mixed = {{kGpuDev, kPinnedDev},
-                                        {kPinnedDev, kGpuDev},
-                                        {kGpuDev, kGpuDev},
+  const std::vector<LayerPlan> mixed = {{kGpu, kPinnedDev},
+                                        {kPinnedDev, kGpu},
+                                        {kGpu, kGpu},
                                         {kPinnedDev, kPinnedDev},
-                                        {kGpuDev, kPinnedDev, true}};
-  const std::vector<LayerPlan> load = {
-      {kPinnedDev, kGpuDev}, {kPinnedDev, kGpuDev}, {kPinnedDev, kGpuDev}};
+                                        {kGpu, kPinnedDev, true}};
+  const std::vector<LayerPlan> load = {{kPinnedDev, kGpu}, {kPinnedDev, kGpu}, {kPinnedDev, kGpu}};
   uint64_t seed = 7000;
   for (int64_t row : kRowBytes) {
     for (const TransferShape& s :
@@ -1063,14 +1005,14 @@ TEST_F(KvcacheGpu, TransferLayersMixesDirectionsInOneLaunch) {
   }
   // 80 layers: the resident blocks are shared by 80 layers (a handful each), so each
   // layer's rows take several grid rounds.
-  std::vector<LayerPlan> many(80, LayerPlan{kGpuDev, kPinnedDev});
+  std::vector<LayerPlan> many(80, LayerPlan{kGpu, kPinnedDev});
   check_layers(gpu, cpu, many, TransferShape{2000, 2100, 2200, 256}, false, 0, seed++);
 }
 
 TEST_F(KvcacheGpu, TransferRefusesPageableHostMemory) {
   const KernelHandle gpu = handle("kvcache.transfer", "cuda");
   // dst in plain (pageable) CPU memory.
-  TransferCase c = make_transfer({4, 4, 4, 64}, 1, kGpuDev, kGpuDev, kCpuDev);
+  TransferCase c = make_transfer({4, 4, 4, 64}, 1, kGpu, kGpu, kCpu);
   const auto before = bytes_of(c.dst);
   Status st = run_transfer(gpu, c, DType::kU8);
   EXPECT_EQ(st.code(), KREG_INVALID_ARGUMENT);
@@ -1079,7 +1021,7 @@ TEST_F(KvcacheGpu, TransferRefusesPageableHostMemory) {
             std::string::npos)
       << st.message();
   // Pageable memory that claims to be page-locked (kDLCUDAHost) is refused the same way.
-  TransferCase d = make_transfer({4, 4, 4, 64}, 2, kGpuDev, kCpuDev, kGpuDev);
+  TransferCase d = make_transfer({4, 4, 4, 64}, 2, kGpu, kCpu, kGpu);
   st = run_transfer(gpu, d, DType::kU8, false, kDLCUDAHost);
   EXPECT_EQ(st.code(), KREG_INVALID_ARGUMENT);
   EXPECT_NE(st.message().find("argument 'src' is in pageable host memory"), std::string::npos)
@@ -1087,7 +1029,7 @@ TEST_F(KvcacheGpu, TransferRefusesPageableHostMemory) {
   ASSERT_TRUE(harness::device_synchronize().ok()) << "a refused call must launch nothing";
   EXPECT_TRUE(bytes_of(c.dst) == before);
   // The device is fine afterwards: a pinned transfer works.
-  TransferCase ok = make_transfer({4, 4, 4, 64}, 3, kGpuDev, kGpuDev, kPinnedDev);
+  TransferCase ok = make_transfer({4, 4, 4, 64}, 3, kGpu, kGpu, kPinnedDev);
   st = run_transfer(gpu, ok, DType::kU8);
   ASSERT_TRUE(st.ok()) << st.message();
   ASSERT_TRUE(harness::device_synchronize().ok());
@@ -1096,7 +1038,7 @@ TEST_F(KvcacheGpu, TransferRefusesPageableHostMemory) {
 
 TEST_F(KvcacheGpu, TransferRefusesBadRowsAndCpuIndices) {
   const KernelHandle gpu = handle("kvcache.transfer", "cuda");
-  TransferCase c = make_transfer({4, 4, 4, 32}, 1, kGpuDev, kGpuDev, kPinnedDev);
+  TransferCase c = make_transfer({4, 4, 4, 32}, 1, kGpu, kGpu, kPinnedDev);
   RowsView src = rows_view(c.src, DType::kF32, 4, 32), dst = rows_view(c.dst, DType::kF32, 4, 32);
   src.shape = {8, 3};
   dst.shape = {8, 3};
@@ -1107,7 +1049,7 @@ TEST_F(KvcacheGpu, TransferRefusesBadRowsAndCpuIndices) {
             std::string::npos)
       << st.message();
   // Indices must live on the device (the first tensor decides the call's device).
-  TransferCase h = make_transfer({4, 4, 4, 32}, 1, kCpuDev, kGpuDev, kPinnedDev);
+  TransferCase h = make_transfer({4, 4, 4, 32}, 1, kCpu, kGpu, kPinnedDev);
   st = run_transfer(gpu, h, DType::kU8);
   EXPECT_EQ(st.code(), KREG_INVALID_ARGUMENT);
   EXPECT_NE(st.message().find("is on cpu:0, but backend cuda runs on cuda tensors"),
@@ -1115,8 +1057,8 @@ TEST_F(KvcacheGpu, TransferRefusesBadRowsAndCpuIndices) {
       << st.message();
   // transfer_layers: the attributes are checked before anything is read.
   const KernelHandle layers = handle("kvcache.transfer_layers", "cuda");
-  Buffer si = i64_buffer(kGpuDev, {0}), di = i64_buffer(kGpuDev, {0});
-  Buffer sp = i64_buffer(kGpuDev, {0}), dp = i64_buffer(kGpuDev, {0});
+  Buffer si = i64_buffer(kGpu, {0}), di = i64_buffer(kGpu, {0});
+  Buffer sp = i64_buffer(kGpu, {0}), dp = i64_buffer(kGpu, {0});
   DLTensor* args[] = {si.tensor(), di.tensor(), sp.tensor(), dp.tensor()};
   const kreg_attr attrs[] = {int_attr(40), int_attr(1), int_attr(1), int_attr(0), int_attr(0)};
   st = layers.call(args, attrs);

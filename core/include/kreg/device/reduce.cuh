@@ -7,10 +7,9 @@
 
 #include <cuda_runtime.h>
 
-namespace kreg::device {
+#include "kreg/device/warp.cuh"
 
-inline constexpr int kWarpSize = 32;
-inline constexpr unsigned kFullWarpMask = 0xffffffffu;
+namespace kreg::device {
 
 struct SumOp {
   __device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
@@ -75,9 +74,7 @@ __device__ __forceinline__ float block_row_reduce(float v, Op op, float* scratch
   return one[0];
 }
 
-__device__ __forceinline__ float warp_sum(float v, int width = kWarpSize) {
-  return warp_reduce(v, SumOp{}, width);
-}
+// warp_sum: warp.cuh's, for any type.
 __device__ __forceinline__ float warp_max(float v, int width = kWarpSize) {
   return warp_reduce(v, MaxOp{}, width);
 }

@@ -13,6 +13,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdio>
 
 #include "kreg/plugin.hpp"
 
@@ -24,16 +25,23 @@ class Workspace {
       : ctx_(ctx), bytes_(bytes), device_(device) {
     if (bytes == 0) return;
     if (ctx.host_allocates()) {
+      // The host's message goes into our own buffer, not the call's: fail() formats the
+      // call's message from it, and a buffer cannot be both source and destination.
       host_ = true;
-      ptr_ = ctx.host_alloc(bytes, device);
-      if (ptr_ == nullptr) error_ = "the host's allocator refused";
+      const kreg_host_services* s = ctx.services();
+      kreg_error err{sizeof(kreg_error), reason_, sizeof(reason_)};
+      ptr_ = s->workspace_alloc(s->self, bytes, device, ctx.stream(), &err);
+      reason_[sizeof(reason_) - 1] = '\0';  // a host that filled the buffer without a NUL
+      if (ptr_ == nullptr && reason_[0] == '\0') {
+        std::snprintf(reason_, sizeof(reason_), "the host's allocator returned no memory");
+      }
       return;
     }
-    const cudaError_t e =
-        cudaMallocAsync(&ptr_, bytes, static_cast<cudaStream_t>(ctx.stream()));
+    const cudaError_t e = cudaMallocAsync(&ptr_, bytes, static_cast<cudaStream_t>(ctx.stream()));
     if (e != cudaSuccess) {
       ptr_ = nullptr;
-      error_ = cudaGetErrorString(e);
+      cudaGetLastError();  // not reported again by the next launch check
+      std::snprintf(reason_, sizeof(reason_), "%s", cudaGetErrorString(e));
     }
   }
   ~Workspace() {
@@ -51,11 +59,10 @@ class Workspace {
   void* data() const { return ptr_; }
   size_t size() const { return bytes_; }
   bool from_host() const { return host_; }
-  // RESOURCE_EXHAUSTED naming the op, the size and the allocator's reason.
+  // RESOURCE_EXHAUSTED naming the op, the size, the allocator and its reason.
   KernelStatus fail(const Context& ctx) const {
     return ctx.fail(KREG_RESOURCE_EXHAUSTED, "%s: cannot allocate %zu bytes of workspace (%s): %s",
-                    ctx.op(), bytes_, host_ ? "host allocator" : "cudaMallocAsync",
-                    error_ != nullptr ? error_ : "unknown error");
+                    ctx.op(), bytes_, host_ ? "host allocator" : "cudaMallocAsync", reason_);
   }
 
  private:
@@ -64,7 +71,7 @@ class Workspace {
   DLDevice device_;
   void* ptr_ = nullptr;
   bool host_ = false;
-  const char* error_ = nullptr;
+  char reason_[256] = {};
 };
 
 }  // namespace kreg::device

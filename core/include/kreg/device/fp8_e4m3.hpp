@@ -1,14 +1,15 @@
 // Host-side rounding of a float to FP8 E4M3 (the "fn" variant: no infinities, one NaN
-// pattern per sign, largest finite value 448), as the CPU references store it. It is
-// the conversion CUDA's __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3) performs:
-// round to nearest, ties to even; magnitudes beyond 448 (infinities included) saturate
-// to +-448; NaN becomes 0x7f.
+// pattern per sign, largest finite value 448), as the CPU references store it, and back.
+// It is the conversion CUDA's __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3)
+// performs in the kernels: round to nearest, ties to even; magnitudes beyond 448
+// (infinities included) saturate to +-448; NaN becomes 0x7f. Plain C++ (no CUDA header),
+// so CPU references and tests include it.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 
-namespace kreg::kvcache {
+namespace kreg::device {
 
 inline uint8_t float_to_e4m3(float x) {
   if (std::isnan(x)) return 0x7f;
@@ -42,4 +43,4 @@ inline float e4m3_to_float(uint8_t b) {
   return (b & 0x80) ? -mag : mag;
 }
 
-}  // namespace kreg::kvcache
+}  // namespace kreg::device
