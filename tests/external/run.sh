@@ -2,7 +2,7 @@
 # ctest external_plugin (tests/CMakeLists.txt): an out-of-tree plugin against an installed
 # kreg, end to end.
 #   1. brings the CLI and libkreg of the build tree up to date (a no-op after a full build);
-#   2. installs the build tree to a temporary prefix (cmake --install, components runtime
+#   2. installs the build tree to a prefix of its own (cmake --install, components runtime
 #      and development) and checks the package names no build or source path;
 #   3. configures and builds tests/external against it (find_package(kreg), the same
 #      generator and compiler), with nothing from the source tree on its include path;
@@ -21,7 +21,11 @@ unset KREG_PLUGIN_DIR KREG_FORCE_BACKEND KREG_MANIFEST
 # path-safety refuses a plugin or folder that group/others may write.
 umask 022
 
-work=$(mktemp -d "${TMPDIR:-/tmp}/kreg-external.XXXXXX")
+# In the build tree, not $TMPDIR: a noexec /tmp could not dlopen the plugin. Private
+# (path-safety), and removed at the start too, after a run that was killed.
+work=$build/tests/external_plugin
+rm -rf "$work"
+mkdir -m 700 -p "$work"
 trap 'rm -rf "$work"' EXIT
 prefix=$work/prefix ext=$work/build
 step() { echo "== external_plugin: $*"; }
