@@ -22,15 +22,7 @@ namespace {
 
 using harness::Buffer;
 
-using test::registry;
-
-std::vector<double> values(const Buffer& b) {
-  auto v = b.to_doubles();
-  EXPECT_TRUE(v.ok()) << v.status().message();
-  return v.ok() ? *v : std::vector<double>{};
-}
-
-size_t at(int64_t i) { return static_cast<size_t>(i); }
+using namespace test;  // kernel_test.hpp
 
 // ---- Building inputs ----
 
@@ -482,15 +474,7 @@ TEST(AttentionKernels, CpuReferencesMatchTheOracle) {
   }
 }
 
-class AttentionGpu : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (!harness::gpu_available()) {
-      GTEST_SKIP() << "no CUDA device on this machine: GPU kernel tests skipped "
-                      "(run ctest on a GPU machine to exercise them)";
-    }
-  }
-};
+class AttentionGpu : public test::GpuTest {};
 
 // Device copies of a call's buffers, as views starting `offset_elems` elements into
 // their allocations (1 defeats every vector width); write-only outputs re-poisoned.

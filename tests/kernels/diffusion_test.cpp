@@ -25,18 +25,7 @@ namespace {
 using harness::Buffer;
 using Values = std::vector<std::vector<double>>;
 
-constexpr DLDevice kCpuDevice{kDLCPU, 0};
-constexpr DLDevice kGpuDevice{kDLCUDA, 0};
-
-using test::registry;
-
-std::vector<double> values(const Buffer& b) {
-  auto v = b.to_doubles();
-  EXPECT_TRUE(v.ok()) << v.status().message();
-  return v.ok() ? *v : std::vector<double>{};
-}
-
-size_t at(int64_t i) { return static_cast<size_t>(i); }
+using namespace test;  // kernel_test.hpp
 
 // ---- Cases: explicit tensors, attributes and the oracle ----
 
@@ -71,7 +60,7 @@ Built build(const Case& c, DType dt, uint64_t seed) {
   std::mt19937_64 rng(seed);
   Built b;
   for (const Arg& a : c.args) {
-    auto buf = Buffer::make(kCpuDevice, a.dtype.value_or(dt), a.shape);
+    auto buf = Buffer::make(kCpu, a.dtype.value_or(dt), a.shape);
     EXPECT_TRUE(buf.ok());
     Status st = a.output          ? buf->poison()
                 : a.fixed.empty() ? buf->fill_random(rng)
@@ -89,7 +78,7 @@ Built to_device(const Built& host) {
   Built d;
   for (size_t i = 0; i < host.buffers.size(); ++i) {
     const Buffer& h = host.buffers[i];
-    auto buf = Buffer::make(kGpuDevice, h.dtype(), h.shape());
+    auto buf = Buffer::make(kGpu, h.dtype(), h.shape());
     EXPECT_TRUE(buf.ok());
     EXPECT_TRUE(buf->copy_from(h).ok());
     d.buffers.push_back(std::move(buf).value());
@@ -352,7 +341,7 @@ TEST(DiffusionKernels, CpuReferencesMatchTheOracle) {
   for (const Case& c : cases(false)) {
     for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
       SCOPED_TRACE(c.op + " " + c.label + " " + std::string(dtype_name(dt)));
-      auto h = resolve(c.op, kCpuDevice, dt);
+      auto h = resolve(c.op, kCpu, dt);
       ASSERT_TRUE(h.ok()) << h.status().message();
       Built b = build(c, dt, seed++);
       Values in;
@@ -375,22 +364,14 @@ TEST(DiffusionKernels, CpuReferencesMatchTheOracle) {
   }
 }
 
-class GpuDiffusionKernels : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (!harness::gpu_available()) {
-      GTEST_SKIP() << "no CUDA device on this machine: GPU kernel tests skipped "
-                      "(run ctest on a GPU machine to exercise them)";
-    }
-  }
-};
+class GpuDiffusionKernels : public test::GpuTest {};
 
 // The CUDA kernel on poisoned outputs against the CPU reference on the same inputs.
 void check_on_gpu(const Case& c, DType dt, uint64_t seed) {
   SCOPED_TRACE(c.op + " " + c.label + " " + std::string(dtype_name(dt)));
-  auto cuda = resolve(c.op, kGpuDevice, dt);
+  auto cuda = resolve(c.op, kGpu, dt);
   ASSERT_TRUE(cuda.ok()) << cuda.status().message();
-  auto cpu = resolve(c.op, kCpuDevice, dt);
+  auto cpu = resolve(c.op, kCpu, dt);
   ASSERT_TRUE(cpu.ok()) << cpu.status().message();
   Built host = build(c, dt, seed);
   Built dev = to_device(host);
@@ -421,20 +402,20 @@ TEST_F(GpuDiffusionKernels, MisalignedViews) {
         timestep_embedding_case(5, 1024, true, 0.0, 1.0, 10000, true)}) {
     SCOPED_TRACE(c.op + " " + c.label + " misaligned");
     const DType dt = DType::kBF16;
-    auto cuda = resolve(c.op, kGpuDevice, dt);
-    auto cpu = resolve(c.op, kCpuDevice, dt);
+    auto cuda = resolve(c.op, kGpu, dt);
+    auto cpu = resolve(c.op, kCpu, dt);
     ASSERT_TRUE(cuda.ok() && cpu.ok());
     Built host = build(c, dt, 77);
     std::vector<Buffer> padded;
     std::vector<DLTensor> views;
     for (const Buffer& b : host.buffers) {
-      auto p = Buffer::make(kGpuDevice, b.dtype(), {b.numel() + 1});
+      auto p = Buffer::make(kGpu, b.dtype(), {b.numel() + 1});
       ASSERT_TRUE(p.ok());
       auto v = values(b);
       v.insert(v.begin(), 0.5);
       ASSERT_TRUE(p->from_doubles(v).ok());
       DLTensor t = *b.tensor();
-      t.device = kGpuDevice;
+      t.device = kGpu;
       t.data = p->tensor()->data;
       t.byte_offset = dtype_size(b.dtype());
       views.push_back(t);
@@ -461,7 +442,7 @@ TEST_F(GpuDiffusionKernels, MisalignedViews) {
 TEST_F(GpuDiffusionKernels, EmptyTensorsAndCpuTensorsToTheCudaPath) {
   for (const Case& c :
        {residual_gate_add_case(0, 4, 64, false), residual_gate_add_case(2, 0, 64, true)}) {
-    auto cuda = resolve(c.op, kGpuDevice, DType::kBF16);
+    auto cuda = resolve(c.op, kGpu, DType::kBF16);
     ASSERT_TRUE(cuda.ok());
     Built dev = to_device(build(c, DType::kBF16, 3));
     Status st = run(*cuda, c, dev);
@@ -469,7 +450,7 @@ TEST_F(GpuDiffusionKernels, EmptyTensorsAndCpuTensorsToTheCudaPath) {
     EXPECT_TRUE(harness::device_synchronize().ok());
   }
   const Case c = residual_gate_add_case(1, 2, 8, false);
-  auto cuda = resolve(c.op, kGpuDevice, DType::kF32);
+  auto cuda = resolve(c.op, kGpu, DType::kF32);
   ASSERT_TRUE(cuda.ok());
   Built host = build(c, DType::kF32, 5);
   Status st = run(*cuda, c, host);
@@ -481,7 +462,7 @@ TEST_F(GpuDiffusionKernels, EmptyTensorsAndCpuTensorsToTheCudaPath) {
 // A bad call on the CPU path: the message must contain `expect`, outputs stay poisoned.
 void expect_refused(Case c, DType dt, const std::string& expect) {
   SCOPED_TRACE(c.op + " " + c.label);
-  auto h = resolve(c.op, kCpuDevice, dt);
+  auto h = resolve(c.op, kCpu, dt);
   ASSERT_TRUE(h.ok()) << h.status().message();
   Built b = build(c, dt, 9);
   Status st = run(*h, c, b);

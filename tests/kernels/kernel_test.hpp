@@ -1,12 +1,20 @@
 // What every kernel test shares: the registry of the shipped manifest (registry.yaml at
-// the source root) with this build's plugin libraries, opened once per test binary.
+// the source root) with this build's plugin libraries, opened once per test binary, and
+// the small helpers the group tests all need (devices, buffers with exact contents, a
+// buffer's values, attributes, handles, the fixture that skips the GPU tests).
 #pragma once
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <memory>
+#include <optional>
+#include <string>
+#include <vector>
 
+#include "harness.hpp"
 #include "kreg/registry.hpp"
 
 namespace kreg::test {
@@ -22,5 +30,78 @@ inline Registry& registry() {
   }();
   return *reg;
 }
+
+inline constexpr DLDevice kCpu{kDLCPU, 0};
+inline constexpr DLDevice kGpu{kDLCUDA, 0};
+
+// A size_t index from an int64_t one (the tests' sizes are never negative).
+inline size_t at(int64_t i) { return static_cast<size_t>(i); }
+
+// A buffer's elements as doubles (copied back from the device when needed); empty, with
+// a failure recorded, when they cannot be read.
+inline std::vector<double> values(const harness::Buffer& b) {
+  auto v = b.to_doubles();
+  EXPECT_TRUE(v.ok()) << v.status().message();
+  return v.ok() ? *v : std::vector<double>{};
+}
+
+// A buffer of `dtype` on `device` holding exactly the bytes of `src` (numel(shape)
+// elements of dtype's size): 64-bit integers and raw bytes do not go through doubles.
+inline harness::Buffer exact_buffer(DLDevice device, DType dtype, std::vector<int64_t> shape,
+                                    const void* src) {
+  auto host = harness::Buffer::make(kCpu, dtype, shape);
+  EXPECT_TRUE(host.ok()) << host.status().message();
+  if (!host.ok()) return harness::Buffer{};
+  if (host->bytes() > 0) std::memcpy(host->tensor()->data, src, host->bytes());
+  if (device.device_type == kDLCPU) return std::move(host).value();
+  auto b = harness::Buffer::make(device, dtype, std::move(shape));
+  EXPECT_TRUE(b.ok()) << b.status().message();
+  if (!b.ok()) return harness::Buffer{};
+  EXPECT_TRUE(b->copy_from(*host).ok());
+  return std::move(b).value();
+}
+
+// The bytes of any buffer (copied back from the device when needed).
+inline std::vector<uint8_t> bytes_of(const harness::Buffer& b) {
+  auto host = harness::Buffer::make(kCpu, b.dtype(), b.shape());
+  EXPECT_TRUE(host.ok()) << host.status().message();
+  if (!host.ok()) return {};
+  EXPECT_TRUE(host->copy_from(b).ok());
+  const auto* p = static_cast<const uint8_t*>(host->tensor()->data);
+  return std::vector<uint8_t>(p, p + host->bytes());
+}
+
+inline kreg_attr int_attr(int64_t v) {
+  kreg_attr a{};
+  a.type = KREG_ATTR_INT;
+  a.value.i = v;
+  return a;
+}
+
+inline kreg_attr float_attr(double v) {
+  kreg_attr a{};
+  a.type = KREG_ATTR_FLOAT;
+  a.value.f = v;
+  return a;
+}
+
+// `op`'s implementation for `backend` ("cpu" or "cuda"), any dtype; an empty handle, with
+// a failure recorded, when there is none.
+inline KernelHandle handle(const char* op, const std::string& backend) {
+  auto h = registry().resolve(op, Target{backend == "cpu" ? kCpu : kGpu, std::nullopt}, {backend});
+  EXPECT_TRUE(h.ok()) << h.status().message();
+  return h.ok() ? *h : KernelHandle{};
+}
+
+// The fixture of every GPU test: skipped, saying why, on a machine without a CUDA device.
+class GpuTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!harness::gpu_available()) {
+      GTEST_SKIP() << "no CUDA device on this machine: GPU kernel tests skipped "
+                      "(run ctest on a GPU machine to exercise them)";
+    }
+  }
+};
 
 }  // namespace kreg::test

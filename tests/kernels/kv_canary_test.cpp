@@ -22,10 +22,7 @@ namespace {
 
 using harness::Buffer;
 
-using test::registry;
-
-constexpr DLDevice kCpuDev{kDLCPU, 0};
-constexpr DLDevice kGpuDev{kDLCUDA, 0};
+using namespace test;  // kernel_test.hpp
 
 // ---- The oracle: docs/ops/kv_canary.md, written again ----
 
@@ -125,34 +122,18 @@ std::vector<Violation> oracle_verify(const World& w, const Plan& plan, bool hash
 // ---- Running the ops on a backend ----
 
 Buffer i64_buffer(DLDevice dev, std::vector<int64_t> shape, const int64_t* src) {
-  auto b = Buffer::make(kCpuDev, DType::kI64, shape);
-  EXPECT_TRUE(b.ok());
-  std::memcpy(b->tensor()->data, src, b->bytes());
-  if (dev.device_type == kDLCPU) return std::move(b).value();
-  auto d = Buffer::make(dev, DType::kI64, shape);
-  EXPECT_TRUE(d.ok());
-  EXPECT_TRUE(d->copy_from(*b).ok());
-  return std::move(d).value();
+  return test::exact_buffer(dev, DType::kI64, std::move(shape), src);
 }
 
 Buffer u8_buffer(DLDevice dev, std::vector<int64_t> shape, const uint8_t* src) {
-  auto b = Buffer::make(kCpuDev, DType::kU8, shape);
-  EXPECT_TRUE(b.ok());
-  std::memcpy(b->tensor()->data, src, b->bytes());
-  if (dev.device_type == kDLCPU) return std::move(b).value();
-  auto d = Buffer::make(dev, DType::kU8, shape);
-  EXPECT_TRUE(d.ok());
-  EXPECT_TRUE(d->copy_from(*b).ok());
-  return std::move(d).value();
+  return test::exact_buffer(dev, DType::kU8, std::move(shape), src);
 }
 
 // Exact int64 contents (Buffer::to_doubles would round 64-bit hashes).
 std::vector<int64_t> read_i64(const Buffer& b) {
-  auto host = Buffer::make(kCpuDev, DType::kI64, b.shape());
-  EXPECT_TRUE(host.ok());
-  EXPECT_TRUE(host->copy_from(b).ok());
-  std::vector<int64_t> v(static_cast<size_t>(b.numel()));
-  std::memcpy(v.data(), host->tensor()->data, host->bytes());
+  const std::vector<uint8_t> bytes = test::bytes_of(b);
+  std::vector<int64_t> v(bytes.size() / sizeof(int64_t));
+  if (!v.empty()) std::memcpy(v.data(), bytes.data(), v.size() * sizeof(int64_t));
   return v;
 }
 
@@ -160,13 +141,6 @@ std::vector<int64_t> flatten(const Plan& plan) {
   std::vector<int64_t> v;
   for (const PlanRow& r : plan) v.insert(v.end(), {r.slot, r.token, r.position, r.prev});
   return v;
-}
-
-KernelHandle handle(const char* op, const std::string& backend) {
-  auto h =
-      registry().resolve(op, Target{backend == "cpu" ? kCpuDev : kGpuDev, std::nullopt}, {backend});
-  EXPECT_TRUE(h.ok()) << h.status().message();
-  return h.ok() ? *h : KernelHandle{};
 }
 
 // Runs kv_canary.stamp on `dev`, updating w.records.
@@ -347,7 +321,7 @@ void expect_clean_history(DLDevice dev, int runs, int64_t S, uint64_t seed0) {
   }
 }
 
-TEST(KvCanary, ThousandsOfCleanRunsReportNothing) { expect_clean_history(kCpuDev, 2000, 96, 1); }
+TEST(KvCanary, ThousandsOfCleanRunsReportNothing) { expect_clean_history(kCpu, 2000, 96, 1); }
 
 // One scenario with several requests, stamped and verified clean, then each corruption
 // planted into a copy. `dev` runs the ops; the oracle and fixed expectations judge.
@@ -464,7 +438,7 @@ void run_corruptions(DLDevice dev) {
   }
 }
 
-TEST(KvCanary, PlantedCorruptionsAreDetectedWithTheRightReason) { run_corruptions(kCpuDev); }
+TEST(KvCanary, PlantedCorruptionsAreDetectedWithTheRightReason) { run_corruptions(kCpu); }
 
 void run_ring_buffer(DLDevice dev) {
   Scenario sc(64, 16, 3);
@@ -484,7 +458,7 @@ void run_ring_buffer(DLDevice dev) {
   for (int64_t x : full.raw) EXPECT_EQ(x, -7);
 }
 
-TEST(KvCanary, TheRingBufferNeverOverflowsAndKeepsCounting) { run_ring_buffer(kCpuDev); }
+TEST(KvCanary, TheRingBufferNeverOverflowsAndKeepsCounting) { run_ring_buffer(kCpu); }
 
 TEST(KvCanary, StampSkipsOutOfRangeRowsAndChainsRunsInOrder) {
   World w;
@@ -498,7 +472,7 @@ TEST(KvCanary, StampSkipsOutOfRangeRowsAndChainsRunsInOrder) {
   const Plan plan = {{2, 10, 0, -1}, {5, 11, 1, 2}, {7, 12, 2, 5},
                      {9, 13, 3, 7},  {1, 14, 4, 9}, {3, 15, 0, 0}};
   oracle_stamp(oracle, plan, true);
-  run_stamp(kCpuDev, w, plan, true);
+  run_stamp(kCpu, w, plan, true);
   EXPECT_EQ(w.records, oracle.records);
   EXPECT_EQ(w.records[4 * 1], 0) << "a row chained to an out-of-range prev is not stamped";
   EXPECT_EQ(static_cast<uint64_t>(w.records[4 * 7 + 2]),
@@ -509,11 +483,11 @@ TEST(KvCanary, BadArgumentsNameTheArgument) {
   const KernelHandle h = handle("kv_canary.verify", "cpu");
   std::vector<int64_t> rec(32, 0), plan = {0, 1, 0, -1}, ring(16, 0), count = {0};
   std::vector<uint8_t> kv(8 * 12, 0);
-  Buffer r = i64_buffer(kCpuDev, {8, 4}, rec.data());
-  Buffer p = i64_buffer(kCpuDev, {1, 4}, plan.data());
-  Buffer v = i64_buffer(kCpuDev, {4, 4}, ring.data());
-  Buffer c = i64_buffer(kCpuDev, {1}, count.data());
-  Buffer k12 = u8_buffer(kCpuDev, {8, 12}, kv.data());  // 12-byte rows
+  Buffer r = i64_buffer(kCpu, {8, 4}, rec.data());
+  Buffer p = i64_buffer(kCpu, {1, 4}, plan.data());
+  Buffer v = i64_buffer(kCpu, {4, 4}, ring.data());
+  Buffer c = i64_buffer(kCpu, {1}, count.data());
+  Buffer k12 = u8_buffer(kCpu, {8, 12}, kv.data());  // 12-byte rows
   DLTensor* args[] = {r.tensor(), p.tensor(), v.tensor(), c.tensor(), k12.tensor()};
   Status st = h.call(args);
   EXPECT_EQ(st.code(), KREG_INVALID_ARGUMENT);
@@ -521,18 +495,18 @@ TEST(KvCanary, BadArgumentsNameTheArgument) {
       << st.message();
   DLTensor* no_kv[] = {r.tensor(), p.tensor(), v.tensor(), c.tensor(), nullptr};
   EXPECT_TRUE(h.call(no_kv).ok()) << "without kv, only the records are checked";
-  Buffer k7 = u8_buffer(kCpuDev, {7, 8}, kv.data());
+  Buffer k7 = u8_buffer(kCpu, {7, 8}, kv.data());
   DLTensor* wrong_slots[] = {r.tensor(), p.tensor(), v.tensor(), c.tensor(), k7.tensor()};
   st = h.call(wrong_slots);
   EXPECT_NE(st.message().find("argument 'kv' must be [num_slots = 8, ...]"), std::string::npos)
       << st.message();
-  auto f32 = Buffer::make(kCpuDev, DType::kF32, {1, 4});
+  auto f32 = Buffer::make(kCpu, DType::kF32, {1, 4});
   DLTensor* bad_plan[] = {r.tensor(), f32->tensor(), v.tensor(), c.tensor(), nullptr};
   st = h.call(bad_plan);
   EXPECT_NE(st.message().find("argument 'plan' (tensor 2 of 5) has dtype f32, expected i64"),
             std::string::npos)
       << st.message();
-  Buffer c2 = i64_buffer(kCpuDev, {1, 4}, ring.data());
+  Buffer c2 = i64_buffer(kCpu, {1, 4}, ring.data());
   DLTensor* bad_count[] = {r.tensor(), p.tensor(), v.tensor(), c2.tensor(), nullptr};
   st = h.call(bad_count);
   EXPECT_NE(st.message().find("argument 'count' (tensor 4 of 5) has rank 2"), std::string::npos)
@@ -541,19 +515,11 @@ TEST(KvCanary, BadArgumentsNameTheArgument) {
 
 // ---- GPU: the same scenarios through the CUDA implementations ----
 
-class KvCanaryGpu : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (!harness::gpu_available()) {
-      GTEST_SKIP() << "no CUDA device on this machine: GPU kernel tests skipped "
-                      "(run ctest on a GPU machine to exercise them)";
-    }
-  }
-};
+class KvCanaryGpu : public test::GpuTest {};
 
-TEST_F(KvCanaryGpu, CleanRunsReportNothing) { expect_clean_history(kGpuDev, 300, 2048, 5000); }
-TEST_F(KvCanaryGpu, PlantedCorruptionsAreDetectedWithTheRightReason) { run_corruptions(kGpuDev); }
-TEST_F(KvCanaryGpu, TheRingBufferNeverOverflowsAndKeepsCounting) { run_ring_buffer(kGpuDev); }
+TEST_F(KvCanaryGpu, CleanRunsReportNothing) { expect_clean_history(kGpu, 300, 2048, 5000); }
+TEST_F(KvCanaryGpu, PlantedCorruptionsAreDetectedWithTheRightReason) { run_corruptions(kGpu); }
+TEST_F(KvCanaryGpu, TheRingBufferNeverOverflowsAndKeepsCounting) { run_ring_buffer(kGpu); }
 
 TEST_F(KvCanaryGpu, LargePlansMatchTheCpuReference) {
   // Long prefill runs (one thread walks each) and many rows per call; rows of 128 bytes
@@ -561,8 +527,8 @@ TEST_F(KvCanaryGpu, LargePlansMatchTheCpuReference) {
   for (int64_t R : {128, 24, 4096}) {
     Scenario gpu(1 << 15, R, 9), cpu(1 << 15, R, 9);
     World og = gpu.w, oc = cpu.w;
-    gpu.grow(kGpuDev, og, 40, 600, 2, true);
-    cpu.grow(kCpuDev, oc, 40, 600, 2, true);
+    gpu.grow(kGpu, og, 40, 600, 2, true);
+    cpu.grow(kCpu, oc, 40, 600, 2, true);
     ASSERT_EQ(gpu.w.records, cpu.w.records);
     Plan all = gpu.verify_all();
     // Corrupt every 97th row's expectation and every 89th slot's data.
@@ -571,8 +537,8 @@ TEST_F(KvCanaryGpu, LargePlansMatchTheCpuReference) {
       gpu.w.kv[static_cast<size_t>(all[i].slot * R)] ^= 1;
       cpu.w.kv[static_cast<size_t>(all[i].slot * R)] ^= 1;
     }
-    const VerifyResult g = run_verify(kGpuDev, gpu.w, all, true, 1 << 16);
-    const VerifyResult c = run_verify(kCpuDev, cpu.w, all, true, 1 << 16);
+    const VerifyResult g = run_verify(kGpu, gpu.w, all, true, 1 << 16);
+    const VerifyResult c = run_verify(kCpu, cpu.w, all, true, 1 << 16);
     EXPECT_GT(c.count, 0);
     EXPECT_EQ(g.count, c.count);
     EXPECT_EQ(g.stored, c.stored);

@@ -18,13 +18,7 @@ namespace {
 using harness::Buffer;
 using harness::SymbolMap;
 
-using test::registry;
-
-std::vector<double> values(const Buffer& b) {
-  auto v = b.to_doubles();
-  EXPECT_TRUE(v.ok());
-  return v.ok() ? *v : std::vector<double>{};
-}
+using namespace test;  // kernel_test.hpp
 
 // ---- The oracle: the ops' math in double, from the rounded inputs ----
 
@@ -146,15 +140,7 @@ TEST(Kernels, CpuReferencesMatchTheOracle) {
   }
 }
 
-class GpuKernels : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (!harness::gpu_available()) {
-      GTEST_SKIP() << "no CUDA device on this machine: GPU kernel tests skipped "
-                      "(run ctest on a GPU machine to exercise them)";
-    }
-  }
-};
+class GpuKernels : public test::GpuTest {};
 
 TEST_F(GpuKernels, MatchTheCpuReferenceOverAShapeSweep) {
   const DType dtypes[] = {DType::kBF16, DType::kF16, DType::kF32};

@@ -24,10 +24,7 @@ namespace {
 
 using harness::Buffer;
 
-using test::registry;
-
-constexpr DLDevice kCpu{kDLCPU, 0};
-constexpr DLDevice kGpu{kDLCUDA, 0};
+using namespace test;  // kernel_test.hpp
 
 Buffer make(DLDevice dev, DType dt, std::vector<int64_t> shape, const std::vector<double>& v) {
   auto b = Buffer::make(dev, dt, std::move(shape));
@@ -37,12 +34,6 @@ Buffer make(DLDevice dev, DType dt, std::vector<int64_t> shape, const std::vecto
   else
     EXPECT_TRUE(b->poison().ok());
   return std::move(b).value();
-}
-
-std::vector<double> values(const Buffer& b) {
-  auto v = b.to_doubles();
-  EXPECT_TRUE(v.ok());
-  return v.ok() ? *v : std::vector<double>{};
 }
 
 KernelHandle handle(const char* op, DLDevice dev, DType shared) {
@@ -621,15 +612,7 @@ TEST(Lplb, BadArgumentsAreRejected) {
 
 // ---- GPU ----
 
-class LplbGpu : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (!harness::gpu_available()) {
-      GTEST_SKIP() << "no CUDA device on this machine: GPU kernel tests skipped "
-                      "(run ctest on a GPU machine to exercise them)";
-    }
-  }
-};
+class LplbGpu : public test::GpuTest {};
 
 TEST_F(LplbGpu, BuildLpMatchesTheCpuReference) {
   std::mt19937_64 rng(7);

@@ -16,16 +16,7 @@ namespace {
 
 using harness::Buffer;
 
-using test::registry;
-
-std::vector<double> values(const Buffer& b) {
-  auto v = b.to_doubles();
-  EXPECT_TRUE(v.ok());
-  return v.ok() ? *v : std::vector<double>{};
-}
-
-constexpr DLDevice kCpuDevice{kDLCPU, 0};
-constexpr DLDevice kGpuDevice{kDLCUDA, 0};
+using namespace test;  // kernel_test.hpp
 
 // Distinct, exactly representable values in every dtype tested (|v| <= 124, halves for
 // floats): source and destination never share a value, so a wrong or missing row shows.
@@ -160,9 +151,9 @@ TEST(MemoryKernels, EveryShippedOpHasAnOracleHere) {
 TEST(MemoryKernels, CpuReferenceMatchesTheOracle) {
   for (const CopyCase& c : sweep(false)) {
     SCOPED_TRACE(c.label());
-    auto h = copy_rows(kCpuDevice, c.dtype);
+    auto h = copy_rows(kCpu, c.dtype);
     ASSERT_TRUE(h.ok()) << h.status().message();
-    CopyBuffers b = make_buffers(c, kCpuDevice);
+    CopyBuffers b = make_buffers(c, kCpu);
     const auto want = oracle(c, values(b.src), values(b.dst));
     const auto src_before = values(b.src);
     ASSERT_TRUE(h->call(b.tensors(), attrs_for(*h, c.offset_on_src).view()).ok());
@@ -171,25 +162,17 @@ TEST(MemoryKernels, CpuReferenceMatchesTheOracle) {
   }
 }
 
-class GpuMemoryKernels : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (!harness::gpu_available()) {
-      GTEST_SKIP() << "no CUDA device on this machine: GPU kernel tests skipped "
-                      "(run ctest on a GPU machine to exercise them)";
-    }
-  }
-};
+class GpuMemoryKernels : public test::GpuTest {};
 
 TEST_F(GpuMemoryKernels, MatchTheCpuReferenceOverASweep) {
   for (const CopyCase& c : sweep(true)) {
     SCOPED_TRACE(c.label());
-    auto cuda = copy_rows(kGpuDevice, c.dtype);
+    auto cuda = copy_rows(kGpu, c.dtype);
     ASSERT_TRUE(cuda.ok()) << cuda.status().message();
-    auto cpu = copy_rows(kCpuDevice, c.dtype);
+    auto cpu = copy_rows(kCpu, c.dtype);
     ASSERT_TRUE(cpu.ok());
-    CopyBuffers g = make_buffers(c, kGpuDevice);
-    CopyBuffers r = make_buffers(c, kCpuDevice);
+    CopyBuffers g = make_buffers(c, kGpu);
+    CopyBuffers r = make_buffers(c, kCpu);
     ASSERT_TRUE(g.dst.tensor()->device.device_type == kDLCUDA);
     ASSERT_TRUE(cuda->call(g.tensors(), attrs_for(*cuda, c.offset_on_src).view()).ok());
     ASSERT_TRUE(harness::device_synchronize().ok());
@@ -219,28 +202,28 @@ TEST_F(GpuMemoryKernels, LargeCopiesAndMisalignedViews) {
     const CopyCase cc{c.dt,      DType::kI64, c.src_rows, c.dst_rows,
                       {c.width}, c.offset,    c.count,    c.on_src};
     SCOPED_TRACE(cc.label() + " view shift " + std::to_string(c.view_shift));
-    CopyBuffers host = make_buffers(cc, kCpuDevice);
+    CopyBuffers host = make_buffers(cc, kCpu);
     const auto want = oracle(cc, values(host.src), values(host.dst));
     // Device copies with view_shift leading elements.
     auto shifted = [&](const Buffer& b) {
-      auto p = Buffer::make(kGpuDevice, b.dtype(), {b.numel() + c.view_shift});
+      auto p = Buffer::make(kGpu, b.dtype(), {b.numel() + c.view_shift});
       auto v = values(b);
       v.insert(v.begin(), static_cast<size_t>(c.view_shift), 1.0);
       EXPECT_TRUE(p->from_doubles(v).ok());
       return std::move(p).value();
     };
     Buffer src = shifted(host.src), dst = shifted(host.dst);
-    auto offset = Buffer::make(kGpuDevice, DType::kI64, {1});
-    auto count = Buffer::make(kGpuDevice, DType::kI64, {1});
+    auto offset = Buffer::make(kGpu, DType::kI64, {1});
+    auto count = Buffer::make(kGpu, DType::kI64, {1});
     ASSERT_TRUE(offset->from_doubles({static_cast<double>(c.offset)}).ok());
     ASSERT_TRUE(count->from_doubles({static_cast<double>(c.count)}).ok());
     DLTensor sv = *host.src.tensor(), dv = *host.dst.tensor();
-    sv.device = dv.device = kGpuDevice;
+    sv.device = dv.device = kGpu;
     sv.data = src.tensor()->data;
     dv.data = dst.tensor()->data;
     sv.byte_offset = dv.byte_offset = static_cast<uint64_t>(c.view_shift) * dtype_size(c.dt);
     DLTensor* args[] = {&sv, &dv, offset->tensor(), count->tensor()};
-    auto h = copy_rows(kGpuDevice, c.dt);
+    auto h = copy_rows(kGpu, c.dt);
     ASSERT_TRUE(h.ok());
     ASSERT_TRUE(h->call(args, attrs_for(*h, c.on_src).view()).ok());
     ASSERT_TRUE(harness::device_synchronize().ok());
@@ -251,10 +234,9 @@ TEST_F(GpuMemoryKernels, LargeCopiesAndMisalignedViews) {
 }
 
 TEST_F(GpuMemoryKernels, CpuTensorsToTheCudaPathAreRefused) {
-  auto h = copy_rows(kGpuDevice, DType::kF32);
+  auto h = copy_rows(kGpu, DType::kF32);
   ASSERT_TRUE(h.ok());
-  CopyBuffers b =
-      make_buffers(CopyCase{DType::kF32, DType::kI32, 4, 4, {8}, 0, 2, true}, kCpuDevice);
+  CopyBuffers b = make_buffers(CopyCase{DType::kF32, DType::kI32, 4, 4, {8}, 0, 2, true}, kCpu);
   Status st = h->call(b.tensors(), attrs_for(*h, true).view());
   EXPECT_EQ(st.code(), KREG_INVALID_ARGUMENT);
   EXPECT_NE(st.message().find("backend cuda runs on cuda tensors"), std::string::npos)
@@ -262,7 +244,7 @@ TEST_F(GpuMemoryKernels, CpuTensorsToTheCudaPathAreRefused) {
 }
 
 TEST(MemoryKernels, BadArgumentsAreRejected) {
-  auto h = copy_rows(kCpuDevice, DType::kF32);
+  auto h = copy_rows(kCpu, DType::kF32);
   ASSERT_TRUE(h.ok());
   const AttrList on_src = attrs_for(*h, true);
   auto call = [&](Buffer& src, Buffer& dst, Buffer& off, Buffer& cnt) {
@@ -270,7 +252,7 @@ TEST(MemoryKernels, BadArgumentsAreRejected) {
     return h->call(args, on_src.view());
   };
   auto make = [](DType dt, std::vector<int64_t> shape) {
-    auto b = Buffer::make(kCpuDevice, dt, std::move(shape));
+    auto b = Buffer::make(kCpu, dt, std::move(shape));
     EXPECT_TRUE(b.ok());
     std::vector<double> v(static_cast<size_t>(b->numel()), 1.0);
     EXPECT_TRUE(b->from_doubles(v).ok());

@@ -23,10 +23,7 @@ namespace {
 
 using harness::Buffer;
 
-using test::registry;
-
-const DLDevice kCpuDev{kDLCPU, 0};
-const DLDevice kGpuDev{kDLCUDA, 0};
+using namespace test;  // kernel_test.hpp
 
 // One tensor argument: values to upload, or none for an output (poisoned: NaN for
 // floats, -77 for integers, so unwritten elements show up).
@@ -50,7 +47,7 @@ bool is_float_dtype(DType d) { return d == DType::kF32 || d == DType::kF16 || d 
 // Runs `op` on `backend` and returns every tensor's values afterwards.
 Result<Values> run_op(const std::string& op, const std::string& backend,
                       const std::vector<Arg>& args, const std::vector<NamedAttr>& attrs) {
-  const DLDevice dev = backend == "cuda" ? kGpuDev : kCpuDev;
+  const DLDevice dev = backend == "cuda" ? kGpu : kCpu;
   auto h = registry().resolve(op, Target{dev, args[0].dtype}, {backend});
   if (!h) return h.status();
   std::vector<Buffer> bufs;
@@ -617,15 +614,7 @@ void expect_same_routing(RouteSpec spec, const RouteShape& sh, const std::vector
   expect_close("out_weights", gw, cw, kWeightTol);
 }
 
-class MoeGpu : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (!harness::gpu_available()) {
-      GTEST_SKIP() << "no CUDA device on this machine: GPU kernel tests skipped "
-                      "(run ctest on a GPU machine to exercise them)";
-    }
-  }
-};
+class MoeGpu : public test::GpuTest {};
 
 TEST_F(MoeGpu, SumMatchesTheCpuReference) {
   std::mt19937_64 rng(21);
@@ -689,9 +678,9 @@ TEST_F(MoeGpu, RoutingWithMisalignedGatingAndManyTokens) {
 
       auto [op, named] = route_call(RouteSpec{spec.method, spec.renormalize, 0, spec.use_bias,
                                               sh.n_group, sh.topk_group, spec.scale});
-      auto h = registry().resolve(op, Target{kGpuDev, dt}, {std::string("cuda")});
+      auto h = registry().resolve(op, Target{kGpu, dt}, {std::string("cuda")});
       ASSERT_TRUE(h.ok());
-      auto padded = Buffer::make(kGpuDev, dt, {sh.T * sh.E + 1});
+      auto padded = Buffer::make(kGpu, dt, {sh.T * sh.E + 1});
       auto gv = g;
       gv.insert(gv.begin(), 0.5);
       ASSERT_TRUE(padded->from_doubles(gv).ok());
@@ -701,10 +690,10 @@ TEST_F(MoeGpu, RoutingWithMisalignedGatingAndManyTokens) {
       view.shape = shape;
       view.strides = nullptr;
       view.byte_offset = dtype_size(dt);
-      auto b = Buffer::make(kGpuDev, DType::kF32, {sh.E});
+      auto b = Buffer::make(kGpu, DType::kF32, {sh.E});
       ASSERT_TRUE(b->from_doubles(bias).ok());
-      auto w = Buffer::make(kGpuDev, DType::kF32, {sh.T, sh.K});
-      auto ids = Buffer::make(kGpuDev, DType::kI32, {sh.T, sh.K});
+      auto w = Buffer::make(kGpu, DType::kF32, {sh.T, sh.K});
+      auto ids = Buffer::make(kGpu, DType::kI32, {sh.T, sh.K});
       ASSERT_TRUE(w->poison().ok());
       ASSERT_TRUE(ids->poison().ok());
       DLTensor* args[] = {&view, passes_bias(spec.method, spec.use_bias) ? b->tensor() : nullptr,
@@ -753,10 +742,10 @@ TEST_F(MoeGpu, AlignMatchesTheCpuReference) {
 }
 
 TEST_F(MoeGpu, CpuTensorsToTheCudaPathAreRefused) {
-  auto h = registry().resolve("moe.sum", Target{kGpuDev, DType::kBF16}, {std::string("cuda")});
+  auto h = registry().resolve("moe.sum", Target{kGpu, DType::kBF16}, {std::string("cuda")});
   ASSERT_TRUE(h.ok());
-  auto x = Buffer::make(kCpuDev, DType::kBF16, {2, 2, 8});
-  auto out = Buffer::make(kCpuDev, DType::kBF16, {2, 8});
+  auto x = Buffer::make(kCpu, DType::kBF16, {2, 2, 8});
+  auto out = Buffer::make(kCpu, DType::kBF16, {2, 8});
   DLTensor* args[] = {x->tensor(), out->tensor()};
   Status st = h->call(args);
   EXPECT_EQ(st.code(), KREG_INVALID_ARGUMENT);

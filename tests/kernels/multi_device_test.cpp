@@ -23,7 +23,7 @@ namespace {
 
 using harness::SymbolMap;
 
-using test::registry;
+using namespace test;  // kernel_test.hpp
 
 const KernelSpec* implementation(const std::string& op, const std::string& backend) {
   for (const KernelSpec* k : registry().implementations(op)) {
