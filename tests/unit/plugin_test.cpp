@@ -210,6 +210,62 @@ TEST(PluginDescriptor, PointersOutsideTheLibraryAreRefused) {
   EXPECT_TRUE(has(m, ", outside the library's loaded segments")) << m;
 }
 
+// ---- ABI 1.2 capability records read defensively (fixtures/plugins/bad_caps.cpp) ----
+
+TEST(PluginCapabilities, BadRecordStridesAreRefused) {
+  PluginLibrary::Stage stage;
+  std::string m = open_error("bad_caps_small_stride", &stage);
+  EXPECT_TRUE(has(m, ": kernel record 0: capability record 0 too small (struct_size 16)")) << m;
+  EXPECT_EQ(stage, PluginLibrary::Stage::kKernels);
+  m = open_error("bad_caps_odd_stride");
+  EXPECT_TRUE(has(m,
+                  ": kernel record 0: capability record 0 has struct_size 28, not a multiple "
+                  "of 8"))
+      << m;
+  m = open_error("bad_caps_mixed_stride");
+  EXPECT_TRUE(has(m,
+                  ": kernel record 0: capability record 1 has struct_size 24, but record 0 "
+                  "has 32 (one array has one record size)"))
+      << m;
+}
+
+TEST(PluginCapabilities, CountsAndPointersAreChecked) {
+  std::string m = open_error("bad_caps_too_many");
+  EXPECT_TRUE(has(m, ": kernel record 0: 65 capability records, above the limit of " +
+                         std::to_string(kMaxPluginCapabilities)))
+      << m;
+  m = open_error("bad_caps_null_records");
+  EXPECT_TRUE(has(m,
+                  ": kernel record 0: num_capabilities is 1, but its capability records are "
+                  "NULL"))
+      << m;
+  m = open_error("bad_caps_heap_records");
+  EXPECT_TRUE(has(m, ": kernel record 0: capability record 0 at 0x")) << m;
+  EXPECT_TRUE(has(m, "is outside the library's loaded segments")) << m;
+}
+
+TEST(PluginCapabilities, KernelRecordShorterThanAbi10IsRefused) {
+  const std::string m = open_error("bad_caps_short_kernel");
+  EXPECT_TRUE(has(m, ": kernel record 0 too small (struct_size " +
+                         std::to_string(offsetof(kreg_kernel_desc, fn)) + ")"))
+      << m;
+}
+
+TEST(PluginCapabilities, SdkPluginsUseTheirCapabilityRecordsAndFlags) {
+  // KREG_GROUP fills caps and capabilities alike; the 1.2 records are what is read, and
+  // a CPU-only group's fatbinary is not read at all.
+  auto lib = PluginLibrary::open(test_plugin("init_marker"), {"marker", std::string("0.1.0")});
+  ASSERT_TRUE(lib.ok()) << lib.status().message();
+  ASSERT_EQ((*lib)->kernels().size(), 1u);
+  const KernelSpec& k = (*lib)->kernels()[0];
+  EXPECT_EQ(k.op, "marker.touch");
+  ASSERT_EQ(k.capabilities.size(), 1u);
+  EXPECT_EQ(k.capabilities[0].device_type, kDLCPU);
+  EXPECT_EQ(k.flags, 0u);
+  EXPECT_EQ(k.provenance.cuda_images, "");
+  EXPECT_EQ((*lib)->info().cuda_images, "");
+}
+
 Status init_of(const std::string& fixture) {
   auto lib = PluginLibrary::open(test_plugin(fixture), {"testgrp", std::nullopt});
   EXPECT_TRUE(lib.ok()) << lib.status().message();
