@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # ctest external_plugin (tests/CMakeLists.txt): an out-of-tree plugin against an installed
 # kreg, end to end.
-#   1. brings the CLI and libkreg of the build tree up to date (a no-op after a full build);
+#   1. (the ctest fixture external_plugin_prepare brought the CLI and libkreg up to date);
 #   2. installs the build tree to a prefix of its own (cmake --install, components runtime
 #      and development) and checks the package names no build or source path;
 #   3. configures and builds tests/external against it (find_package(kreg), the same
@@ -16,6 +16,8 @@ if [ $# -ne 9 ]; then
   exit 2
 fi
 cmake=$1 build=$2 src=$3 generator=$4 cxx=$5 build_type=$6 launcher=$7 sanitize=$8 dlpack_dir=$9
+[ -f "$build/CMakeCache.txt" ] || { echo "run.sh: $build is not a CMake build folder" >&2; exit 2; }
+[ -f "$src/tests/external/CMakeLists.txt" ] || { echo "run.sh: $src is not kreg's source tree" >&2; exit 2; }
 # The manifest, plugin folder and overrides must be this test's own.
 unset KREG_PLUGIN_DIR KREG_FORCE_BACKEND KREG_MANIFEST
 # path-safety refuses a plugin or folder that group/others may write.
@@ -28,14 +30,16 @@ rm -rf "$work"
 mkdir -m 700 -p "$work"
 trap 'rm -rf "$work"' EXIT
 prefix=$work/prefix ext=$work/build
-step() { echo "== external_plugin: $*"; }
+step() { echo "== external_plugin (+${SECONDS}s): $*"; }
 fail() {
   echo "external_plugin: FAILED: $*" >&2
   exit 1
 }
 
-step "bring kreg and libkreg of $build up to date"
-"$cmake" --build "$build" --target kreg
+# The fixture external_plugin_prepare built them; a clear message if it did not run.
+for f in tools/kreg core/libkreg.so; do
+  [ -e "$build/$f" ] || fail "$build/$f is not built (ctest runs external_plugin_prepare first)"
+done
 
 step "install $build to $prefix"
 for component in runtime development; do
@@ -54,7 +58,8 @@ soname_target=$(readlink "$prefix/lib/libkreg.so")
 ls "$prefix"/lib/libkreg.so.*.*.* >/dev/null 2>&1 || fail "the install has no versioned libkreg.so.X.Y.Z"
 # The exported targets must work from anywhere: no path of this build or source tree, and
 # none of libkreg's private dependencies.
-for pattern in "$build" "$src"; do
+# (The prefix lies inside the build tree, so look for the folders a leak would name.)
+for pattern in "$src/core" "$build/core" "$build/tools"; do
   if grep -l -F "$pattern" "$prefix"/lib/cmake/kreg/*.cmake; then
     fail "the installed CMake package names '$pattern' (files above)"
   fi
@@ -83,8 +88,9 @@ fi
 found=$(sed -n 's/^kreg_DIR:PATH=//p' "$ext/CMakeCache.txt")
 [ "$found" = "$prefix/lib/cmake/kreg" ] || fail "find_package(kreg) found '$found', not the install"
 "$cmake" --build "$ext"
-if grep -F -e "-I$src" -e "-isystem $src" "$ext"/build.ninja "$ext"/CMakeFiles/*.dir/flags.make 2>/dev/null; then
-  fail "the external build compiles against the source tree (lines above)"
+# The headers come from the install only (Ninja: build.ninja, Makefiles: flags.make).
+if grep -r -F --include=build.ninja --include=flags.make "$src/core/include" "$ext"; then
+  fail "the external build compiles against kreg's source tree (lines above)"
 fi
 plugin=$ext/libkreg_example.so
 [ -f "$plugin" ] || fail "kreg_add_plugin built no $plugin"
