@@ -1,5 +1,7 @@
-// Private to the core: Registry::Group, shared by registry.cpp (loading, publishing,
-// lookups) and reload.cpp (hot swapping).
+// Private to the core: Registry::Group and the helpers the registry's files share:
+// registry.cpp (lookups, aliases, introspection), registry_loading.cpp (open, loading,
+// publishing, lazy groups), selection.cpp (resolve, call), check_plan.cpp (the compiled
+// argument check), call_errors.cpp (messages) and reload.cpp (hot swapping).
 #pragma once
 
 #include <atomic>
@@ -34,7 +36,31 @@ struct Registry::Group {
   std::vector<std::unique_ptr<PluginLibrary>> retired;
   uint64_t generation = 0;
   std::string error;
+  // A lazy group before its first load: what its library's embedded metadata says (read
+  // by open() before the registry is returned and never changed afterwards, so readers
+  // take no lock). Kept after the load: pointers implementations() returned stay valid.
+  bool has_metadata = false;
+  std::optional<PluginInfo> metadata_info;
+  std::vector<KernelSpec> metadata_kernels;  // fn == nullptr
+  // op id -> its kernels in metadata_kernels, highest priority first
+  std::unordered_map<std::string, std::vector<const KernelSpec*>, StringHash, std::equal_to<>>
+      metadata_ops;
+  std::string metadata_note;  // why there is no metadata, when read and absent
 };
+
+namespace detail {
+
+// The checked plan and storage for one spec (check_plan.cpp).
+std::unique_ptr<Impl> make_impl(const KernelSpec& spec);
+// "cuda:0"
+std::string device_string(const DLDevice& d);
+// Is `sm` inside one of spec's capability windows; "cuda sm75-sm90 or cuda sm100-sm121".
+bool sm_in_caps(const KernelSpec& spec, int sm);
+std::string caps_string(const KernelSpec& spec);
+// KREG_FORCE_BACKEND's text -> (op pattern, backend) pairs (selection.cpp).
+std::vector<std::pair<std::string, std::string>> parse_forced_backends(std::string_view text);
+
+}  // namespace detail
 
 // How to load one generation of a group's library (load_generation, reload.cpp): shared
 // by the first load (Registry::load_locked) and every reload.

@@ -203,6 +203,73 @@ TEST_F(RegistryTest, SmWindowFiltersCudaCandidatesOnTargets) {
       << m;
 }
 
+// With the library's CUDA images known, the reason names the missing image and the builds.
+TEST_F(RegistryTest, SmOutsideTheWindowsNamesTheLibrarysImages) {
+  KernelSpec old = spec("g.scale", "cuda", bind<&scale_b>, 100);
+  old.capabilities = {Capability{kDLCUDA, 70, 75}};
+  old.provenance.library = "/opt/kreg/plugins/libkreg_g.so";
+  old.provenance.cuda_images = "sm_70, sm_75, compute_75";
+  ASSERT_TRUE(reg.add(old).ok());
+  auto h = reg.resolve("g.scale", Target{DLDevice{kDLCUDA, 0}, DType::kF32});
+  ASSERT_FALSE(h.ok());
+  const std::string& m = h.status().message();
+  const KernelBackend* cuda = find_backend("cuda");
+  ASSERT_NE(cuda, nullptr);
+  const auto sm = cuda->available() ? cuda->sm_of(0) : std::nullopt;
+  if (!sm) {
+    EXPECT_NE(m.find("backend unavailable"), std::string::npos) << m;
+    GTEST_SKIP() << "no GPU: the image reason needs a device SM";
+  }
+  ASSERT_GT(*sm, 75);
+  EXPECT_NE(m.find("- cuda: no image for sm_" + std::to_string(*sm) +
+                   " in libkreg_g.so: built sm_70, sm_75, compute_75"),
+            std::string::npos)
+      << m;
+}
+
+// resolve() and the by-name call choose through one rule: the same implementation, an
+// explicit or forced backend honoured by both, and call allocation-free either way.
+TEST_F(RegistryTest, CallAndResolveSelectAlike) {
+  setenv("KREG_FORCE_BACKEND", "g.scale=cpu", 1);
+  Registry forced;
+  unsetenv("KREG_FORCE_BACKEND");
+  ASSERT_TRUE(forced.add(spec("g.scale", "cpu", bind<&scale_a>)).ok());
+  ASSERT_TRUE(forced.add(spec("g.scale", "cuda", bind<&scale_b>, 100)).ok());
+  ASSERT_TRUE(forced.add(spec("g.other", "cpu", bind<&scale_b>, 5)).ok());
+  ASSERT_TRUE(forced.add_alias("g.old", "g.scale", "").ok());
+  Vec x({8}), out({8});
+  DLTensor* args[] = {&x.t, &out.t};
+  auto h = forced.resolve("g.scale", args);
+  ASSERT_TRUE(h.ok()) << h.status().message();
+  EXPECT_EQ(h->backend(), "cpu");
+  g_last = nullptr;
+  ASSERT_TRUE(forced.call("g.scale", args).ok());
+  EXPECT_STREQ(g_last, "a");
+  (void)forced.call("g.old", args);  // the alias warning, once
+  const long before = g_allocations.load();
+  for (int i = 0; i < 100; ++i) {
+    if (!forced.call("g.scale", args).ok() || !forced.call("g.old", args).ok() ||
+        !forced.call("g.other", args).ok()) {
+      FAIL();
+    }
+  }
+  EXPECT_EQ(g_allocations.load() - before, 0) << "a forced backend or an alias allocated";
+  // Wrong arguments: both say the same thing.
+  Vec bad({8}, DLDataType{kDLInt, 32, 1});
+  DLTensor* bad_args[] = {&bad.t, &out.t};
+  auto r = forced.resolve("g.scale", bad_args);
+  Status c = forced.call("g.scale", bad_args);
+  ASSERT_FALSE(r.ok());
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(r.status().message(), c.message());
+  EXPECT_NE(c.message().find("forced by KREG_FORCE_BACKEND"), std::string::npos) << c.message();
+  // A wrong attribute: the implementation the tensors select reports it.
+  kreg_attr wrong{KREG_ATTR_INT, 0, {.i = 3}};
+  Status a = forced.call("g.scale", args, {&wrong, 1});
+  EXPECT_EQ(a.code(), KREG_INVALID_ARGUMENT);
+  EXPECT_NE(a.message().find("g.scale (cpu): attribute 'alpha'"), std::string::npos) << a.message();
+}
+
 TEST_F(RegistryTest, ForceBackendEnvironment) {
   setenv("KREG_FORCE_BACKEND", "g.*=cuda", 1);
   Registry forced;

@@ -634,7 +634,7 @@ Comparison compare_values(const std::string& name, const std::vector<double>& go
   return c;
 }
 
-Result<std::vector<Comparison>> check_against_reference(const Registry& registry,
+Result<std::vector<Comparison>> check_against_reference(Registry& registry,
                                                         const KernelHandle& handle,
                                                         const SymbolMap& symbols, DType dtype,
                                                         const AttrList& attrs, uint64_t seed) {

@@ -105,7 +105,7 @@ struct Comparison {
 
 // Runs `handle` on example inputs and the op's CPU reference on copies of the same
 // inputs, then compares every written tensor. Synchronizes the device.
-Result<std::vector<Comparison>> check_against_reference(const Registry& registry,
+Result<std::vector<Comparison>> check_against_reference(Registry& registry,
                                                         const KernelHandle& handle,
                                                         const SymbolMap& symbols, DType dtype,
                                                         const AttrList& attrs, uint64_t seed);

@@ -74,16 +74,17 @@ struct Opened {
   std::unique_ptr<kreg::Registry> registry;
 };
 
-// Loads the manifest and every enabled group (lazy ones too). Prints and returns an exit
-// code on failure.
-int open_registry(const std::string& path, Opened* out) {
+// Loads the manifest and every enabled eager group; lazy groups too with `load_lazy` (run,
+// bench: loading is the point), else they are described by their embedded metadata and
+// load only when one of their ops is resolved. Prints and returns an exit code on failure.
+int open_registry(const std::string& path, Opened* out, bool load_lazy) {
   auto manifest = kreg::load_manifest(path, kreg::manifest_options_from_env());
   if (!manifest) {
     // Each diagnostic on a line of its own under the heading.
     return fail(kExitUsage, "kreg: cannot use manifest ", path, ":",
                 message("\n" + manifest.status().message()));
   }
-  auto reg = kreg::Registry::open(*manifest, kreg::OpenOptions{.load_lazy_groups = true});
+  auto reg = kreg::Registry::open(*manifest, kreg::OpenOptions{.load_lazy_groups = load_lazy});
   if (!reg) return fail(kExitFailed, "kreg: ", message(reg.status().message()));
   out->manifest = std::move(manifest).value();
   out->registry = std::move(reg).value();
@@ -106,7 +107,7 @@ std::string backends_of(const kreg::Registry& reg, const std::string& op) {
 
 int cmd_list(const std::string& manifest, const std::string& group, bool json) {
   Opened o;
-  if (int rc = open_registry(manifest, &o)) return rc;
+  if (int rc = open_registry(manifest, &o, false)) return rc;
   const auto groups = o.registry->groups();
   if (json) {
     JsonWriter w(std::cout);
@@ -114,6 +115,8 @@ int cmd_list(const std::string& manifest, const std::string& group, bool json) {
     for (const auto& g : groups) {
       if (!group.empty() && g.name != group) continue;
       w.begin_object().field("name", g.name).field("loaded", g.loaded);
+      w.field("source", kreg::group_source_name(g.source));
+      if (!g.metadata_note.empty()) w.field("note", g.metadata_note);
       w.field("version", g.plugin ? g.plugin->version : std::string());
       w.field("generation", static_cast<long long>(g.generation));
       w.key("ops").begin_array();
@@ -137,6 +140,12 @@ int cmd_list(const std::string& manifest, const std::string& group, bool json) {
   for (const auto& g : groups) {
     if (!group.empty() && g.name != group) continue;
     found = true;
+    // A lazy group without readable metadata (built before SDK 1.2): its ops are unknown
+    // until it loads, which listing does not do.
+    if (g.enabled && !g.loaded && g.source == kreg::GroupSource::kNone) {
+      out << pad(g.name, 11) << " " << pad("(ops unknown until loaded)", 34) << " "
+          << g.metadata_note << "\n";
+    }
     for (const auto& op : g.ops) {
       const auto impls = o.registry->implementations(op);
       out << pad(g.name, 11) << " " << pad(op, 34) << " " << pad(backends_of(*o.registry, op), 10)
@@ -152,10 +161,23 @@ int cmd_list(const std::string& manifest, const std::string& group, bool json) {
 
 int cmd_info(const std::string& manifest, const std::string& op, bool json) {
   Opened o;
-  if (int rc = open_registry(manifest, &o)) return rc;
-  const auto chain = o.registry->resolve_alias(op);
-  const std::string id = chain ? chain->op() : op;
-  const auto impls = o.registry->implementations(id);
+  if (int rc = open_registry(manifest, &o, false)) return rc;
+  auto chain = o.registry->resolve_alias(op);
+  std::string id = chain ? chain->op() : op;
+  auto impls = o.registry->implementations(id);
+  if (impls.empty()) {
+    // Not loaded and not in any metadata: a lazy group without metadata may have it. A
+    // resolve loads that one group (the op id names it) and nothing else; its selection
+    // verdict does not matter here.
+    auto loaded = o.registry->resolve(op, kreg::Target{});
+    chain = o.registry->resolve_alias(op);
+    id = chain ? chain->op() : op;
+    impls = o.registry->implementations(id);
+    // A group that failed to load says so (exit 1), not "unknown op".
+    if (impls.empty() && !loaded && loaded.status().code() == KREG_UNAVAILABLE) {
+      return fail(kExitFailed, "kreg: ", message(loaded.status().message()));
+    }
+  }
   if (impls.empty()) {
     if (chain) {
       return fail(kExitUsage, "kreg: unknown op '", op, "' (an alias: ", chain->text(),
@@ -176,7 +198,7 @@ int cmd_info(const std::string& manifest, const std::string& op, bool json) {
       w.strings("alias_chain", chain->names);
     }
     w.field("group", group.name).field("generation", static_cast<long long>(group.generation));
-    w.field("plugin_version", version);
+    w.field("plugin_version", version).field("source", kreg::group_source_name(group.source));
     w.key("implementations").begin_array();
     for (const kreg::KernelSpec* s : impls) {
       w.begin_object().field("backend", s->backend).field("priority", s->priority);
@@ -200,8 +222,9 @@ int cmd_info(const std::string& manifest, const std::string& op, bool json) {
     out << ")";
   }
   out << "\n";
-  out << "  group      " << group.name << " " << version << ", generation " << group.generation
-      << "\n";
+  out << "  group      " << group.name << " " << version << ", generation " << group.generation;
+  if (group.source == kreg::GroupSource::kMetadata) out << " (not loaded: from its metadata)";
+  out << "\n";
   const kreg::Signature& sig = impls.front()->signature;
   out << "  signature  " << sig.text << "\n";
   for (const auto& p : sig.params) {
@@ -412,7 +435,7 @@ int check_dimensions(const kreg::KernelSpec& spec, const kreg::harness::SymbolMa
 
 int prepare(const std::string& manifest, const RunArgs& a, Opened* o, kreg::KernelHandle* h,
             kreg::harness::SymbolMap* symbols, kreg::DType* dtype, kreg::AttrList* attrs) {
-  if (int rc = open_registry(manifest, o)) return rc;
+  if (int rc = open_registry(manifest, o, true)) return rc;
   auto d = kreg::parse_dtype(a.dtype);
   if (!d) return fail(kExitUsage, "kreg: unknown --dtype '", a.dtype, "'");
   *dtype = *d;

@@ -87,9 +87,12 @@ py::dict info(const PyRegistry& r, const std::string& op) {
     d["alias_chain"] = chain->names;
     d["deprecation"] = chain->message;
   }
+  // A lazy group's embedded metadata answers without loading it; only a group without
+  // metadata (built before SDK 1.2) is loaded, and only that one (the op id names it).
   auto impls = r.registry->implementations(id);
   if (impls.empty()) {
-    (void)r.registry->resolve(op, Target{});  // a lazy group loads on first use
+    (void)r.registry->resolve(op, Target{});
+    if (auto chain = r.registry->resolve_alias(op)) id = chain->op();
     impls = r.registry->implementations(id);
   }
   if (impls.empty()) {
@@ -103,6 +106,8 @@ py::dict info(const PyRegistry& r, const std::string& op) {
     if (g.name == front.group()) {
       d["generation"] = g.generation;
       d["plugin_version"] = g.plugin ? g.plugin->version : std::string();
+      // "metadata": a lazy group described without being loaded
+      d["source"] = group_source_name(g.source);
     }
   }
   d["signature"] = front.signature.text;

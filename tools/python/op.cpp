@@ -159,7 +159,7 @@ struct OpState {
 struct OpObject {
   PyObject_HEAD vectorcallfunc vectorcall;
   PyObject* owner;  // the Python registry object: the Registry must outlive the handle
-  const Registry* registry;
+  Registry* registry;
   OpState* state;
 };
 
@@ -678,7 +678,7 @@ int init_op_module(PyObject* module) {
   return PyModule_AddObjectRef(module, "Op", reinterpret_cast<PyObject*>(&g_op_type));
 }
 
-PyObject* make_op(PyObject* owner, const Registry* registry, const std::string& requested,
+PyObject* make_op(PyObject* owner, Registry* registry, const std::string& requested,
                   const std::optional<std::string>& backend) {
   std::string id = requested;
   // An alias chain leads to its op, as in every other lookup (Registry::resolve_alias).

@@ -30,7 +30,7 @@ PyObject* raise_status(const Status& status);
 // A new kreg.Op for `requested` (an op id or alias) on `registry`, owned by the Python
 // object `owner` (kept alive by the Op). `backend` forces a backend ("cpu", "cuda").
 // nullptr with an exception set when the op is unknown.
-PyObject* make_op(PyObject* owner, const Registry* registry, const std::string& requested,
+PyObject* make_op(PyObject* owner, Registry* registry, const std::string& requested,
                   const std::optional<std::string>& backend);
 
 }  // namespace kreg::python

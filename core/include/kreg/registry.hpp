@@ -147,6 +147,8 @@ struct CheckPlan {
   // The call path: true when the arguments satisfy the signature. Plain loads and
   // compares, no allocation.
   bool accepts(std::span<DLTensor* const> t, std::span<const kreg_attr> a) const;
+  // The tensors alone (selection: attributes are checked per call).
+  bool accepts_tensors(std::span<DLTensor* const> t) const;
   // Off the call path: which argument is wrong, and how (for the error message).
   CheckResult diagnose(std::span<DLTensor* const> t, std::span<const kreg_attr> a) const;
 };
@@ -292,11 +294,23 @@ inline bool dim_pair_matches(const DimPair& p, std::span<DLTensor* const> t) {
 }
 
 inline bool CheckPlan::accepts(std::span<DLTensor* const> t, std::span<const kreg_attr> a) const {
-  const size_t n = t.size();
-  if (n != static_cast<size_t>(num_tensors) || a.size() > static_cast<size_t>(num_attrs) ||
+  if (a.size() > static_cast<size_t>(num_attrs) ||
       a.size() < static_cast<size_t>(num_required_attrs)) [[unlikely]] {
     return false;
   }
+  if (!accepts_tensors(t)) [[unlikely]]
+    return false;
+  for (size_t j = 0; j < a.size(); ++j) {
+    if (a[j].type != attr_types[j]) [[unlikely]]
+      return false;
+  }
+  return true;
+}
+
+inline bool CheckPlan::accepts_tensors(std::span<DLTensor* const> t) const {
+  const size_t n = t.size();
+  if (n != static_cast<size_t>(num_tensors)) [[unlikely]]
+    return false;
   if (n > 0) {
     const DLTensor* x0 = t[0];
     if (x0 == nullptr || x0->device.device_type != device_type) [[unlikely]]
@@ -364,10 +378,6 @@ inline bool CheckPlan::accepts(std::span<DLTensor* const> t, std::span<const kre
         return false;
     }
   }
-  for (size_t j = 0; j < a.size(); ++j) {
-    if (a[j].type != attr_types[j]) [[unlikely]]
-      return false;
-  }
   return true;
 }
 
@@ -384,15 +394,10 @@ inline Status invoke(const Impl& impl, std::span<DLTensor* const> tensors,
     for (; i < static_cast<size_t>(plan.num_attrs); ++i) full[i] = plan.defaults[i];
     attr_ptr = full;
   }
-  const kreg_call_frame frame{sizeof(kreg_call_frame),
-                              tensors.data(),
-                              static_cast<int32_t>(tensors.size()),
-                              plan.num_attrs,
-                              attr_ptr,
-                              options.stream,
-                              impl.spec.op.c_str(),
-                              options.services,
-                              options.launch_flags};
+  const kreg_call_frame frame{
+      sizeof(kreg_call_frame), tensors.data(),   static_cast<int32_t>(tensors.size()),
+      plan.num_attrs,          attr_ptr,         options.stream,
+      impl.spec.op.c_str(),    options.services, options.launch_flags};
   char message[256];
   message[0] = '\0';
   kreg_error err{sizeof(kreg_error), message, sizeof message};
@@ -471,15 +476,28 @@ struct Target {
   std::optional<DType> dtype;
 };
 
+// Where a GroupInfo's plugin and ops come from.
+enum class GroupSource : uint8_t {
+  kLoaded,    // the loaded library (or in-process registrations)
+  kMetadata,  // a lazy group not loaded yet: its library's embedded metadata
+  kNone,      // not loaded and no metadata (disabled, or a plugin built before SDK 1.2):
+              // ops unknown until it loads
+};
+const char* group_source_name(GroupSource s);  // "loaded", "metadata", "none"
+
 struct GroupInfo {
   std::string name;
   bool loaded = false;
   bool enabled = true;
   LoadMode load = LoadMode::kEager;
-  std::optional<PluginInfo> plugin;  // when loaded from a library
+  GroupSource source = GroupSource::kNone;
+  std::optional<PluginInfo> plugin;  // when loaded from a library, or from its metadata
   uint64_t generation = 0;           // 1 after the first load
   std::vector<std::string> ops;      // sorted
   std::string error;                 // last load error, if any
+  // A lazy group whose metadata could not be read: why (it is listed with ops unknown
+  // and still loads on first use).
+  std::string metadata_note;
   // The running generation was mapped from a private copy of plugin->path, not from that
   // file itself (which may then be rewritten in place without harm).
   bool private_copy = false;
@@ -488,7 +506,8 @@ struct GroupInfo {
 // Every load (open, load_group, a lazy first use) first applies path safety and the
 // sha256 pin (kreg/admission.hpp); those cannot be turned off.
 struct OpenOptions {
-  // Load lazy groups too (tools that list everything).
+  // Load lazy groups too (tools whose job is loading: validate's dynamic rules, run,
+  // bench). Listing needs no load: a lazy group's embedded metadata describes it.
   bool load_lazy_groups = false;
   // Load each group in a child process before loading it here (kreg/plugin_probe.hpp), and
   // refuse a group that crashes, hangs, exits or is refused there. Costs a fork and a load
@@ -548,7 +567,11 @@ class Registry {
   Registry& operator=(const Registry&) = delete;
 
   // Creates a registry for the manifest's groups and aliases and loads the enabled eager
-  // groups. Fails on the first group that does not load, naming it.
+  // groups. Fails on the first group that does not load, naming it. Each enabled lazy
+  // group's library is admitted (path safety, pin) and its embedded metadata read, not
+  // loaded: introspection answers from it, and the library is loaded on the first
+  // resolve() or call() of one of its ops. A lazy group without readable metadata is
+  // listed with its ops unknown (GroupInfo::metadata_note says why).
   static Result<std::unique_ptr<Registry>> open(const Manifest& manifest,
                                                 const OpenOptions& options = {});
 
@@ -574,20 +597,24 @@ class Registry {
   // cycle is refused.
   Status add_alias(const std::string& from, const std::string& to, const std::string& message);
 
+  // Not const: resolving an op of a lazy group that is not loaded yet loads it (the op
+  // id's prefix names the group; an alias chain's end counts).
   Result<KernelHandle> resolve(std::string_view op, std::span<DLTensor* const> args,
-                               const ResolveOptions& options = {}) const;
+                               const ResolveOptions& options = {});
   Result<KernelHandle> resolve(std::string_view op, const Target& target,
-                               const ResolveOptions& options = {}) const;
+                               const ResolveOptions& options = {});
 
-  // Lookup by name and call: resolve against these arguments, then call.
+  // Lookup by name and call: the same selection as resolve() against these arguments,
+  // then the call. Allocates nothing on success. Loads a lazy group as resolve() does.
   Status call(std::string_view op, std::span<DLTensor* const> tensors,
-              std::span<const kreg_attr> attrs, const CallOptions& options) const;
+              std::span<const kreg_attr> attrs, const CallOptions& options);
   Status call(std::string_view op, std::span<DLTensor* const> tensors,
-              std::span<const kreg_attr> attrs = {}, void* stream = nullptr) const {
+              std::span<const kreg_attr> attrs = {}, void* stream = nullptr) {
     return call(op, tensors, attrs, CallOptions{stream});
   }
 
-  // Introspection (sorted by name).
+  // Introspection (sorted by name). Never loads anything: a lazy group that is not loaded
+  // yet is described by its library's embedded metadata (specs with fn == nullptr).
   std::vector<GroupInfo> groups() const;
   std::vector<std::string> op_ids() const;
   // All implementations of an op, highest priority first; empty if unknown.
@@ -612,37 +639,54 @@ class Registry {
     size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
   };
 
+  // The op's entry in a loaded table; never loads.
   const detail::OpEntry* find_op(std::string_view op) const;
+  // find_op, and when that finds nothing and `load`, loads the lazy group the op id names
+  // (unless its metadata says it has no such op) and looks again.
+  const detail::OpEntry* find_op(std::string_view op, bool load);
   // find_op, else the op at the end of `op`'s alias chain (warning once per alias used);
   // allocates nothing, so Registry::call through an alias stays allocation-free.
-  const detail::OpEntry* find_op_or_alias(std::string_view op) const;
+  const detail::OpEntry* find_op_or_alias(std::string_view op, bool load);
   // Why find_op_or_alias found nothing for `op`: unknown, an alias to a missing op, or a
   // group that failed to load.
   Status unknown_op(std::string_view op) const;
   // Walks the chain from alias `from`: calls visit(name) for each name after it and stops at
-  // the first registered op (returned) or at a name that is neither (nullptr).
-  template <typename Visit>
-  const detail::OpEntry* follow_aliases(const Alias& from, Visit&& visit) const;
+  // the first op that `lookup(name)` finds (returned) or at a name that is neither (nullptr).
+  template <typename Lookup, typename Visit>
+  const detail::OpEntry* follow_aliases(const Alias& from, Lookup&& lookup, Visit&& visit) const;
   Group* find_group(std::string_view name) const;
-  Status ensure_loaded(Group& g) const;
-  Status load_locked(Group& g) const;
-  Status publish_locked(Group& g, const std::vector<KernelSpec>& specs) const;
+  // The metadata's specs of `op` when its group is not loaded yet (priority order).
+  std::vector<const KernelSpec*> metadata_specs(std::string_view op) const;
+  Status ensure_loaded(Group& g);
+  Status add_alias_locked(const std::string& from, const std::string& to,
+                          const std::string& message);
+  Status load_locked(Group& g);
+  void read_metadata_locked(Group& g);
+  Status publish_locked(Group& g, const std::vector<KernelSpec>& specs);
   Group& group_locked(const std::string& name);
+  // The one selection rule (selection.cpp), for resolve() and call(). Fast when `why` is
+  // null: no strings, no allocation. With `attrs`, only an implementation that accepts
+  // them too is chosen (call's fast path); without, tensors only. With `why`, the reasons
+  // every candidate was rejected are written there when nothing is chosen.
   const detail::Impl* select(std::string_view op, const detail::OpEntry& entry,
                              std::span<DLTensor* const> args, const Target* target,
-                             const ResolveOptions& options, std::string* why) const;
-  std::optional<std::string> forced_backend(std::string_view op) const;
+                             const std::span<const kreg_attr>* attrs, const ResolveOptions* options,
+                             std::string* why) const;
+  // KREG_FORCE_BACKEND's backend for `op` (points into force_), or null.
+  const std::string* forced_backend(std::string_view op) const;
 
-  mutable std::recursive_mutex mu_;
+  // Serializes loading and registering (open, load_group, add, add_alias, reload, a lazy
+  // load); lookups and calls never take it.
+  mutable std::mutex mu_;
   // Groups are created by open() and add() only; their op tables are published
   // atomically, so lookups need no lock while a group loads.
   std::unordered_map<std::string, std::unique_ptr<Group>, StringHash, std::equal_to<>> groups_;
   std::unordered_map<std::string, std::unique_ptr<Alias>, StringHash, std::equal_to<>> aliases_;
-  mutable std::vector<std::unique_ptr<detail::Impl>> impls_;
+  std::vector<std::unique_ptr<detail::Impl>> impls_;
   // Every loaded op by full id, rebuilt (copy-on-write) whenever a group table is
   // published: Registry::call finds an op with one hash lookup.
-  mutable std::atomic<const detail::OpIndex*> index_{nullptr};
-  mutable std::vector<std::unique_ptr<detail::OpIndex>> indexes_;
+  std::atomic<const detail::OpIndex*> index_{nullptr};
+  std::vector<std::unique_ptr<detail::OpIndex>> indexes_;
   // KREG_FORCE_BACKEND, parsed: (op pattern, backend); pattern "*", "group.*" or an op id.
   std::vector<std::pair<std::string, std::string>> force_;
   // How open() was asked to load; later loads (load_group, lazy groups) follow it.

@@ -1,0 +1,242 @@
+// Why a call failed, in words: KernelHandle::explain turns a CheckPlan::diagnose result
+// into a message naming the op, the argument and what was expected; kernel_error turns a
+// kernel's status and message buffer into a Status. Both run only off the fast path. Also
+// KernelHandle::attrs, whose errors are of the same kind.
+#include <cstring>
+
+#include "kreg/registry.hpp"
+#include "kreg/text.hpp"
+#include "registry_group.hpp"
+
+namespace kreg {
+
+using detail::CheckFailure;
+using detail::CheckPlan;
+using detail::Impl;
+
+namespace {
+
+std::string shape_string(const DLTensor& t) {
+  std::string s = "[";
+  for (int i = 0; i < t.ndim; ++i) {
+    if (i) s += ",";
+    s += std::to_string(t.shape[i]);
+  }
+  return s + "]";
+}
+
+const char* attr_type_name(int32_t type) {
+  switch (type) {
+    case KREG_ATTR_INT:
+      return "int";
+    case KREG_ATTR_FLOAT:
+      return "float";
+    case KREG_ATTR_BOOL:
+      return "bool";
+    case KREG_ATTR_STRING:
+      return "str";
+    default:
+      return "unknown";
+  }
+}
+
+}  // namespace
+
+namespace detail {
+
+std::string device_string(const DLDevice& d) {
+  return device_type_name(d.device_type) + ":" + std::to_string(d.device_id);
+}
+
+Status kernel_error(const Impl& impl, int32_t rc, const char* message, size_t capacity) {
+  auto code = static_cast<kreg_status_code>(rc);
+  if (rc < 0 || rc > KREG_UNAUTHENTICATED) code = KREG_UNKNOWN;
+  const std::string_view text(message, ::strnlen(message, capacity));
+  return Status(
+      code, impl.spec.op + " (" + impl.spec.backend +
+                "): " + (text.empty() ? "kernel failed without a message" : escape_control(text)) +
+                (code == KREG_UNKNOWN && rc != KREG_UNKNOWN
+                     ? " (non-canonical status " + std::to_string(rc) + ")"
+                     : ""));
+}
+
+}  // namespace detail
+
+using detail::device_string;
+
+Status KernelHandle::explain(const detail::CheckResult& r, std::span<DLTensor* const> tensors,
+                             std::span<const kreg_attr> attrs) const {
+  const KernelSpec& spec = impl_->spec;
+  const Signature& sig = spec.signature;
+  const CheckPlan& plan = impl_->plan;
+  const std::string head = spec.op + " (" + spec.backend + "): ";
+  auto tensor_names = [&] {
+    std::string s;
+    for (int i = 0; i < sig.num_tensors; ++i) s += (i ? ", " : "") + sig.tensor(i).name;
+    return s;
+  };
+  auto arg_name = [&](int i) {
+    return "argument '" + sig.tensor(i).name + "' (tensor " + std::to_string(i + 1) + " of " +
+           std::to_string(sig.num_tensors) + ")";
+  };
+  auto fail = [&](const std::string& what) {
+    return Status(KREG_INVALID_ARGUMENT, head + what + "; signature: " + escape_control(sig.text));
+  };
+  const int i = r.arg;
+  switch (r.why) {
+    case CheckFailure::kNone:
+      break;
+    case CheckFailure::kTensorCount:
+      return fail("expected " + std::to_string(sig.num_tensors) + " tensors (" + tensor_names() +
+                  "), got " + std::to_string(tensors.size()));
+    case CheckFailure::kAttrCount: {
+      std::string names;
+      for (int a = 0; a < sig.num_attrs; ++a) names += (a ? ", " : "") + sig.attr(a).name;
+      return fail("expected " + std::to_string(plan.num_required_attrs) + " to " +
+                  std::to_string(sig.num_attrs) + " attributes (" + names + "), got " +
+                  std::to_string(attrs.size()));
+    }
+    case CheckFailure::kNullTensor:
+      return fail(arg_name(i) + " is null");
+    case CheckFailure::kDevice:
+      return fail(arg_name(i) + " is on " + device_string(tensors[i]->device) + ", but backend " +
+                  spec.backend + " runs on " + device_type_name(plan.device_type) + " tensors");
+    case CheckFailure::kDeviceMismatch:
+      return fail(arg_name(i) + " is on " + device_string(tensors[i]->device) + ", but '" +
+                  sig.tensor(0).name + "' is on " + device_string(tensors[0]->device));
+    case CheckFailure::kDType: {
+      const DTypeMask allowed =
+          plan.tensors[i].dtypes ? plan.tensors[i].dtypes : plan.shared_dtypes;
+      return fail(arg_name(i) + " has dtype " + describe_dl(tensors[i]->dtype) + ", expected " +
+                  dtype_set_name(allowed));
+    }
+    case CheckFailure::kSharedDType: {
+      int first = 0;
+      while (plan.tensors[first].dtypes != 0) ++first;
+      return fail(arg_name(i) + " has dtype " + describe_dl(tensors[i]->dtype) + ", but '" +
+                  sig.tensor(first).name + "' has " + describe_dl(tensors[first]->dtype) +
+                  " (these tensors share one dtype)");
+    }
+    case CheckFailure::kRank:
+      return fail(arg_name(i) + " has rank " + std::to_string(tensors[i]->ndim) + " " +
+                  shape_string(*tensors[i]) + ", expected rank " +
+                  std::to_string(plan.tensors[i].ndim) + " " + sig.shape_name(sig.tensor(i)));
+    case CheckFailure::kBadShape:
+      return fail(arg_name(i) +
+                  (tensors[i]->ndim > 0 && tensors[i]->shape == nullptr
+                       ? " has ndim " + std::to_string(tensors[i]->ndim) + " but a null shape"
+                       : " has ndim " + std::to_string(tensors[i]->ndim) + ", outside [0, " +
+                             std::to_string(detail::kMaxCallNdim) + "]"));
+    case CheckFailure::kNegativeDim:
+      return fail(arg_name(i) + " has shape " + shape_string(*tensors[i]) + ": dim " +
+                  std::to_string(r.dim) + " is negative");
+    case CheckFailure::kTooLarge:
+      return fail(arg_name(i) + " has shape " + shape_string(*tensors[i]) + " of " +
+                  describe_dl(tensors[i]->dtype) +
+                  ": its size in bytes overflows int64 (at most 9223372036854775807 bytes)");
+    case CheckFailure::kDimDivisible: {
+      const DimExpr& e = plan.tensors[i].dims[r.dim];
+      return fail(arg_name(i) + " dim " + std::to_string(r.dim) + " (" + sig.dim_name(e) + ") is " +
+                  std::to_string(tensors[i]->shape[r.dim]) + ", not a multiple of " +
+                  std::to_string(e.coef));
+    }
+    case CheckFailure::kDim: {
+      const DimExpr& e = plan.tensors[i].dims[r.dim];
+      const int64_t got = tensors[i]->shape[r.dim];
+      if (e.symbol < 0) {
+        return fail(arg_name(i) + " dim " + std::to_string(r.dim) + " is " + std::to_string(got) +
+                    ", expected " + std::to_string(e.literal));
+      }
+      // Find where the symbol was bound first, to name both sides.
+      for (int j = 0; j <= i; ++j) {
+        if (tensors[j] == nullptr) continue;  // an omitted optional tensor binds nothing
+        for (int k = 0; k < plan.tensors[j].ndim; ++k) {
+          const DimExpr& f = plan.tensors[j].dims[k];
+          if (f.symbol != e.symbol) continue;
+          const int64_t value = tensors[j]->shape[k] / f.coef;
+          return fail(arg_name(i) + " has shape " + shape_string(*tensors[i]) + ", expected " +
+                      sig.shape_name(sig.tensor(i)) + ": dim " + std::to_string(r.dim) + " (" +
+                      sig.dim_name(e) + ") is " + std::to_string(got) + ", but " +
+                      sig.symbols[static_cast<size_t>(e.symbol)] + " = " + std::to_string(value) +
+                      " from '" + sig.tensor(j).name + "' dim " + std::to_string(k));
+        }
+      }
+      break;
+    }
+    case CheckFailure::kContiguous: {
+      std::string strides = "[";
+      for (int k = 0; k < tensors[i]->ndim; ++k) {
+        strides += (k ? "," : "") + std::to_string(tensors[i]->strides[k]);
+      }
+      return fail(arg_name(i) + " is not contiguous (shape " + shape_string(*tensors[i]) +
+                  ", strides " + strides + "]); kreg kernels take row-major contiguous tensors");
+    }
+    case CheckFailure::kAttrType:
+      return fail("attribute '" + sig.attr(i).name + "' (attribute " + std::to_string(i + 1) +
+                  ") must be " + attr_type_name(plan.attr_types[i]) + ", got " +
+                  attr_type_name(attrs[static_cast<size_t>(i)].type));
+  }
+  return fail("argument check failed");
+}
+
+Result<AttrList> KernelHandle::attrs(const std::vector<NamedAttr>& named) const {
+  const Signature& sig = impl_->spec.signature;
+  const CheckPlan& plan = impl_->plan;
+  AttrList list;
+  list.attrs_.assign(plan.defaults, plan.defaults + plan.num_attrs);
+  std::vector<bool> given(static_cast<size_t>(plan.num_attrs), false);
+  for (const NamedAttr& na : named) {
+    int idx = -1;
+    for (int a = 0; a < sig.num_attrs; ++a) {
+      if (sig.attr(a).name == na.name) idx = a;
+    }
+    if (idx < 0) {
+      std::string names;
+      for (int a = 0; a < sig.num_attrs; ++a) names += (a ? ", " : "") + sig.attr(a).name;
+      return Status(KREG_INVALID_ARGUMENT,
+                    impl_->spec.op + ": unknown attribute '" + excerpt(na.name) +
+                        "' (attributes: " + (names.empty() ? "none" : names) + ")");
+    }
+    kreg_attr& out = list.attrs_[static_cast<size_t>(idx)];
+    const int32_t want = plan.attr_types[idx];
+    out.type = want;
+    bool ok = true;
+    std::visit(
+        [&](const auto& v) {
+          using V = std::decay_t<decltype(v)>;
+          if constexpr (std::is_same_v<V, std::string>) {
+            ok = want == KREG_ATTR_STRING;
+            list.strings_.push_back(std::make_unique<std::string>(v));
+            out.value.s = list.strings_.back()->c_str();
+          } else if constexpr (std::is_same_v<V, double>) {
+            ok = want == KREG_ATTR_FLOAT;
+            out.value.f = v;
+          } else if constexpr (std::is_same_v<V, bool>) {
+            ok = want == KREG_ATTR_BOOL;
+            out.value.i = v ? 1 : 0;
+          } else {
+            ok = want == KREG_ATTR_INT || want == KREG_ATTR_FLOAT;
+            if (want == KREG_ATTR_FLOAT) {
+              out.value.f = static_cast<double>(v);
+            } else {
+              out.value.i = v;
+            }
+          }
+        },
+        na.value);
+    if (!ok) {
+      return Status(KREG_INVALID_ARGUMENT, impl_->spec.op + ": attribute '" + na.name +
+                                               "' must be " + attr_type_name(want));
+    }
+    given[static_cast<size_t>(idx)] = true;
+  }
+  for (int a = 0; a < sig.num_attrs; ++a) {
+    if (!given[static_cast<size_t>(a)] && !sig.attr(a).has_default) {
+      return Status(KREG_INVALID_ARGUMENT,
+                    impl_->spec.op + ": missing required attribute '" + sig.attr(a).name + "'");
+    }
+  }
+  return list;
+}
+
+}  // namespace kreg
