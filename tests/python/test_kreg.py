@@ -506,3 +506,109 @@ def test_alias_chains_resolve_everywhere(tmp_path, kind):
         out = kind.empty((2, 4), np.float32)
         op(kind.tensor(x), out)
         close(kind.numpy(out), act_ref(x, "silu"))
+
+
+# ---- Workspace from torch's caching allocator ----
+
+
+def _align_inputs(tokens, k, experts, block, seed):
+    ids = rng(seed).integers(0, experts, size=(tokens, k), dtype=np.int32)
+    padded = tokens * k + experts * (block - 1)
+    blocks = (padded + block - 1) // block
+    return ids, padded, blocks
+
+
+def _align_outputs(padded, blocks, empty):
+    return empty((padded,)), empty((blocks,)), empty((1,))
+
+
+@pytest.mark.skipif(_torch_cuda_reason() is not None, reason=_torch_cuda_reason() or "")
+def test_workspace_comes_from_torchs_caching_allocator(reg, monkeypatch):
+    # moe.align_block_size takes scratch memory (E * chunks ints) when T*k spans 9 or more
+    # chunks of 512 slots; with torch tensors it must come from torch.cuda's caching
+    # allocator on the call's stream and go back to it, and the results must not change.
+    tokens, k, experts, block = 2048, 8, 64, 16  # 16384 slots: 32 chunks
+    ids, padded, blocks = _align_inputs(tokens, k, experts, block, 31)
+
+    # The CPU reference on NumPy arrays: no torch involved.
+    cpu = _align_outputs(padded, blocks, lambda s: np.full(s, -77, dtype=np.int32))
+    reg.op("moe.align_block_size", backend="cpu")(ids, *cpu, num_experts=experts, block_size=block)
+
+    calls = {"alloc": [], "delete": []}
+    real_alloc = torch.cuda.caching_allocator_alloc
+    real_delete = torch.cuda.caching_allocator_delete
+
+    def counting_alloc(size, device=None, stream=None):
+        calls["alloc"].append((size, device, stream))
+        ptr = real_alloc(size, device, stream)
+        calls["alloc_ptr"] = ptr
+        return ptr
+
+    def counting_delete(ptr):
+        calls["delete"].append(ptr)
+        return real_delete(ptr)
+
+    monkeypatch.setattr(torch.cuda, "caching_allocator_alloc", counting_alloc)
+    monkeypatch.setattr(torch.cuda, "caching_allocator_delete", counting_delete)
+
+    stream = torch.cuda.Stream()  # not the default stream: the allocation must name it
+    gpu = _align_outputs(
+        padded, blocks, lambda s: torch.full(s, -77, dtype=torch.int32, device="cuda")
+    )
+    ids_gpu = torch.from_numpy(ids).cuda()
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_stats()["allocation.all.allocated"]
+    with torch.cuda.stream(stream):
+        reg.op("moe.align_block_size", backend="cuda")(
+            ids_gpu, *gpu, num_experts=experts, block_size=block
+        )
+    stream.synchronize()
+    after = torch.cuda.memory_stats()["allocation.all.allocated"]
+
+    chunks = (tokens * k + 511) // 512
+    assert len(calls["alloc"]) == 1, calls
+    size, device, alloc_stream = calls["alloc"][0]
+    assert size == experts * chunks * 4
+    assert device == 0
+    assert alloc_stream == stream.cuda_stream
+    assert calls["delete"] == [calls["alloc_ptr"]]
+    assert after == before + 1  # torch's own count of allocations saw it
+    for got, want in zip(gpu, cpu):
+        np.testing.assert_array_equal(got.cpu().numpy(), want)
+
+
+@pytest.mark.skipif(_torch_cuda_reason() is not None, reason=_torch_cuda_reason() or "")
+def test_torch_allocator_failure_is_a_kreg_error(reg, monkeypatch):
+    # An exception in torch's allocator becomes the call's error message (no exception
+    # crosses the C ABI, none is left pending).
+    def refusing_alloc(size, device=None, stream=None):
+        raise RuntimeError("no memory for kreg today")
+
+    monkeypatch.setattr(torch.cuda, "caching_allocator_alloc", refusing_alloc)
+    ids, padded, blocks = _align_inputs(2048, 8, 64, 16, 32)
+    gpu = _align_outputs(
+        padded, blocks, lambda s: torch.full(s, -77, dtype=torch.int32, device="cuda")
+    )
+    with pytest.raises(kreg.Error, match="no memory for kreg today"):
+        reg.op("moe.align_block_size", backend="cuda")(
+            torch.from_numpy(ids).cuda(), *gpu, num_experts=64, block_size=16
+        )
+
+
+def test_align_block_size_without_torch_needs_no_allocator(reg):
+    # NumPy arrays (no torch tensor, so no host allocator is offered): the padded layout
+    # against a NumPy oracle.
+    ids, padded, blocks = _align_inputs(7, 3, 5, 4, 33)
+    out = _align_outputs(padded, blocks, lambda s: np.full(s, -77, dtype=np.int32))
+    reg.op("moe.align_block_size", backend="cpu")(ids, *out, num_experts=5, block_size=4)
+    sorted_ids, expert_ids, total = out
+    flat = ids.reshape(-1)
+    pos = 0
+    for e in range(5):
+        slots = np.nonzero(flat == e)[0]
+        seg = -(-len(slots) // 4) * 4
+        np.testing.assert_array_equal(sorted_ids[pos : pos + len(slots)], slots)
+        assert (sorted_ids[pos + len(slots) : pos + seg] == flat.size).all()
+        assert (expert_ids[pos // 4 : (pos + seg) // 4] == e).all()
+        pos += seg
+    assert total[0] == pos

@@ -8,7 +8,9 @@
 #include "op.hpp"
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "exchange_api.hpp"
@@ -130,6 +132,98 @@ int64_t torch_current_stream(const TorchHooks& t, int index) {
   if (v == -1 && PyErr_Occurred()) return -1;
   return v;
 }
+
+// ---- Workspace from torch's caching allocator ----
+
+// kreg_host_services for calls whose tensors came from torch: a kernel's scratch memory
+// (kreg::device::Workspace) comes from torch.cuda.caching_allocator_alloc on the call's
+// stream and goes back through caching_allocator_delete, so it is accounted and reused by
+// torch rather than allocated behind its back. The functions are looked up on every use
+// (a module attribute each), so a hook installed on torch.cuda is honoured. Python errors
+// become kreg_error messages: nothing is thrown or left pending across the C ABI.
+PyObject* g_torch_cuda = nullptr;  // torch.cuda, imported on the first allocation
+
+void set_error(kreg_error* err, const std::string& text) {
+  if (err != nullptr && err->message != nullptr && err->capacity > 0) {
+    std::snprintf(err->message, err->capacity, "%s", text.c_str());
+  }
+}
+
+// The pending Python exception as text (and cleared).
+std::string take_python_error() {
+  PyObject *type = nullptr, *value = nullptr, *trace = nullptr;
+  PyErr_Fetch(&type, &value, &trace);  // PyErr_GetRaisedException needs Python 3.12
+  PyErr_NormalizeException(&type, &value, &trace);
+  std::string text = value != nullptr ? Py_TYPE(value)->tp_name : "unknown error";
+  if (value != nullptr) {
+    if (PyObject* str = PyObject_Str(value)) {
+      if (const char* utf8 = PyUnicode_AsUTF8(str)) text += std::string(": ") + utf8;
+      Py_DECREF(str);
+    }
+  }
+  PyErr_Clear();  // a failed str() above
+  Py_XDECREF(type);
+  Py_XDECREF(value);
+  Py_XDECREF(trace);
+  return text;
+}
+
+PyObject* torch_cuda_function(const char* name) {
+  if (g_torch_cuda == nullptr) {
+    g_torch_cuda = PyImport_ImportModule("torch.cuda");
+    if (g_torch_cuda == nullptr) return nullptr;
+  }
+  return PyObject_GetAttrString(g_torch_cuda, name);
+}
+
+void* torch_workspace_alloc(void* /*self*/, size_t bytes, DLDevice device, void* stream,
+                            kreg_error* err) {
+  const PyGILState_STATE gil = PyGILState_Ensure();  // held already, except in odd hosts
+  void* ptr = nullptr;
+  PyObject* fn = torch_cuda_function("caching_allocator_alloc");
+  PyObject* r = nullptr;
+  if (fn != nullptr) {
+    r = PyObject_CallFunction(fn, "nin", static_cast<Py_ssize_t>(bytes), device.device_id,
+                              static_cast<Py_ssize_t>(reinterpret_cast<intptr_t>(stream)));
+    Py_DECREF(fn);
+  }
+  if (r != nullptr) {
+    ptr = PyLong_AsVoidPtr(r);
+    Py_DECREF(r);
+  }
+  if (PyErr_Occurred()) {
+    set_error(err, "torch.cuda.caching_allocator_alloc(" + std::to_string(bytes) + ", " +
+                       std::to_string(device.device_id) + ") failed: " + take_python_error());
+    ptr = nullptr;
+  } else if (ptr == nullptr) {
+    set_error(err, "torch.cuda.caching_allocator_alloc(" + std::to_string(bytes) +
+                       ") returned a null pointer");
+  }
+  PyGILState_Release(gil);
+  return ptr;
+}
+
+void torch_workspace_free(void* /*self*/, void* ptr, size_t /*bytes*/, DLDevice /*device*/,
+                          void* /*stream*/) {
+  const PyGILState_STATE gil = PyGILState_Ensure();
+  PyObject* fn = torch_cuda_function("caching_allocator_delete");
+  PyObject* r = nullptr;
+  if (fn != nullptr) {
+    PyObject* p = PyLong_FromVoidPtr(ptr);
+    if (p != nullptr) {
+      r = PyObject_CallOneArg(fn, p);
+      Py_DECREF(p);
+    }
+    Py_DECREF(fn);
+  }
+  Py_XDECREF(r);
+  // A free has nobody to report to: say so on stderr rather than leave an exception set.
+  if (PyErr_Occurred()) PyErr_WriteUnraisable(nullptr);
+  PyGILState_Release(gil);
+}
+
+const kreg_host_services kTorchServices{sizeof(kreg_host_services), nullptr, &torch_workspace_alloc,
+                                        &torch_workspace_free};
 
 // ---- The Op object ----
 
@@ -538,6 +632,16 @@ PyObject* op_vectorcall(PyObject* self, PyObject* const* args, size_t nargsf, Py
   }
   KernelHandle handle = s.handle;
   void* stream_ptr = reinterpret_cast<void*>(static_cast<intptr_t>(stream));
+  // Tensors from torch on a CUDA device: scratch memory from torch's caching allocator.
+  const kreg_host_services* services = nullptr;
+  if (torch != nullptr && s.num_tensors > 0 && tensors[0]->device.device_type == kDLCUDA) {
+    for (int i = 0; i < s.num_tensors && services == nullptr; ++i) {
+      if (PyObject_TypeCheck(args[i], reinterpret_cast<PyTypeObject*>(torch->tensor_type))) {
+        services = &kTorchServices;
+      }
+    }
+  }
+  const CallOptions call_options{stream_ptr, services, 0};
   Status st;
   if (s.num_tensors > 0 && tensors[0]->device.device_type == kDLCPU && !any_view) {
     // CPU kernels run synchronously and may take a while: let other threads run. Not
@@ -545,7 +649,7 @@ PyObject* op_vectorcall(PyObject* self, PyObject* const* args, size_t nargsf, Py
     Py_BEGIN_ALLOW_THREADS st = handle.call(tspan, aspan, stream_ptr);
     Py_END_ALLOW_THREADS
   } else {
-    st = handle.call(tspan, aspan, stream_ptr);
+    st = handle.call(tspan, aspan, call_options);
   }
   if (!st.ok()) [[unlikely]] {
     if (st.code() != KREG_INVALID_ARGUMENT) return raise_status(st);
@@ -555,7 +659,7 @@ PyObject* op_vectorcall(PyObject* self, PyObject* const* args, size_t nargsf, Py
     if (!h || &h->spec() == &handle.spec()) return raise_status(st);
     s.handle = *h;
     handle = *h;
-    st = handle.call(tspan, aspan, stream_ptr);
+    st = handle.call(tspan, aspan, call_options);
     if (!st.ok()) return raise_status(st);
   }
   Py_RETURN_NONE;
