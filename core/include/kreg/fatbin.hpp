@@ -61,13 +61,14 @@ Result<CudaImages> read_cuda_images(const ElfFile& elf);
 // RESOURCE_EXHAUSTED naming `where` ("plugin library /x.so") and the byte offset.
 //
 // The format, as nvcc 13 writes it (little-endian): the section is a sequence of
-// containers (one per translation unit, zero padding between them); a container is a
-// 16-byte header {u32 magic 0xBA55ED50, u16 version 1, u16 header size, u64 size of its
-// entries} and its entries, each a header {u16 kind (1 PTX, 2 SASS cubin, 8 LTO IR),
-// u16 version, u32 header size, u64 payload size, u32 compressed size, u32 options offset,
-// u16 minor, u16 major (of the PTX ISA or cubin ABI), u32 SM, u32 name offset, u32 name
-// size, u64 flags (1 64-bit, 2 debug, 0x10 Linux, 0x8000 zstd-compressed, 0x100000
-// arch-specific "a", 0x200000 family-specific "f"), ...} followed by its payload.
+// containers, one per translation unit (zeros between them are taken as padding); a
+// container is a 16-byte header {u32 magic 0xBA55ED50, u16 version 1, u16 header size,
+// u64 size of its entries} and its entries, each a header {u16 kind (1 PTX, 2 SASS
+// cubin, 8 LTO IR), u16 version, u32 header size, u64 payload size, u32 compressed size,
+// u32 options offset, u16 minor, u16 major (of the PTX ISA or cubin ABI), u32 SM, u32
+// name offset, u32 name size, u64 flags (1 64-bit, 2 debug, 0x10 Linux, 0x8000
+// zstd-compressed, 0x100000 arch-specific "a", 0x200000 family-specific "f"), ...}
+// followed by its payload.
 Result<CudaImages> parse_fatbin_section(std::string_view bytes, const std::string& where);
 
 // Checks or narrows one implementation's CUDA capability windows against `images`:
