@@ -15,6 +15,8 @@
 #include <system_error>
 
 #include "kreg/admission.hpp"
+#include "kreg/dtype.hpp"
+#include "kreg/elf_file.hpp"
 #include "kreg/kernel_spec.hpp"
 #include "kreg/plugin_library.hpp"
 #include "kreg/plugin_probe.hpp"
@@ -29,10 +31,11 @@ namespace fs = std::filesystem;
 
 const std::vector<std::string>& validation_checks() {
   static const std::vector<std::string> kChecks = {
-      "manifest-schema", "library-present",  "path-safety",       "integrity",     "library-loads",
-      "abi-version",     "group-name-match", "plugin-version",    "op-naming",     "no-test-ops",
-      "schema",          "no-empty-groups",  "reference-present", "sources-built", "unique-ops",
-      "aliases",         "groups-guard"};
+      "manifest-schema", "library-present",   "path-safety",      "integrity",
+      "library-loads",   "abi-version",       "group-name-match", "plugin-version",
+      "metadata-match",  "op-naming",         "no-test-ops",      "schema",
+      "no-empty-groups", "reference-present", "arch-coverage",    "sources-built",
+      "unique-ops",      "aliases",           "groups-guard"};
   return kChecks;
 }
 
@@ -57,6 +60,10 @@ class Reporter {
   void also(const std::string& check, const std::string& group, const std::string& where,
             const std::string& message) {
     r_.findings.push_back({check, group, where, message});
+  }
+  void warn(const std::string& check, const std::string& group, const std::string& where,
+            const std::string& message) {
+    r_.warnings.push_back({check, group, where, message});
   }
   void outcome(const std::string& check, const std::string& group, bool passed) {
     r_.outcomes.push_back({check, group, passed});
@@ -108,37 +115,44 @@ struct Context {
 // Returns what the child read, or nothing when the group did not load.
 // `file` is what is read and loaded: the library itself, or the private copy whose bytes
 // were hashed for the pin; messages name the library either way.
-std::optional<PluginSnapshot> load_in_child(Context& cx, const GroupEntry& g,
-                                            const fs::path& file) {
+struct LoadOutcome {
+  std::optional<PluginSnapshot> snapshot;
+  bool records_refused = false;  // the child refused a kernel record (op-naming / schema)
+};
+
+// A message about `file` (the private copy when pinned) that names the library instead.
+std::string named(std::string msg, const fs::path& file, const fs::path& library) {
+  if (file == library) return msg;
+  const std::string copy = file.string(), lib = library.string();
+  for (size_t at = msg.find(copy); at != std::string::npos; at = msg.find(copy, at + lib.size())) {
+    msg.replace(at, copy.size(), lib);
+  }
+  return msg;
+}
+
+LoadOutcome load_in_child(Context& cx, const GroupEntry& g, const fs::path& file) {
   Reporter& rep = cx.rep;
   const std::string where = g.library_where.to_string();
-  auto named = [&](std::string msg) {
-    if (file == g.library) return msg;
-    const std::string copy = file.string(), lib = g.library.string();
-    for (size_t at = msg.find(copy); at != std::string::npos;
-         at = msg.find(copy, at + lib.size())) {
-      msg.replace(at, copy.size(), lib);
-    }
-    return msg;
-  };
+  LoadOutcome out;
   if (Status st = check_entry_symbol(file); !st.ok()) {
-    rep.fail("library-loads", g.name, where, named(st.message()));
-    return std::nullopt;
+    rep.fail("library-loads", g.name, where, named(st.message(), file, g.library));
+    return out;
   }
   ProbeOptions popts;
   popts.timeout_s = cx.options.timeout_s;
   ProbeResult probe = probe_plugin(file, {g.name, g.version}, popts);
-  probe.message = named(std::move(probe.message));
+  probe.message = named(std::move(probe.message), file, g.library);
   if (probe.ok()) {
     for (const char* c : {"library-loads", "abi-version", "group-name-match", "plugin-version"}) {
       rep.pass(c, g.name);
     }
-    return std::move(probe.snapshot);
+    out.snapshot = std::move(probe.snapshot);
+    return out;
   }
   const std::string& msg = probe.message;
   if (probe.end != ProbeEnd::kRefused) {
     rep.fail("library-loads", g.name, where, msg);
-    return std::nullopt;
+    return out;
   }
   using Stage = PluginLibrary::Stage;
   switch (probe.stage) {
@@ -167,12 +181,135 @@ std::optional<PluginSnapshot> load_in_child(Context& cx, const GroupEntry& g,
                    ? "op-naming"
                    : "schema",
                g.name, where, msg);
+      out.records_refused = true;
       break;
     default:
       rep.fail("library-loads", g.name, where, msg);
       break;
   }
-  return std::nullopt;
+  return out;
+}
+
+// What the library says without being loaded: its ELF structure (for the CUDA images)
+// and its embedded metadata, read from `file` (the bytes the pin checked).
+struct StaticView {
+  std::optional<ElfFile> elf;  // unset: not readable as ELF (library-loads reports it)
+  std::optional<Result<PluginMetadata>> metadata;
+};
+
+StaticView read_static(const GroupEntry& g, const fs::path& file) {
+  StaticView v;
+  auto elf = ElfFile::open(file, "plugin library", kMaxPluginLibraryBytes);
+  if (!elf) return v;
+  v.elf = std::move(elf).value();
+  auto m = read_plugin_metadata(*v.elf, g.library);
+  if (!m) {
+    v.metadata = Status(m.status().code(), named(m.status().message(), file, g.library));
+  } else {
+    v.metadata = std::move(m);
+  }
+  return v;
+}
+
+KernelRecord record_of(const KernelSpec& k) {
+  return KernelRecord{
+      k.op,     k.backend,  k.signature.text, dtype_set_name(k.dtypes), k.capabilities,
+      k.traits, k.priority, k.description,    k.provenance.source_file};
+}
+
+// The child's records as specs (what compare_metadata and check_arch_coverage take). The
+// child accepted each, so the signature and dtypes parse; flags are not in its report.
+std::vector<KernelSpec> specs_of(const PluginSnapshot& snap) {
+  std::vector<KernelSpec> out;
+  for (const KernelRecord& k : snap.kernels) {
+    KernelSpec s;
+    s.op = k.op;
+    s.backend = k.backend;
+    s.capabilities = k.capabilities;
+    if (auto sig = parse_signature(k.signature)) {
+      s.signature = std::move(sig).value();
+    } else {
+      s.signature.text = k.signature;
+    }
+    s.dtypes = parse_dtype_set(k.dtypes).value_or(0);
+    s.traits = k.traits;
+    s.priority = k.priority;
+    s.description = k.description;
+    s.provenance = {snap.info.group, snap.info.version, snap.info.path.string(), k.source_file};
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+// metadata-match: the embedded metadata against the loaded descriptor (as the child read
+// it). A library without metadata is a warning: it still works, but lists as "metadata
+// unavailable" until loaded.
+void check_metadata_match(Context& cx, const GroupEntry& g, const StaticView& view,
+                          const LoadOutcome& load) {
+  Reporter& rep = cx.rep;
+  const std::string lib = g.library.string();
+  if (!view.metadata) {
+    rep.skip("metadata-match", g.name, "not readable as an ELF file (library-loads reports it)");
+    return;
+  }
+  const Result<PluginMetadata>& meta = *view.metadata;
+  if (!meta.ok()) {
+    if (meta.status().code() == KREG_NOT_FOUND) {
+      rep.pass("metadata-match", g.name,
+               "no " KREG_METADATA_SECTION " section (built before SDK 1.2)");
+      rep.warn("metadata-match", g.name, lib,
+               lib + " has no embedded metadata (section " KREG_METADATA_SECTION
+                     ", SDK 1.2): it was built before SDK 1.2 or without KREG_GROUP / "
+                     "KREG_PLUGIN, so tools cannot list it without loading it; rebuild it");
+    } else if (load.records_refused) {
+      rep.skip("metadata-match", g.name,
+               "the library's kernel records were refused (op-naming / schema report it)");
+    } else {
+      rep.fail("metadata-match", g.name, lib,
+               "the embedded metadata cannot be read: " + meta.status().message());
+    }
+    return;
+  }
+  if (!load.snapshot) {
+    rep.skip("metadata-match", g.name, "the library did not load: nothing to compare with");
+    return;
+  }
+  const auto diff = metadata_differences(*meta, *load.snapshot);
+  for (const std::string& d : diff) {
+    rep.also("metadata-match", g.name, lib,
+             "the embedded metadata and the loaded library disagree: " + d);
+  }
+  rep.outcome("metadata-match", g.name, diff.empty());
+}
+
+// arch-coverage: every CUDA implementation's claim against the CUDA images the library
+// really holds (its fatbinary), read without loading it.
+void check_arch(Context& cx, const GroupEntry& g, const StaticView& view,
+                const std::vector<KernelSpec>* kernels) {
+  Reporter& rep = cx.rep;
+  const std::string lib = g.library.string();
+  if (kernels == nullptr) {
+    rep.skip("arch-coverage", g.name, "no kernel records (the library did not load)");
+    return;
+  }
+  const bool any_cuda = std::any_of(kernels->begin(), kernels->end(),
+                                    [](const KernelSpec& k) { return k.backend == "cuda"; });
+  if (!any_cuda) {
+    rep.pass("arch-coverage", g.name, "no CUDA implementations");
+    return;
+  }
+  if (!view.elf) {
+    rep.skip("arch-coverage", g.name, "not readable as an ELF file (library-loads reports it)");
+    return;
+  }
+  auto images = read_cuda_images(*view.elf);
+  if (!images) {
+    rep.fail("arch-coverage", g.name, lib, images.status().message());
+    return;
+  }
+  const auto problems = arch_coverage_problems(*kernels, *images, lib);
+  for (const std::string& p : problems) rep.also("arch-coverage", g.name, lib, p);
+  rep.outcome("arch-coverage", g.name, problems.empty());
 }
 
 // op-naming, no-test-ops, schema, no-empty-groups, reference-present and the in-group
@@ -454,6 +591,35 @@ void check_groups_guard(Context& cx) {
 
 }  // namespace
 
+std::vector<std::string> metadata_differences(const PluginMetadata& embedded,
+                                              const PluginSnapshot& loaded) {
+  std::vector<KernelSpec> specs = specs_of(loaded);
+  // The child's report has no flags: take the embedded record's, so they compare equal.
+  for (KernelSpec& s : specs) {
+    for (const KernelSpec& e : embedded.kernels) {
+      if (e.op == s.op && e.backend == s.backend) {
+        s.flags = e.flags;
+        break;
+      }
+    }
+  }
+  return compare_metadata(embedded, loaded.info, specs);
+}
+
+std::vector<std::string> arch_coverage_problems(const std::vector<KernelSpec>& kernels,
+                                                const CudaImages& images,
+                                                const std::string& library) {
+  std::vector<std::string> out;
+  for (const KernelSpec& k : kernels) {
+    if (k.backend != "cuda") continue;
+    KernelSpec copy = k;  // check_arch_coverage may narrow the windows it is given
+    if (Status st = check_arch_coverage(copy, images, library); !st.ok()) {
+      out.push_back(st.message());
+    }
+  }
+  return out;
+}
+
 ValidationReport validate_registry(const fs::path& manifest_path, const ValidateOptions& options) {
   ValidationReport report;
   Reporter rep(report);
@@ -553,8 +719,27 @@ ValidationReport validate_registry(const fs::path& manifest_path, const Validate
       } else {
         rep.pass("integrity", g.name, "not pinned");
       }
-      snap = load_in_child(cx, g, copy ? copy->path() : g.library);
+      const fs::path load_path = copy ? copy->path() : g.library;
+      const StaticView view = read_static(g, load_path);
+      LoadOutcome load = load_in_child(cx, g, load_path);
+      check_metadata_match(cx, g, view, load);
+      // The record checks read the metadata when it is there (no loading needed, and they
+      // run even when the load failed); metadata-match said whether it agrees.
+      std::vector<KernelSpec> specs;
+      if (load.records_refused) {
+        // A record the load refused was reported (op-naming / schema): the group's ops
+        // are unknown, as before the metadata existed.
+      } else if (view.metadata && view.metadata->ok()) {
+        specs = (*view.metadata)->kernels;
+        PluginSnapshot from_meta{(*view.metadata)->info, {}};
+        for (const KernelSpec& k : specs) from_meta.kernels.push_back(record_of(k));
+        snap = std::move(from_meta);
+      } else if (load.snapshot) {
+        specs = specs_of(*load.snapshot);
+        snap = std::move(load.snapshot);
+      }
       if (snap) check_records(cx, g, *snap);
+      check_arch(cx, g, view, snap ? &specs : nullptr);
     }();
     if (!snap) all_loaded = false;
     check_sources(cx, g, snap ? &*snap : nullptr);

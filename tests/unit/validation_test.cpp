@@ -23,6 +23,8 @@
 #include <vector>
 
 #include "kreg/admission.hpp"
+#include "kreg/elf_file.hpp"
+#include "kreg/fatbin.hpp"
 #include "kreg/manifest.hpp"
 #include "kreg/plugin_probe.hpp"
 #include "kreg/registry.hpp"
@@ -1172,6 +1174,193 @@ TEST(Waivers, StaleWaiversAreViolations) {
                    {"waiver for testgrp.scale is stale: it has a CPU reference"});
   expect_violation(r, "reference-present", "",
                    {"waiver for testgrp.gone: no loaded group registers this op"});
+}
+
+// ---- metadata-match and arch-coverage (SDK 1.2) ----
+
+// A built test plugin with `from` replaced by `to` (same length) inside its metadata
+// section only: the loaded descriptor's strings live elsewhere and stay as built.
+std::string patched_metadata(const std::string& plugin, const std::string& from,
+                             const std::string& to) {
+  std::string bytes = read_file(test_plugin(plugin));
+  EXPECT_EQ(from.size(), to.size());
+  auto elf = ElfFile::from_memory(bytes, plugin);
+  EXPECT_TRUE(elf.ok()) << elf.status().message();
+  if (!elf.ok()) return bytes;
+  auto section = elf->find_section(KREG_METADATA_SECTION);
+  EXPECT_TRUE(section.ok()) << section.status().message();
+  if (!section.ok()) return bytes;
+  const size_t at = bytes.substr(section->offset, section->size).find(from);
+  EXPECT_NE(at, std::string::npos) << from;
+  if (at != std::string::npos) bytes.replace(section->offset + at, from.size(), to);
+  return bytes;
+}
+
+const CheckOutcome* outcome_of(const ValidationReport& r, const std::string& check,
+                               const std::string& group) {
+  for (const CheckOutcome& c : r.outcomes) {
+    if (c.check == check && c.group == group) return &c;
+  }
+  return nullptr;
+}
+
+TEST_F(BrokenFile, MetadataAgreeingWithTheLibraryPasses) {
+  t.plugin("testgrp", "plugins/libkreg_testgrp.so");
+  const ValidationReport r = validate(manifest());
+  EXPECT_TRUE(r.ok()) << dump(r);
+  const CheckOutcome* c = outcome_of(r, "metadata-match", "testgrp");
+  ASSERT_NE(c, nullptr);
+  EXPECT_TRUE(c->passed && !c->skipped) << c->note;
+  EXPECT_TRUE(r.warnings.empty());
+}
+
+// One byte of a description changed in the section: the embedded metadata and the
+// loaded descriptor disagree, and the finding says on what.
+TEST_F(BrokenFile, MetadataDifferingFromTheLibraryIsAnError) {
+  t.dir("plugins");
+  t.write("plugins/libkreg_testgrp.so",
+          patched_metadata("testgrp", "description=out =", "description=Out ="), 0755);
+  const ValidationReport r = validate(manifest());
+  expect_violation(r, "metadata-match", "testgrp",
+                   {lib().string(), "testgrp.scale (cpu): description differs",
+                    "metadata \"Out = alpha", "library \"out = alpha"});
+  // The rest still passes: the metadata parsed, and the record checks ran on it.
+  for (const char* check : {"library-loads", "op-naming", "schema", "reference-present"}) {
+    const CheckOutcome* c = outcome_of(r, check, "testgrp");
+    ASSERT_NE(c, nullptr) << check;
+    EXPECT_TRUE(c->passed) << check;
+  }
+  size_t n = 0;
+  for (const Finding& f : r.findings) n += f.check == "metadata-match";
+  EXPECT_EQ(n, 1u) << dump(r);
+}
+
+// Metadata that does not parse is an error naming the offset and key; the record checks
+// fall back to what the child read.
+TEST_F(BrokenFile, MalformedMetadataIsAnError) {
+  t.dir("plugins");
+  t.write("plugins/libkreg_testgrp.so", patched_metadata("testgrp", "traits=", "traitz="), 0755);
+  const ValidationReport r = validate(manifest());
+  expect_violation(
+      r, "metadata-match", "testgrp",
+      {"embedded metadata cannot be read", "metadata byte", "'traitz'", "expected 'traits'"});
+  const CheckOutcome* c = outcome_of(r, "reference-present", "testgrp");
+  ASSERT_NE(c, nullptr);
+  EXPECT_TRUE(c->passed);
+}
+
+// A library built without the SDK 1.2 macros: a warning, not a violation.
+TEST(MetadataMatch, LibraryWithoutMetadataIsAWarning) {
+  TempTree t;
+  const fs::path m = t.write(
+      "registry.yaml", manifest_text(KREG_TEST_PLUGIN_DIR, {{"testgrp", "libkreg_no_entry.so", ""},
+                                                            {"other", "libkreg_testgrp.so", ""}}));
+  const ValidationReport r = validate(m);
+  ASSERT_EQ(r.warnings.size(), 1u) << dump(r);
+  EXPECT_EQ(r.warnings[0].check, "metadata-match");
+  EXPECT_EQ(r.warnings[0].group, "testgrp");
+  EXPECT_NE(r.warnings[0].message.find("has no embedded metadata"), std::string::npos)
+      << r.warnings[0].message;
+  const CheckOutcome* c = outcome_of(r, "metadata-match", "testgrp");
+  ASSERT_NE(c, nullptr);
+  EXPECT_TRUE(c->passed);
+  EXPECT_NE(c->note.find("no .kreg_metadata section"), std::string::npos) << c->note;
+  for (const Finding& f : r.findings) EXPECT_NE(f.check, "metadata-match") << f.message;
+}
+
+// The record checks read the metadata: a plugin whose load crashes still has its ops
+// named, its references checked, its sources compared.
+TEST(MetadataMatch, RecordChecksRunOnTheMetadataWhenTheLoadFails) {
+  TempTree t;
+  const fs::path m = t.write(
+      "registry.yaml",
+      manifest_text(KREG_TEST_PLUGIN_DIR, {{"testgrp", "libkreg_crash_segv_static.so", ""}}));
+  const ValidationReport r = validate(m);
+  expect_violation(r, "library-loads", "testgrp", {"killed by SIGSEGV"});
+  for (const char* check : {"op-naming", "no-test-ops", "schema", "reference-present"}) {
+    const CheckOutcome* c = outcome_of(r, check, "testgrp");
+    ASSERT_NE(c, nullptr) << check << " did not run\n" << dump(r);
+    EXPECT_TRUE(c->passed) << check;
+  }
+  const CheckOutcome* mm = outcome_of(r, "metadata-match", "testgrp");
+  ASSERT_NE(mm, nullptr);
+  EXPECT_TRUE(mm->skipped) << "nothing loaded to compare with";
+  EXPECT_GT(r.ops, 0u);
+}
+
+TEST(MetadataMatch, DifferencesOfASnapshot) {
+  auto meta = read_plugin_metadata(test_plugin("testgrp"));
+  ASSERT_TRUE(meta.ok()) << meta.status().message();
+  PluginSnapshot snap;
+  snap.info = meta->info;
+  for (const KernelSpec& k : meta->kernels) {
+    snap.kernels.push_back({k.op, k.backend, k.signature.text, dtype_set_name(k.dtypes),
+                            k.capabilities, k.traits, k.priority, k.description,
+                            k.provenance.source_file});
+  }
+  EXPECT_TRUE(metadata_differences(*meta, snap).empty());
+  snap.kernels[1].signature = "fail(Tensor x, int code, int extra=0) -> ()";
+  snap.kernels[0].dtypes = "f16";
+  const auto diff = metadata_differences(*meta, snap);
+  ASSERT_EQ(diff.size(), 3u);  // testgrp.scale's dtypes; fail's signature and arg kinds
+  EXPECT_NE(diff[0].find("testgrp.scale (cpu): dtypes differs: metadata \"f32\", library \"f16\""),
+            std::string::npos)
+      << diff[0];
+  EXPECT_NE(diff[1].find("testgrp.fail (cpu): signature differs"), std::string::npos) << diff[1];
+  EXPECT_NE(diff[2].find("testgrp.fail (cpu): arg kinds differs: metadata \"Ti\", library \"Tii\""),
+            std::string::npos)
+      << diff[2];
+}
+
+// arch-coverage's core on in-process specs: a claim the images do not cover is an error
+// naming the op, the SM and the images; a claim from the build is narrowed, not an error;
+// CPU implementations are not looked at.
+KernelSpec cuda_spec(const std::string& op, int32_t lo, int32_t hi, uint32_t flags) {
+  KernelSpec s;
+  s.op = op;
+  s.backend = "cuda";
+  s.capabilities = {Capability{kDLCUDA, lo, hi}};
+  s.flags = flags;
+  return s;
+}
+
+TEST(ArchCoverage, ClaimsAgainstImages) {
+  CudaImages images;
+  images.has_fatbin = true;
+  images.images = {CudaImage{CudaImage::Kind::kSass, 80}, CudaImage{CudaImage::Kind::kSass, 90}};
+  KernelSpec cpu;
+  cpu.op = "grp.ref";
+  cpu.backend = "cpu";
+  cpu.capabilities = {Capability{kDLCPU, 0, 0}};
+  const std::vector<KernelSpec> kernels = {
+      cpu,
+      cuda_spec("grp.covered", 80, 90, 0),
+      cuda_spec("grp.too_old", 75, 90, 0),
+      cuda_spec("grp.from_build", 75, 121, KREG_KERNEL_CAPS_FROM_BUILD),
+  };
+  const auto problems = arch_coverage_problems(kernels, images, "/x/libkreg_grp.so");
+  ASSERT_EQ(problems.size(), 1u) << (problems.empty() ? "" : problems[0]);
+  for (const char* want : {"grp.too_old (cuda)", "sm_75", "/x/libkreg_grp.so", "sm_80, sm_90"}) {
+    EXPECT_NE(problems[0].find(want), std::string::npos) << want << " in " << problems[0];
+  }
+  // The caller's specs are not narrowed.
+  EXPECT_EQ(kernels[3].capabilities[0].sm_min, 75);
+  // No fatbinary at all: every CUDA claim is an error, CPU still ignored.
+  const auto none = arch_coverage_problems(kernels, CudaImages{}, "/x/libkreg_grp.so");
+  EXPECT_EQ(none.size(), 3u);
+  EXPECT_TRUE(arch_coverage_problems({cpu}, CudaImages{}, "/x/libkreg_grp.so").empty());
+}
+
+TEST(ArchCoverage, CpuOnlyLibraryPassesWithANote) {
+  TempTree t;
+  const fs::path m =
+      t.write("registry.yaml",
+              manifest_text(KREG_TEST_PLUGIN_DIR, {{"testgrp", "libkreg_testgrp.so", ""}}));
+  const ValidationReport r = validate(m);
+  const CheckOutcome* c = outcome_of(r, "arch-coverage", "testgrp");
+  ASSERT_NE(c, nullptr) << dump(r);
+  EXPECT_TRUE(c->passed && !c->skipped);
+  EXPECT_EQ(c->note, "no CUDA implementations");
 }
 
 }  // namespace

@@ -17,7 +17,11 @@
 #include <string_view>
 #include <vector>
 
+#include "kreg/fatbin.hpp"
+#include "kreg/kernel_spec.hpp"
 #include "kreg/manifest.hpp"
+#include "kreg/plugin_metadata.hpp"
+#include "kreg/plugin_probe.hpp"
 
 namespace kreg {
 
@@ -37,7 +41,10 @@ struct CheckOutcome {
 };
 
 struct ValidationReport {
-  std::vector<Finding> findings;       // violations
+  std::vector<Finding> findings;  // violations
+  // Worth a look but not violations (ok() ignores them): a plugin without embedded
+  // metadata (metadata-match). The check's outcome passes with a note saying so.
+  std::vector<Finding> warnings;
   std::vector<CheckOutcome> outcomes;  // every check run, passed or not
   std::vector<std::string> groups;     // groups examined
   size_t ops = 0;                      // ops seen across loaded groups
@@ -64,10 +71,27 @@ struct ValidateOptions {
 
 // The checks in the order they run: manifest-schema; per enabled group library-present,
 // path-safety, integrity, library-loads, abi-version, group-name-match, plugin-version,
-// op-naming, no-test-ops, schema, no-empty-groups, reference-present, sources-built; then
-// unique-ops, aliases and groups-guard across groups.
+// metadata-match, op-naming, no-test-ops, schema, no-empty-groups, reference-present,
+// arch-coverage, sources-built; then unique-ops, aliases and groups-guard across groups.
+// The record checks (op-naming ... arch-coverage, sources-built) read the library's
+// embedded metadata when it has a well-formed one, so they run even when loading fails;
+// otherwise they use what the child process reported.
 ValidationReport validate_registry(const std::filesystem::path& manifest,
                                    const ValidateOptions& options);
+
+// metadata-match's core: where a library's embedded metadata and what its child process
+// reported from the loaded descriptor disagree (compare_metadata). Empty when they agree.
+// The child's report carries no kernel flags: each loaded record is given the flags of its
+// embedded counterpart, so flags are not compared here.
+std::vector<std::string> metadata_differences(const PluginMetadata& embedded,
+                                              const PluginSnapshot& loaded);
+
+// arch-coverage's core: check_arch_coverage on a copy of every CUDA implementation of
+// `kernels` against the library's images; one message per implementation that claims an
+// SM no image runs on (naming the op, the SM and the images). Empty when all are covered.
+std::vector<std::string> arch_coverage_problems(const std::vector<KernelSpec>& kernels,
+                                                const CudaImages& images,
+                                                const std::string& library);
 
 // The names of all checks, for docs and --json consumers.
 const std::vector<std::string>& validation_checks();
