@@ -40,7 +40,7 @@ void quantize_row(DType dt, const void* src, uint8_t* dst, int64_t n, float scal
 KernelStatus store_cpu(Context& ctx, const DLTensor& k, const DLTensor& v,
                        const DLTensor& slot_mapping, DLTensor& k_cache, DLTensor& v_cache,
                        double k_scale, double v_scale) {
-  constexpr const char* kOp = "kvcache.store";
+  const char* const kOp = ctx.op();
   if (KernelStatus st = check_store(ctx, kOp, k, k_cache, v_cache, k_scale, v_scale); !st.ok()) {
     return st;
   }
@@ -73,8 +73,7 @@ KernelStatus store_cpu(Context& ctx, const DLTensor& k, const DLTensor& v,
 
 KernelStatus set_mla_kv_buffer_cpu(Context& ctx, DLTensor& kv_buffer, const DLTensor& loc,
                                    const DLTensor& k_nope, const DLTensor& k_rope) {
-  if (KernelStatus st = check_mla(ctx, "kvcache.set_mla_kv_buffer", kv_buffer, k_nope, k_rope);
-      !st.ok()) {
+  if (KernelStatus st = check_mla(ctx, ctx.op(), kv_buffer, k_nope, k_rope); !st.ok()) {
     return st;
   }
   const int64_t n = loc.shape[0];
@@ -111,7 +110,7 @@ void copy_indexed_rows(const int64_t* src_idx, const int64_t* dst_idx, int64_t n
 
 KernelStatus transfer_cpu(Context& ctx, const DLTensor& src_idx, const DLTensor& dst_idx,
                           const DLTensor& src, DLTensor& dst) {
-  if (KernelStatus st = check_transfer(ctx, "kvcache.transfer", src, dst); !st.ok()) return st;
+  if (KernelStatus st = check_transfer(ctx, ctx.op(), src, dst); !st.ok()) return st;
   const int64_t row = row_bytes_of(src);
   copy_indexed_rows(data_ptr<const int64_t>(src_idx), data_ptr<const int64_t>(dst_idx),
                     src_idx.shape[0], data_ptr<const uint8_t>(src), src.shape[0], row,
@@ -123,8 +122,8 @@ KernelStatus transfer_layers_cpu(Context& ctx, const DLTensor& src_idx, const DL
                                  const DLTensor& src_ptrs, const DLTensor& dst_ptrs,
                                  int64_t row_bytes, int64_t src_rows, int64_t dst_rows,
                                  int64_t src_stride, int64_t dst_stride) {
-  if (KernelStatus st = check_transfer_layers(ctx, "kvcache.transfer_layers", row_bytes, src_rows,
-                                              dst_rows, src_stride, dst_stride);
+  if (KernelStatus st = check_transfer_layers(ctx, ctx.op(), row_bytes, src_rows, dst_rows,
+                                              src_stride, dst_stride);
       !st.ok()) {
     return st;
   }

@@ -331,7 +331,7 @@ void set_mla(void* buf, const void* loc, const void* nope, const void* rope, int
 KernelStatus store_cuda(Context& ctx, const DLTensor& k, const DLTensor& v,
                         const DLTensor& slot_mapping, DLTensor& k_cache, DLTensor& v_cache,
                         double k_scale, double v_scale) {
-  constexpr const char* kOp = "kvcache.store";
+  const char* const kOp = ctx.op();
   if (KernelStatus st = check_store(ctx, kOp, k, k_cache, v_cache, k_scale, v_scale); !st.ok()) {
     return st;
   }
@@ -371,7 +371,7 @@ KernelStatus store_cuda(Context& ctx, const DLTensor& k, const DLTensor& v,
 
 KernelStatus set_mla_kv_buffer_cuda(Context& ctx, DLTensor& kv_buffer, const DLTensor& loc,
                                     const DLTensor& k_nope, const DLTensor& k_rope) {
-  constexpr const char* kOp = "kvcache.set_mla_kv_buffer";
+  const char* const kOp = ctx.op();
   if (KernelStatus st = check_mla(ctx, kOp, kv_buffer, k_nope, k_rope); !st.ok()) return st;
   const int64_t n = loc.shape[0], rows = kv_buffer.shape[0];
   const auto e = elem_bytes(kv_buffer);

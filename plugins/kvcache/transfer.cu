@@ -262,7 +262,7 @@ KernelStatus device_address(Context& ctx, const char* op, const char* name, cons
 
 KernelStatus transfer_cuda(Context& ctx, const DLTensor& src_idx, const DLTensor& dst_idx,
                            const DLTensor& src, DLTensor& dst) {
-  constexpr const char* kOp = "kvcache.transfer";
+  const char* const kOp = ctx.op();
   if (KernelStatus st = check_transfer(ctx, kOp, src, dst); !st.ok()) return st;
   const int64_t row = row_bytes_of(src);
   // Before device_address: a mapped host pointer's device address is the current device's.
@@ -296,7 +296,7 @@ KernelStatus transfer_layers_cuda(Context& ctx, const DLTensor& src_idx, const D
                                   const DLTensor& src_ptrs, const DLTensor& dst_ptrs,
                                   int64_t row_bytes, int64_t src_rows, int64_t dst_rows,
                                   int64_t src_stride, int64_t dst_stride) {
-  constexpr const char* kOp = "kvcache.transfer_layers";
+  const char* const kOp = ctx.op();
   if (KernelStatus st =
           check_transfer_layers(ctx, kOp, row_bytes, src_rows, dst_rows, src_stride, dst_stride);
       !st.ok()) {
