@@ -594,7 +594,7 @@ Result<std::unique_ptr<PluginLibrary>> PluginLibrary::open(const fs::path& file,
                                     [](const KernelSpec& k) { return k.backend == "cuda"; });
   if (any_cuda) {
     auto images = read_cuda_images(*elf);
-    if (!images) return Status(images.status().code(), where + ": " + images.status().message());
+    if (!images) return images.status();  // it names the library already
     info.cuda_images = images->summary();
     const std::string library = file.filename().string();
     for (KernelSpec& spec : p->kernels_) {

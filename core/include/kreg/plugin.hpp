@@ -246,7 +246,8 @@ struct CapList {
 // SM windows whose devices can run some image of the build:
 //   "NN-real"    SASS NN: sm_NN up to the newest SM of its major;
 //   "NN-virtual" PTX NN: sm_NN and every newer SM (the driver JIT-compiles it);
-//   "NN"         both;   "NNa" (arch-specific, e.g. 90a): sm_NN only.
+//   "NN"         both;   "NNa" (arch-specific, e.g. 90a): sm_NN only;
+//   "NNf" (family-specific, e.g. 100f): SASS and PTX within sm_NN's major.
 // Anything else ("native", "all") leaves `parsed` false: the claim is then sm75+ and the
 // core narrows it to the images the library holds (KREG_KERNEL_CAPS_FROM_BUILD).
 constexpr CapList caps_from_archs(const char* archs) {
@@ -260,9 +261,10 @@ constexpr CapList caps_from_archs(const char* archs) {
       ++p;
       ++digits;
     }
-    bool specific = false;
+    bool specific = false, family = false;
     if (*p == 'a' || *p == 'f') {
       specific = *p == 'a';
+      family = *p == 'f';
       ++p;
     }
     bool sass = true, ptx = true;
@@ -287,7 +289,8 @@ constexpr CapList caps_from_archs(const char* archs) {
       out.add(n, n);
     } else {
       if (sass) out.add(n, newest_of_major(n));
-      if (ptx) out.add(n, kNewestSm);
+      // Family PTX (compute_100f) runs within its major only.
+      if (ptx) out.add(n, family ? newest_of_major(n) : kNewestSm);
     }
     if (*p == ',') ++p;
   }
