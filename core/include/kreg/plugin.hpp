@@ -98,7 +98,8 @@ inline constexpr KernelStatus kOk{};
 class Context {
  public:
   Context(void* stream, kreg_error* err) : stream_(stream), err_(err) {}
-  Context(const kreg_call_frame* f, kreg_error* err) : stream_(f->stream), err_(err) {
+  Context(const kreg_call_frame& frame, kreg_error* err) : stream_(frame.stream), err_(err) {
+    const kreg_call_frame* f = &frame;
     if (KREG_STRUCT_HAS(f, kreg_call_frame, launch_flags)) {
       if (f->op != nullptr) op_ = f->op;
       services_ = f->services;
@@ -515,7 +516,7 @@ inline int32_t invoke(const kreg_call_frame* f, kreg_error* err, std::index_sequ
   if (const int32_t rc = check_frame<Traits>(f, err, seq); rc != KREG_OK) [[unlikely]] {
     return rc;
   }
-  Context ctx(f, err);
+  Context ctx(*f, err);
   return Fn(ctx, decode<std::tuple_element_t<I, Params>, Traits::kinds[I]>(
                      f, index_among<I>(Traits::kinds))...)
       .code;
