@@ -242,6 +242,10 @@ int cmd_info(const std::string& manifest, const std::string& op, bool json) {
     out << "  [" << s->backend << "] priority " << s->priority << ", dtypes "
         << kreg::dtype_set_name(s->dtypes) << ", ";
     for (const auto& c : s->capabilities) out << c.to_string() << " ";
+    if (s->flags & KREG_KERNEL_CAPS_FROM_BUILD) out << "(from the build) ";
+    if (!s->provenance.cuda_images.empty()) {
+      out << "\n      images " << kreg::terminal_safe(s->provenance.cuda_images);
+    }
     out << "\n      traits " << s->traits_string() << "\n      " << s->description
         << "\n      from " << s->source() << "\n";
     const kreg::KernelBackend* b = kreg::find_backend(s->backend);
