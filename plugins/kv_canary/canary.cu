@@ -20,6 +20,7 @@
 
 #include "canary_hash.hpp"
 #include "kreg/device/launch.cuh"
+#include "kreg/device/warp.cuh"
 #include "kv_canary.hpp"
 
 namespace kreg::kv_canary {
@@ -61,12 +62,6 @@ __device__ __forceinline__ uint64_t row_hash_part(const char* row, int64_t row_b
     }
   }
   return sum;
-}
-
-// Sum over the group's lanes; every lane of the warp must call it.
-__device__ __forceinline__ uint64_t group_sum(uint64_t v, int lanes) {
-  for (int off = lanes / 2; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
-  return v;
 }
 
 struct RowGroup {
@@ -121,7 +116,7 @@ __global__ void __launch_bounds__(kBlockThreads)
   const bool live = g.row < n && in_range(r, num_slots);
   uint64_t sum =
       live ? row_hash_part<kPair>(kv + r.slot * row_bytes, row_bytes, g.lane, g.lanes) : 0;
-  sum = group_sum(sum, g.lanes);
+  sum = device::warp_sum(sum, g.lanes);  // every lane of the warp calls it
   if (live && g.lane == 0) {
     rec[4 * r.slot + kData] =
         static_cast<int64_t>(finish_data_hash(sum, static_cast<uint64_t>(row_bytes)));
@@ -155,7 +150,7 @@ __global__ void __launch_bounds__(kBlockThreads)
   if constexpr (kHash) {
     uint64_t sum =
         ok ? row_hash_part<kPair>(kv + r.slot * row_bytes, row_bytes, g.lane, g.lanes) : 0;
-    sum = group_sum(sum, g.lanes);
+    sum = device::warp_sum(sum, g.lanes);  // every lane of the warp calls it
     data = finish_data_hash(sum, static_cast<uint64_t>(row_bytes));
   }
   if (g.row >= n || g.lane != 0) return;
