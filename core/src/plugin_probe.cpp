@@ -184,6 +184,7 @@ std::string encode_snapshot(const PluginLibrary& lib) {
     }
     w.u32(k.traits);
     w.i32(k.priority);
+    w.u32(k.flags);
     w.str(k.description);
     w.str(k.provenance.source_file);
   }
@@ -222,6 +223,7 @@ bool decode_snapshot(std::string_view payload, const fs::path& file, PluginSnaps
     }
     r.u32(&k.traits);
     r.i32(&k.priority);
+    r.u32(&k.flags);
     r.str(&k.description);
     r.str(&k.source_file);
     out->kernels.push_back(std::move(k));

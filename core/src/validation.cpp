@@ -212,13 +212,13 @@ StaticView read_static(const GroupEntry& g, const fs::path& file) {
 }
 
 KernelRecord record_of(const KernelSpec& k) {
-  return KernelRecord{
-      k.op,     k.backend,  k.signature.text, dtype_set_name(k.dtypes), k.capabilities,
-      k.traits, k.priority, k.description,    k.provenance.source_file};
+  return KernelRecord{k.op,       k.backend,  k.signature.text, dtype_set_name(k.dtypes),
+                      k.capabilities, k.traits, k.priority,    k.flags,
+                      k.description,  k.provenance.source_file};
 }
 
 // The child's records as specs (what compare_metadata and check_arch_coverage take). The
-// child accepted each, so the signature and dtypes parse; flags are not in its report.
+// child accepted each, so the signature and dtypes parse.
 std::vector<KernelSpec> specs_of(const PluginSnapshot& snap) {
   std::vector<KernelSpec> out;
   for (const KernelRecord& k : snap.kernels) {
@@ -233,6 +233,7 @@ std::vector<KernelSpec> specs_of(const PluginSnapshot& snap) {
     }
     s.dtypes = parse_dtype_set(k.dtypes).value_or(0);
     s.traits = k.traits;
+    s.flags = k.flags;
     s.priority = k.priority;
     s.description = k.description;
     s.provenance = {snap.info.group, snap.info.version, snap.info.path.string(), k.source_file};
@@ -593,17 +594,7 @@ void check_groups_guard(Context& cx) {
 
 std::vector<std::string> metadata_differences(const PluginMetadata& embedded,
                                               const PluginSnapshot& loaded) {
-  std::vector<KernelSpec> specs = specs_of(loaded);
-  // The child's report has no flags: take the embedded record's, so they compare equal.
-  for (KernelSpec& s : specs) {
-    for (const KernelSpec& e : embedded.kernels) {
-      if (e.op == s.op && e.backend == s.backend) {
-        s.flags = e.flags;
-        break;
-      }
-    }
-  }
-  return compare_metadata(embedded, loaded.info, specs);
+  return compare_metadata(embedded, loaded.info, specs_of(loaded));
 }
 
 std::vector<std::string> arch_coverage_problems(const std::vector<KernelSpec>& kernels,

@@ -1295,7 +1295,7 @@ TEST(MetadataMatch, DifferencesOfASnapshot) {
   snap.info = meta->info;
   for (const KernelSpec& k : meta->kernels) {
     snap.kernels.push_back({k.op, k.backend, k.signature.text, dtype_set_name(k.dtypes),
-                            k.capabilities, k.traits, k.priority, k.description,
+                            k.capabilities, k.traits, k.priority, k.flags, k.description,
                             k.provenance.source_file});
   }
   EXPECT_TRUE(metadata_differences(*meta, snap).empty());

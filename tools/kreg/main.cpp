@@ -339,6 +339,11 @@ int cmd_validate(const std::string& manifest, const ValidateArgs& a) {
       w.begin_object().field("check", f.check).field("group", f.group).field("where", f.where);
       w.field("message", f.message).end_object();
     }
+    w.end_array().key("warnings").begin_array();
+    for (const auto& f : report.warnings) {
+      w.begin_object().field("check", f.check).field("group", f.group).field("where", f.where);
+      w.field("message", f.message).end_object();
+    }
     w.end_array().key("pins_updated").begin_array();
     for (const auto& u : pinned) {
       w.begin_object().field("group", u.group).field("library", u.library.string());
@@ -375,8 +380,14 @@ int cmd_validate(const std::string& manifest, const ValidateArgs& a) {
     if (!f.group.empty()) out << f.group << " ";
     out << f.where << ": " << f.message << "\n";
   }
+  for (const auto& f : report.warnings) {
+    out << raw(yellow) << "warning" << raw(reset) << " [" << f.check << "] ";
+    if (!f.group.empty()) out << f.group << " ";
+    out << f.where << ": " << f.message << "\n";
+  }
   out << passed << " checks passed, " << report.outcomes.size() - passed - skipped << " failed, "
-      << skipped << " skipped; " << report.findings.size() << " violations; "
+      << skipped << " skipped; " << report.findings.size() << " violations, "
+      << report.warnings.size() << " warnings; "
       << report.groups.size() << " groups, " << report.ops << " ops\n";
   return rc;
 }

@@ -34,6 +34,7 @@ struct KernelRecord {
   std::vector<Capability> capabilities;
   uint32_t traits = 0;
   int32_t priority = 0;
+  uint32_t flags = 0;  // KREG_KERNEL_* (ABI 1.2)
   std::string description;
   std::string source_file;
 
