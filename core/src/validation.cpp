@@ -212,9 +212,9 @@ StaticView read_static(const GroupEntry& g, const fs::path& file) {
 }
 
 KernelRecord record_of(const KernelSpec& k) {
-  return KernelRecord{k.op,       k.backend,  k.signature.text, dtype_set_name(k.dtypes),
-                      k.capabilities, k.traits, k.priority,    k.flags,
-                      k.description,  k.provenance.source_file};
+  return KernelRecord{
+      k.op,       k.backend, k.signature.text, dtype_set_name(k.dtypes), k.capabilities, k.traits,
+      k.priority, k.flags,   k.description,    k.provenance.source_file};
 }
 
 // The child's records as specs (what compare_metadata and check_arch_coverage take). The

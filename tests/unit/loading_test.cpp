@@ -783,8 +783,8 @@ TEST(HostWatch, RejectsCrashingBuildsSaysWhyKeepsServingAndEndsWithItsSummary) {
   // the timeout is 4 s and the run long enough for one such wait more.
   const int precheck_s = test::kTimeScale > 1 ? 4 : 1;
   Host host("--manifest " + m.string() + " --device cpu --watch --stress 2 --duration " +
-            std::to_string(6 + 2 * precheck_s) +
-            " --precheck-timeout " + std::to_string(precheck_s));
+            std::to_string(6 + 2 * precheck_s) + " --precheck-timeout " +
+            std::to_string(precheck_s));
   size_t at = host.wait_for("watching the plugin libraries");
   ASSERT_NE(at, std::string::npos) << host.output();
   // A build of a group the stress threads call that segfaults while loading.

@@ -4,6 +4,7 @@
 // offset and the key; a plugin file patched inside its section reported by
 // compare_metadata; a library without the section is NOT_FOUND.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -199,6 +200,29 @@ TEST(Metadata, MissingFileAndNonElf) {
   auto text = read_plugin_metadata(dir.write("libkreg_text.so", "#!/bin/sh\necho hi\n"));
   ASSERT_FALSE(text.ok());
   EXPECT_TRUE(has(text.status().message(), "not an ELF")) << text.status().message();
+}
+
+// What start-up reads for every lazy group is any file at the library's path: a FIFO (no
+// writer), /dev/zero, an empty file or a directory is refused by kind, at once.
+TEST(Metadata, FilesThatAreNotLibrariesAreRefusedWithoutWaiting) {
+  Scratch dir;
+  const fs::path fifo = dir.write("placeholder", "").parent_path() / "libkreg_fifo.so";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  const fs::path zero = fifo.parent_path() / "libkreg_zero.so";
+  fs::create_symlink("/dev/zero", zero);
+  const fs::path empty = dir.write("libkreg_empty.so", "");
+  const fs::path folder = fifo.parent_path() / "libkreg_dir.so";
+  fs::create_directory(folder);
+  const std::pair<fs::path, const char*> cases[] = {
+      {fifo, "FIFO"}, {zero, "character device"}, {empty, "empty"}, {folder, "directory"}};
+  for (const auto& [path, word] : cases) {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto r = read_plugin_metadata(path);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ASSERT_FALSE(r.ok()) << path;
+    EXPECT_TRUE(has(r.status().message(), word)) << word << ": " << r.status().message();
+    EXPECT_LT(s, kreg::test::budget(2.0)) << path;
+  }
 }
 
 // A plugin file with one byte changed inside the section's first description: its

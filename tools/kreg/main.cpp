@@ -387,8 +387,8 @@ int cmd_validate(const std::string& manifest, const ValidateArgs& a) {
   }
   out << passed << " checks passed, " << report.outcomes.size() - passed - skipped << " failed, "
       << skipped << " skipped; " << report.findings.size() << " violations, "
-      << report.warnings.size() << " warnings; "
-      << report.groups.size() << " groups, " << report.ops << " ops\n";
+      << report.warnings.size() << " warnings; " << report.groups.size() << " groups, "
+      << report.ops << " ops\n";
   return rc;
 }
 

@@ -58,8 +58,8 @@
 
 #include <array>
 #include <cmath>
-#include <cstddef>
 #include <cstdarg>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <limits>
@@ -187,8 +187,8 @@ inline constexpr uint32_t kMaxCapsPerImpl = 8;
 
 namespace detail {
 
-inline constexpr int32_t kRealSms[] = {50, 52, 53, 60, 61, 62, 70, 72, 75, 80, 86, 87,
-                                       89, 90, 100, 101, 103, 110, 120, 121};
+inline constexpr int32_t kRealSms[] = {50, 52, 53, 60, 61,  62,  70,  72,  75,  80,
+                                       86, 87, 89, 90, 100, 101, 103, 110, 120, 121};
 
 constexpr bool real_sm(int32_t sm) {
   for (int32_t r : kRealSms) {
@@ -547,11 +547,11 @@ struct Implementation {
   Binding impl;
   const char* source = "";
   int32_t priority = 0;
-  Caps caps;               // a hand-written claim; empty: from the backend / the build
-  int32_t sm_min = 0;      // narrows the build's claim (.sm())
+  Caps caps;           // a hand-written claim; empty: from the backend / the build
+  int32_t sm_min = 0;  // narrows the build's claim (.sm())
   int32_t sm_max = kNewestSm;
-  uint32_t traits_on = 0;  // .with()
-  uint32_t traits_off = 0; // .without()
+  uint32_t traits_on = 0;             // .with()
+  uint32_t traits_off = 0;            // .without()
   const char* description = nullptr;  // .describe(): this implementation's own text
 
   // Only on devices of SM `lo` (major*10+minor) up to `hi` (within what the build covers).
@@ -698,13 +698,15 @@ constexpr auto flatten_ops() {
       f.source = i.source;
       f.impl = i.impl;
       f.priority = i.priority;
-      const bool is_cpu = i.backend[0] == 'c' && i.backend[1] == 'p' && i.backend[2] == 'u' &&
-                          i.backend[3] == '\0';
-      uint32_t traits = op.traits | (writes_input(op.signature) ? uint32_t{KREG_TRAIT_MUTATES} : 0u);
+      const bool is_cpu =
+          i.backend[0] == 'c' && i.backend[1] == 'p' && i.backend[2] == 'u' && i.backend[3] == '\0';
+      uint32_t traits =
+          op.traits | (writes_input(op.signature) ? uint32_t{KREG_TRAIT_MUTATES} : 0u);
       if (is_cpu) traits &= ~uint32_t{KREG_TRAIT_GRAPH_SAFE};
       f.traits = (traits | i.traits_on) & ~i.traits_off;
       if (i.caps.size > 0) {
-        for (uint32_t c = 0; c < i.caps.size && c < kMaxCapsPerImpl; ++c) f.caps[c] = i.caps.data[c];
+        for (uint32_t c = 0; c < i.caps.size && c < kMaxCapsPerImpl; ++c)
+          f.caps[c] = i.caps.data[c];
         f.num_caps = i.caps.size < kMaxCapsPerImpl ? i.caps.size : kMaxCapsPerImpl;
       } else if (is_cpu) {
         f.caps[0] = kCpu[0];
@@ -949,10 +951,23 @@ constexpr auto to_descs(const KernelDef (&defs)[N]) {
   Table t{};
   for (size_t i = 0; i < N; ++i) {
     const KernelDef& d = defs[i];
-    t.items[i] = kreg_kernel_desc{sizeof(kreg_kernel_desc), d.op, d.backend, d.caps.data,
-                                  d.caps.size, d.traits, d.signature, d.dtypes,
-                                  d.impl.arg_kinds, d.priority, 0, d.description, d.source,
-                                  d.impl.fn, nullptr, 0, 0};
+    t.items[i] = kreg_kernel_desc{sizeof(kreg_kernel_desc),
+                                  d.op,
+                                  d.backend,
+                                  d.caps.data,
+                                  d.caps.size,
+                                  d.traits,
+                                  d.signature,
+                                  d.dtypes,
+                                  d.impl.arg_kinds,
+                                  d.priority,
+                                  0,
+                                  d.description,
+                                  d.source,
+                                  d.impl.fn,
+                                  nullptr,
+                                  0,
+                                  0};
   }
   return t;
 }
@@ -977,54 +992,55 @@ constexpr auto to_descs(const KernelDef (&defs)[N]) {
 
 // The tables, the metadata section and the exported entry, from kreg_flat_ (an
 // std::array<kreg::detail::FlatKernel, N> defined just before).
-#define KREG_DETAIL_TABLES(GROUP, VERSION, INIT, SHUTDOWN)                                      \
-  constexpr ::kreg::detail::BuildStrings kreg_build_strings_ = {                                \
-      GROUP, VERSION, KREG_COMPILER_STRING, KREG_PLUGIN_CUDA_VERSION, KREG_PLUGIN_CUDA_ARCHS};  \
-  __attribute__((section(KREG_METADATA_SECTION), used)) KREG_DETAIL_RETAIN constexpr auto      \
-      kreg_metadata_ = ::kreg::detail::make_metadata<::kreg::detail::metadata_size(             \
-          kreg_flat_, kreg_build_strings_)>(kreg_flat_, kreg_build_strings_);                   \
-  constexpr auto kreg_caps_ = ::kreg::detail::make_caps(kreg_flat_);                            \
-  constexpr auto kreg_plugin_table_ =                                                           \
-      ::kreg::detail::make_descs(kreg_flat_, kreg_caps_, kreg_metadata_);                       \
+#define KREG_DETAIL_TABLES(GROUP, VERSION, INIT, SHUTDOWN)                                       \
+  constexpr ::kreg::detail::BuildStrings kreg_build_strings_ = {                                 \
+      GROUP, VERSION, KREG_COMPILER_STRING, KREG_PLUGIN_CUDA_VERSION, KREG_PLUGIN_CUDA_ARCHS};   \
+  __attribute__((section(KREG_METADATA_SECTION), used))                                          \
+  KREG_DETAIL_RETAIN constexpr auto kreg_metadata_ =                                             \
+      ::kreg::detail::make_metadata<::kreg::detail::metadata_size(                               \
+          kreg_flat_, kreg_build_strings_)>(kreg_flat_, kreg_build_strings_);                    \
+  constexpr auto kreg_caps_ = ::kreg::detail::make_caps(kreg_flat_);                             \
+  constexpr auto kreg_plugin_table_ =                                                            \
+      ::kreg::detail::make_descs(kreg_flat_, kreg_caps_, kreg_metadata_);                        \
   constexpr kreg_build_info kreg_plugin_build_ = {sizeof(kreg_build_info), KREG_COMPILER_STRING, \
-                                                  KREG_PLUGIN_CUDA_VERSION, 0,                  \
-                                                  KREG_PLUGIN_CUDA_ARCHS};                      \
-  constexpr kreg_plugin_desc kreg_plugin_desc_ = {                                              \
-      sizeof(kreg_plugin_desc),                                                                 \
-      KREG_ABI_MAJOR,                                                                           \
-      KREG_ABI_MINOR,                                                                           \
-      GROUP,                                                                                    \
-      VERSION,                                                                                  \
-      &kreg_plugin_build_,                                                                      \
-      kreg_flat_.size() ? kreg_plugin_table_.items : nullptr,                                   \
-      static_cast<uint32_t>(kreg_flat_.size()),                                                 \
-      0,                                                                                        \
-      INIT,                                                                                     \
-      SHUTDOWN};                                                                                \
-  }                                                                                             \
-  extern "C" __attribute__((visibility("default"))) const kreg_plugin_desc* kreg_plugin_entry(  \
-      void) {                                                                                   \
-    return &kreg_plugin_desc_;                                                                  \
+                                                  KREG_PLUGIN_CUDA_VERSION, 0,                   \
+                                                  KREG_PLUGIN_CUDA_ARCHS};                       \
+  constexpr kreg_plugin_desc kreg_plugin_desc_ = {                                               \
+      sizeof(kreg_plugin_desc),                                                                  \
+      KREG_ABI_MAJOR,                                                                            \
+      KREG_ABI_MINOR,                                                                            \
+      GROUP,                                                                                     \
+      VERSION,                                                                                   \
+      &kreg_plugin_build_,                                                                       \
+      kreg_flat_.size() ? kreg_plugin_table_.items : nullptr,                                    \
+      static_cast<uint32_t>(kreg_flat_.size()),                                                  \
+      0,                                                                                         \
+      INIT,                                                                                      \
+      SHUTDOWN};                                                                                 \
+  }                                                                                              \
+  extern "C" __attribute__((visibility("default"))) const kreg_plugin_desc* kreg_plugin_entry(   \
+      void) {                                                                                    \
+    return &kreg_plugin_desc_;                                                                   \
   }
 
 // Registers a group by op (kreg::Op records). The version comes from CMake
 // (kreg_add_plugin(<group> VERSION x.y.z), i.e. KREG_PLUGIN_VERSION). INIT and SHUTDOWN
 // are `int32_t(kreg_error*)` and `void()` functions or nullptr.
-#define KREG_GROUP_WITH_HOOKS(GROUP, OPS, INIT, SHUTDOWN)                                      \
-  namespace {                                                                                  \
-  static_assert(KREG_PLUGIN_VERSION[0] != '\0',                                                \
-                "kreg: the plugin version comes from CMake: "                                  \
-                "kreg_add_plugin(<group> VERSION x.y.z ...)");                                 \
-  constexpr char kreg_group_name_[] = GROUP;                                                   \
-  constexpr auto kreg_flat_ = ::kreg::detail::flatten_ops<OPS, kreg_group_name_>();            \
+#define KREG_GROUP_WITH_HOOKS(GROUP, OPS, INIT, SHUTDOWN)                           \
+  namespace {                                                                       \
+  static_assert(KREG_PLUGIN_VERSION[0] != '\0',                                     \
+                "kreg: the plugin version comes from CMake: "                       \
+                "kreg_add_plugin(<group> VERSION x.y.z ...)");                      \
+  constexpr char kreg_group_name_[] = GROUP;                                        \
+  constexpr auto kreg_flat_ = ::kreg::detail::flatten_ops<OPS, kreg_group_name_>(); \
   KREG_DETAIL_TABLES(GROUP, KREG_PLUGIN_VERSION, INIT, SHUTDOWN)
 
 #define KREG_GROUP(GROUP, OPS) KREG_GROUP_WITH_HOOKS(GROUP, OPS, nullptr, nullptr)
 
 // The low-level form: one KernelDef per implementation, the version given here.
-#define KREG_PLUGIN_WITH_HOOKS(GROUP, VERSION, KERNELS, INIT, SHUTDOWN)                        \
-  namespace {                                                                                  \
-  constexpr auto kreg_flat_ = ::kreg::detail::flatten_defs<KERNELS>();                         \
+#define KREG_PLUGIN_WITH_HOOKS(GROUP, VERSION, KERNELS, INIT, SHUTDOWN) \
+  namespace {                                                           \
+  constexpr auto kreg_flat_ = ::kreg::detail::flatten_defs<KERNELS>();  \
   KREG_DETAIL_TABLES(GROUP, VERSION, INIT, SHUTDOWN)
 
 #define KREG_PLUGIN(GROUP, VERSION, KERNELS) \

@@ -5,8 +5,8 @@
 // checked (ABI major, struct sizes, group name, version), its kernel table turned into
 // KernelSpecs (records of any 1.x size, walked by the plugin's stride; ABI 1.2 capability
 // records when present), and the CUDA implementations' claims checked against the CUDA
-// images in the library's fatbinary (kreg/fatbin.hpp). No plugin-owned object outlives the library: specs copy every string; only
-// kernel function pointers point inside.
+// images in the library's fatbinary (kreg/fatbin.hpp). No plugin-owned object outlives the library:
+// specs copy every string; only kernel function pointers point inside.
 #pragma once
 
 #include <filesystem>
