@@ -226,6 +226,14 @@ PYBIND11_MODULE(_kreg, m) {
           },
           py::arg("group"), py::arg("precheck") = false,
           "Hot swap: loads the group's library again; existing handles run the new code.")
+      .def(
+          "_capsule",
+          [](const PyRegistry& r) {
+            // For kreg._torch (built against torch, so a separate extension): the core
+            // Registry, valid while this object lives (kreg.torch keeps it alive).
+            return py::capsule(static_cast<void*>(r.registry.get()), "kreg.Registry");
+          },
+          "The core Registry as a PyCapsule named kreg.Registry (for kreg.torch).")
       .def("__repr__", [](const PyRegistry& r) {
         return "<kreg.Registry " + r.manifest.file.string() + ", " +
                std::to_string(r.registry->op_ids().size()) + " ops>";
