@@ -16,7 +16,8 @@ Both run the kreg kernel from C++ (kreg._torch) on torch's current stream, with
 workspaces from torch's caching allocator, and both have a fake implementation, so they
 trace under FakeTensor, functionalization, torch.compile(fullgraph=True) and CUDA graphs.
 
-The torch namespace is process-wide, so one registry backs the torch ops of a process;
+torch's op namespaces are process-wide, so one registry backs the torch ops of a group
+in a process (registering a group from a second registry is an error);
 ``reg.reload(group)`` swaps the code behind the same torch ops (no re-registration, no
 recompilation) and registers the ops the new library adds.
 """
@@ -62,7 +63,7 @@ for _name, _attr in (("f8e4m3", "float8_e4m3fn"), ("f8e5m2", "float8_e5m2")):
 
 _libraries = {}  # namespace -> torch.library.Library: definitions live as long as the process
 _plans = {}  # kreg op id -> plan (kreg._torch.plan) of every registered op
-_registry = None  # the registry behind the torch ops
+_owners = {}  # namespace -> the registry whose ops it holds
 
 
 def registered():
@@ -155,16 +156,22 @@ def _register_fake(lib, ns, name, fn):
 def register(reg):
     """Registers every op of `reg` not registered yet as torch ops (module docstring);
     returns the op ids it added. Calling it again after a reload adds the new ops."""
-    global _registry
     if not isinstance(reg, _kreg.Registry):
         raise TypeError(f"kreg.torch.register() takes a kreg.Registry, not {type(reg).__name__}")
-    if _registry is not None and _registry is not reg:
-        raise RuntimeError(
-            f"kreg.torch: the torch ops of this process are backed by {_registry!r}; torch's op "
-            f"namespace is process-wide, so a second registry ({reg!r}) cannot register too"
-        )
     capsule = reg._capsule()
-    new = [op for op in reg.list() if op not in _plans]
+    ops = reg.list()
+    # torch's op namespaces are process-wide: a group's namespace belongs to the first
+    # registry that registers it, and no other may take it over.
+    for op in ops:
+        ns = "kreg_" + op.split(".", 1)[0]
+        owner = _owners.get(ns)
+        if owner is not None and owner is not reg:
+            raise RuntimeError(
+                f"kreg.torch: torch.ops.{ns} is already backed by {owner!r}; torch's op "
+                f"namespaces are process-wide, so {reg!r} cannot register group "
+                f"'{op.split('.', 1)[0]}' too"
+            )
+    new = [op for op in ops if op not in _plans]
     plans = [_native.plan(capsule, op) for op in new]
     for p in plans:
         lib = _library(p["ns"])
@@ -179,7 +186,7 @@ def register(reg):
         if p["functional_schema"]:
             _register_fake(lib, p["ns"], p["functional_name"], _make_fake_functional(p))
         _plans[p["op"]] = p
-    _registry = reg
+        _owners[p["ns"]] = reg
     return new
 
 
@@ -235,7 +242,8 @@ _reload = _kreg.Registry.reload
 
 def _reload_and_register(self, group, precheck=False):
     report = _reload(self, group, precheck=precheck)
-    if self is _registry and report["added_ops"]:
+    ns = "kreg_" + report["group"]
+    if _owners.get(ns) is self and report["added_ops"]:
         register(self)
     return report
 
