@@ -60,7 +60,13 @@ def main():
     parser.add_argument("--calls", type=int, default=200_000, help="timed calls per measurement")
     parser.add_argument("--chunk", type=int, default=200, help="calls between synchronisations")
     parser.add_argument("--width", type=int, default=128, help="hidden size (tokens: 1)")
+    parser.add_argument("--core", type=int, default=None,
+                        help="pin the process to this CPU core (default: the first it may use)")
     args = parser.parse_args()
+    if hasattr(os, "sched_setaffinity"):
+        core = args.core if args.core is not None else min(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {core})
+        print(f"pinned to core {core}")
 
     have_cuda = torch is not None and torch.cuda.is_available()
     device = args.device or ("cuda" if have_cuda else "cpu")
@@ -87,7 +93,30 @@ def main():
         rows.append((f"kreg layernorm.rmsnorm(..., eps=1e-6)  1x{h}", lambda: rmsnorm(x, w, out, eps=1e-6)))
         rows.append((f"kreg activation.silu_and_mul(x, out)   1x{h}", lambda: silu(x2, out2)))
         rows.append((f"kreg reg.ops.layernorm.rmsnorm(...)    1x{h}", lambda: reg.ops.layernorm.rmsnorm(x, w, out)))
+        try:
+            import kreg.torch as kt
+        except ImportError as e:
+            kt = None
+            print(f"kreg.torch not available ({e}): no torch.ops rows")
+        if kt is not None:
+            kt.register(reg)
+            t_rms = torch.ops.kreg_layernorm.rmsnorm.default
+            t_silu = torch.ops.kreg_activation.silu_and_mul.default
+            rows.append((f"torch.ops.kreg_layernorm.rmsnorm.default(x, w, out) 1x{h}", lambda: t_rms(x, w, out)))
+            rows.append((f"torch.ops.kreg_layernorm.rmsnorm(x, w, out)         1x{h}",
+                         lambda: torch.ops.kreg_layernorm.rmsnorm(x, w, out)))
+            rows.append((f"torch.ops.kreg_activation.silu_and_mul.default(x, out) 1x{h}", lambda: t_silu(x2, out2)))
+            f_rms = kt.ops.layernorm.rmsnorm
+            rows.append((f"kreg.torch.ops.layernorm.rmsnorm(x, w) (allocates)  1x{h}", lambda: f_rms(x, w)))
+            if hasattr(torch.library, "custom_op"):
+                # The obvious wrapper: a Python custom op whose body is the kreg call.
+                @torch.library.custom_op("kreg_bench::rmsnorm", mutates_args=("out",))
+                def py_rms(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> None:
+                    rmsnorm(x, w, out)
+
+                rows.append((f"python custom_op(kreg call) (the obvious wrapper) 1x{h}", lambda: py_rms(x, w, out)))
         rows.append((f"torch.add(a, b, out=c)                 1x{h}", lambda: torch.add(a, b, out=c)))
+        rows.append((f"torch.ops.aten.add.out(a, b, out=c)    1x{h}", lambda: torch.ops.aten.add.out(a, b, out=c)))
         rows.append((f"torch.nn.functional.silu(a)            1x{h}", lambda: torch.nn.functional.silu(a)))
         # The pieces of the kreg path, for reading the figures above.
         rows.append(("  piece: x.__dlpack__() (torch's Python exporter)", lambda: x.__dlpack__()))
