@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """kreg ops inside a compiled torch graph at decode shapes, against Inductor's own kernels.
 
-One step of a decoder layer's elementwise part, written twice:
-  kreg:  y, r = fused_add_rmsnorm(x, res, w); z = silu_and_mul(y); o = rmsnorm(z, w2)
-  torch: the same math in torch ops, which Inductor fuses into kernels of its own
+Two steps, each written with kreg ops and as the same math in torch ops (which Inductor
+turns into kernels of its own):
+  rmsnorm x4:          four dependent rmsnorms (four kernels either way);
+  add+norm,silu,norm:  fused_add_rmsnorm -> silu_and_mul -> rmsnorm, a decoder layer's
+                       elementwise part (Inductor fuses silu_and_mul into the last norm).
 Both are compiled with torch.compile(fullgraph=True, mode="reduce-overhead") (CUDA graphs)
 and timed as graph replays: CUDA events around --reps back-to-back calls, median of
 --rounds. The kernels each step launches are counted with torch.profiler (without CUDA graphs). Also printed:
@@ -29,22 +31,44 @@ import kreg.torch as kt  # noqa: E402
 EPS = 1e-6
 
 
-def torch_step(x, res, w, w2):
+def torch_rmsnorm(x, w):
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + EPS) * w.float()).to(x.dtype)
+
+
+def torch_layer(x, res, w, w2):
     s = x.float() + res.float()
     r = s.to(x.dtype)
     y = (s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + EPS) * w.float()).to(x.dtype)
     d = y.shape[-1] // 2
     z = (torch.nn.functional.silu(y[:, :d].float()) * y[:, d:].float()).to(x.dtype)
-    zf = z.float()
-    o = (zf * torch.rsqrt(zf.pow(2).mean(-1, keepdim=True) + EPS) * w2.float()).to(x.dtype)
-    return o, r
+    return torch_rmsnorm(z, w2), r
 
 
-def kreg_step(x, res, w, w2):
+def kreg_layer(x, res, w, w2):
     y, r = kt.ops.layernorm.fused_add_rmsnorm(x, res, w, eps=EPS)
     z = kt.ops.activation.silu_and_mul(y)
-    o = kt.ops.layernorm.rmsnorm(z, w2, eps=EPS)
-    return o, r
+    return kt.ops.layernorm.rmsnorm(z, w2, eps=EPS), r
+
+
+# Kernel for kernel: four dependent row reductions, which Inductor cannot fuse into fewer
+# kernels either (the profiler's counts below say so).
+def torch_chain(x, res, w, w2):
+    for _ in range(4):
+        x = torch_rmsnorm(x, w)
+    return x, res
+
+
+def kreg_chain(x, res, w, w2):
+    for _ in range(4):
+        x = kt.ops.layernorm.rmsnorm(x, w, eps=EPS)
+    return x, res
+
+
+STEPS = {
+    "rmsnorm x4": (kreg_chain, torch_chain),
+    "add+norm,silu,norm": (kreg_layer, torch_layer),
+}
 
 
 def time_us(fn, args, reps, rounds):
@@ -89,29 +113,32 @@ def main():
     kt.register(reg)
     h = args.hidden
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, H={h} bf16; "
-          f"fused_add_rmsnorm -> silu_and_mul -> rmsnorm; us per step (median of {args.rounds}x{args.reps})")
-    print(f"{'T':>4} {'mode':<16} {'kreg us':>9} {'kernels':>8} {'inductor us':>12} {'kernels':>8} {'ratio':>6}")
-    for t in [int(v) for v in args.tokens.split(",")]:
-        g = torch.Generator(device="cuda").manual_seed(t)
-        x = torch.randn(t, h, device="cuda", generator=g).bfloat16()
-        res = torch.randn(t, h, device="cuda", generator=g).bfloat16()
-        w = (1 + 0.1 * torch.randn(h, device="cuda", generator=g)).bfloat16()
-        w2 = (1 + 0.1 * torch.randn(h // 2, device="cuda", generator=g)).bfloat16()
-        inputs = (x, res, w, w2)
-        counts = ("-", "-")
-        for mode in ("default", "reduce-overhead"):
-            torch._dynamo.reset()
-            ck = torch.compile(kreg_step, fullgraph=True, mode=mode)
-            ct = torch.compile(torch_step, fullgraph=True, mode=mode)
-            ko, kr = ck(*inputs)
-            to, tr = ct(*inputs)
-            torch.testing.assert_close(ko.float(), to.float(), atol=3e-2, rtol=3e-2)
-            torch.testing.assert_close(kr, tr)
-            uk = time_us(ck, inputs, args.reps, args.rounds)
-            ut = time_us(ct, inputs, args.reps, args.rounds)
-            if mode == "default":  # the same kernels are what the CUDA graph replays
-                counts = (kernel_count(ck, inputs), kernel_count(ct, inputs))
-            print(f"{t:>4} {mode:<16} {uk:>9.2f} {counts[0]:>8} {ut:>12.2f} {counts[1]:>8} {ut / uk:>6.2f}")
+          f"us per step (median of {args.rounds}x{args.reps}); kernels per step (torch.profiler, "
+          f"without CUDA graphs); ratio = inductor / kreg")
+    print(f"{'step':<20} {'T':>4} {'mode':<16} {'kreg us':>9} {'kernels':>8} {'inductor us':>12} {'kernels':>8} {'ratio':>6}")
+    for label, (kstep, tstep) in STEPS.items():
+        for t in [int(v) for v in args.tokens.split(",")]:
+            g = torch.Generator(device="cuda").manual_seed(t)
+            x = torch.randn(t, h, device="cuda", generator=g).bfloat16()
+            res = torch.randn(t, h, device="cuda", generator=g).bfloat16()
+            w = (1 + 0.1 * torch.randn(h, device="cuda", generator=g)).bfloat16()
+            w2 = (1 + 0.1 * torch.randn(h // 2, device="cuda", generator=g)).bfloat16()
+            inputs = (x, res, w, w2)
+            counts = ("-", "-")
+            for mode in ("default", "reduce-overhead"):
+                torch._dynamo.reset()
+                ck = torch.compile(kstep, fullgraph=True, mode=mode)
+                ct = torch.compile(tstep, fullgraph=True, mode=mode)
+                ko = [o.clone() for o in ck(*inputs)]  # CUDA-graph outputs are reused
+                to = [o.clone() for o in ct(*inputs)]
+                for a, b in zip(ko, to):
+                    torch.testing.assert_close(a.float(), b.float(), atol=3e-2, rtol=3e-2)
+                uk = time_us(ck, inputs, args.reps, args.rounds)
+                ut = time_us(ct, inputs, args.reps, args.rounds)
+                if mode == "default":  # the same kernels are what the CUDA graph replays
+                    counts = (kernel_count(ck, inputs), kernel_count(ct, inputs))
+                print(f"{label:<20} {t:>4} {mode:<16} {uk:>9.2f} {counts[0]:>8} {ut:>12.2f} "
+                      f"{counts[1]:>8} {ut / uk:>6.2f}")
 
 
 if __name__ == "__main__":

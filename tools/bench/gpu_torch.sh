@@ -42,4 +42,6 @@ for (op, dev) in sorted(rows):
     print(f"| {op} | {dev} | " + " | ".join(rows[(op, dev)].get(c, "-") for c in cols) + " |")
 ' | tee $out/per_op_table.md
 $PY tools/bench/py_overhead.py --calls 100000 2>&1 | tee $out/py_overhead.txt
-$PY tools/bench/compiled_decode.py 2>&1 | tee $out/compiled_decode.txt
+$PY tools/bench/compiled_decode.py 2>&1 | grep -v "_warn_once\|Profiler clears" | tee $out/compiled_decode.txt
+# Everything else in one file (a device run returns at most 8).
+tar -C $out -czf $out/logs.tgz --remove-files $(cd $out && ls *.log)

@@ -348,7 +348,14 @@ class Kernel final : public c10::OperatorKernel {
     for (const TorchResult& r : e_->plan.results) {
       const int ti = e_->tensor_index[r.param];
       if (r.clone_of >= 0) {
-        owned[ti] = args[r.clone_of].toTensor().clone(at::MemoryFormat::Contiguous);
+        const at::Tensor& in = args[r.clone_of].toTensor();
+        if (in.is_cpu() && in.is_pinned()) {
+          // A page-locked host tensor ('Tensor@host') stays page-locked in its copy.
+          owned[ti] = at::empty(in.sizes(), in.options().pinned_memory(true));
+          owned[ti].copy_(in);
+        } else {
+          owned[ti] = in.clone(at::MemoryFormat::Contiguous);
+        }
       } else {
         std::vector<int64_t> shape;
         for (const TorchDim& d : r.dims) {
