@@ -6,10 +6,11 @@ turns into kernels of its own):
   rmsnorm x4:          four dependent rmsnorms (four kernels either way);
   add+norm,silu,norm:  fused_add_rmsnorm -> silu_and_mul -> rmsnorm, a decoder layer's
                        elementwise part (Inductor fuses silu_and_mul into the last norm).
-Both are compiled with torch.compile(fullgraph=True, mode="reduce-overhead") (CUDA graphs)
-and timed as graph replays: CUDA events around --reps back-to-back calls, median of
---rounds. The kernels each step launches are counted with torch.profiler (without CUDA graphs). Also printed:
-the same steps without CUDA graphs (default mode), where the host's launch path shows.
+Each is compiled with torch.compile(fullgraph=True) and timed on the device as CUDA-graph
+replays (20 steps captured in one graph, so the figure is kernels plus the gaps between
+them); also printed, the host's time per call of the compiled function in the default
+mode and with mode="reduce-overhead" (torch's own CUDA graphs), where decode sizes are
+host-bound. The kernels each step launches are counted with torch.profiler.
 
     PYTHONPATH=build/python python3 tools/bench/compiled_decode.py
 """
@@ -72,6 +73,8 @@ STEPS = {
 
 
 def time_us(fn, args, reps, rounds):
+    """Per call, as the caller sees it: CUDA events around `reps` back-to-back calls (the
+    host's time when it is the bottleneck, as at decode sizes)."""
     for _ in range(5):
         fn(*args)
     torch.cuda.synchronize()
@@ -84,6 +87,32 @@ def time_us(fn, args, reps, rounds):
         b.record()
         b.synchronize()
         times.append(a.elapsed_time(b) * 1e3 / reps)
+    return statistics.median(times)
+
+
+def graph_us(fn, args, unroll, reps, rounds):
+    """Per step on the device: `unroll` steps captured into one CUDA graph, replayed `reps`
+    times between CUDA events (the device is the bottleneck: kernels and the gaps between
+    them, no host launch cost)."""
+    for _ in range(3):
+        fn(*args)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(unroll):
+            fn(*args)
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(rounds):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(reps):
+            graph.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3 / (reps * unroll))
     return statistics.median(times)
 
 
@@ -112,10 +141,12 @@ def main():
     reg = kreg.open(args.manifest)
     kt.register(reg)
     h = args.hidden
-    print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, H={h} bf16; "
-          f"us per step (median of {args.rounds}x{args.reps}); kernels per step (torch.profiler, "
-          f"without CUDA graphs); ratio = inductor / kreg")
-    print(f"{'step':<20} {'T':>4} {'mode':<16} {'kreg us':>9} {'kernels':>8} {'inductor us':>12} {'kernels':>8} {'ratio':>6}")
+    print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, H={h} bf16, median of {args.rounds} rounds")
+    print("graph: us per step on the device, 20 steps of the torch.compile(fullgraph=True)'d function captured in one CUDA graph")
+    print("host: us per call of the compiled function (default mode / mode=reduce-overhead), back to back")
+    print("kernels: per step, torch.profiler; ratio: inductor / kreg of the graph figure")
+    print(f"{'step':<20} {'T':>4} | {'kreg graph':>10} {'host':>7} {'r-o':>7} {'kern':>4} | "
+          f"{'ind. graph':>10} {'host':>7} {'r-o':>7} {'kern':>4} | {'ratio':>5}")
     for label, (kstep, tstep) in STEPS.items():
         for t in [int(v) for v in args.tokens.split(",")]:
             g = torch.Generator(device="cuda").manual_seed(t)
@@ -124,21 +155,22 @@ def main():
             w = (1 + 0.1 * torch.randn(h, device="cuda", generator=g)).bfloat16()
             w2 = (1 + 0.1 * torch.randn(h // 2, device="cuda", generator=g)).bfloat16()
             inputs = (x, res, w, w2)
-            counts = ("-", "-")
-            for mode in ("default", "reduce-overhead"):
+            row = {}
+            for name, step in (("kreg", kstep), ("inductor", tstep)):
                 torch._dynamo.reset()
-                ck = torch.compile(kstep, fullgraph=True, mode=mode)
-                ct = torch.compile(tstep, fullgraph=True, mode=mode)
-                ko = [o.clone() for o in ck(*inputs)]  # CUDA-graph outputs are reused
-                to = [o.clone() for o in ct(*inputs)]
-                for a, b in zip(ko, to):
-                    torch.testing.assert_close(a.float(), b.float(), atol=3e-2, rtol=3e-2)
-                uk = time_us(ck, inputs, args.reps, args.rounds)
-                ut = time_us(ct, inputs, args.reps, args.rounds)
-                if mode == "default":  # the same kernels are what the CUDA graph replays
-                    counts = (kernel_count(ck, inputs), kernel_count(ct, inputs))
-                print(f"{label:<20} {t:>4} {mode:<16} {uk:>9.2f} {counts[0]:>8} {ut:>12.2f} "
-                      f"{counts[1]:>8} {ut / uk:>6.2f}")
+                c = torch.compile(step, fullgraph=True)
+                row[name] = dict(out=[o.clone() for o in c(*inputs)],
+                                 graph=graph_us(c, inputs, 20, args.reps // 10, args.rounds),
+                                 host=time_us(c, inputs, args.reps, args.rounds),
+                                 kernels=kernel_count(c, inputs))
+                torch._dynamo.reset()
+                ro = torch.compile(step, fullgraph=True, mode="reduce-overhead")
+                row[name]["ro"] = time_us(ro, inputs, args.reps, args.rounds)
+            for a, b in zip(row["kreg"]["out"], row["inductor"]["out"]):
+                torch.testing.assert_close(a.float(), b.float(), atol=3e-2, rtol=3e-2)
+            k, i = row["kreg"], row["inductor"]
+            print(f"{label:<20} {t:>4} | {k['graph']:>10.2f} {k['host']:>7.1f} {k['ro']:>7.1f} {k['kernels']:>4} | "
+                  f"{i['graph']:>10.2f} {i['host']:>7.1f} {i['ro']:>7.1f} {i['kernels']:>4} | {i['graph'] / k['graph']:>5.2f}")
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ run_pytest() {  # name, file, -k expression
 }
 # Three processes at once (the compile tests dominate): CPU and the registration tests,
 # CUDA eager and opcheck, CUDA compile.
+if ${KREG_PYTESTS:-true}; then
 run_pytest torch_cpu test_kreg_torch "not cuda" &
 run_pytest torch_cuda_eager test_kreg_torch "cuda and (opcheck or eager or workspace)" &
 run_pytest torch_cuda_compile test_kreg_torch "cuda and not (opcheck or eager or workspace)" &
@@ -41,7 +42,8 @@ print("|---|---|---|---|---|---|")
 for (op, dev) in sorted(rows):
     print(f"| {op} | {dev} | " + " | ".join(rows[(op, dev)].get(c, "-") for c in cols) + " |")
 ' | tee $out/per_op_table.md
-$PY tools/bench/py_overhead.py --calls 100000 2>&1 | tee $out/py_overhead.txt
+fi
+$PY tools/bench/py_overhead.py --calls 100000 --core ${CORE:-3} 2>&1 | tee $out/py_overhead.txt
 $PY tools/bench/compiled_decode.py 2>&1 | grep -v "_warn_once\|Profiler clears" | tee $out/compiled_decode.txt
 # Everything else in one file (a device run returns at most 8).
 tar -C $out -czf $out/logs.tgz --remove-files $(cd $out && ls *.log)

@@ -60,6 +60,7 @@ def main():
     parser.add_argument("--calls", type=int, default=200_000, help="timed calls per measurement")
     parser.add_argument("--chunk", type=int, default=200, help="calls between synchronisations")
     parser.add_argument("--width", type=int, default=128, help="hidden size (tokens: 1)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds over all rows (median)")
     parser.add_argument("--core", type=int, default=None,
                         help="pin the process to this CPU core (default: the first it may use)")
     args = parser.parse_args()
@@ -152,9 +153,15 @@ def main():
         # torch._C._to_dlpack capsules.
         have = hasattr(torch.Tensor, "__dlpack_c_exchange_api__")
         print(f"torch DLPack C exchange API: {'yes' if have else 'no (capsule path)'}")
-    for label, fn in rows:
-        us = per_call_us(fn, args.calls, args.chunk, sync)
-        print(f"{label:<55} {us:8.3f} us/call")
+    # Three rounds over every row, so that a slow moment of the machine hits all rows
+    # rather than one: the median of the three per row.
+    results = {label: [] for label, _ in rows}
+    for _ in range(args.rounds):
+        for label, fn in rows:
+            results[label].append(per_call_us(fn, args.calls, args.chunk, sync))
+    for label, _ in rows:
+        r = results[label]
+        print(f"{label:<58} {statistics.median(r):8.3f} us/call  (rounds: {' '.join(f'{v:.2f}' for v in r)})")
     print(f"resolved: rmsnorm -> {rmsnorm.resolved_backend}, silu_and_mul -> {silu.resolved_backend}")
 
 
