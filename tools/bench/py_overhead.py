@@ -61,6 +61,7 @@ def main():
     parser.add_argument("--chunk", type=int, default=200, help="calls between synchronisations")
     parser.add_argument("--width", type=int, default=128, help="hidden size (tokens: 1)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds over all rows (median)")
+    parser.add_argument("--pair-rounds", type=int, default=15, help="alternating rounds per side-by-side pair")
     parser.add_argument("--core", type=int, default=None,
                         help="pin the process to this CPU core (default: the first it may use)")
     args = parser.parse_args()
@@ -79,6 +80,7 @@ def main():
     silu = reg.op("activation.silu_and_mul")
     h = args.width
     rows = []
+    pairs = []  # (label, direct kreg call, the torch.ops call)
 
     if torch is not None:
         dt = torch.bfloat16 if device == "cuda" else torch.float32
@@ -109,6 +111,12 @@ def main():
             rows.append((f"torch.ops.kreg_activation.silu_and_mul.default(x, out) 1x{h}", lambda: t_silu(x2, out2)))
             f_rms = kt.ops.layernorm.rmsnorm
             rows.append((f"kreg.torch.ops.layernorm.rmsnorm(x, w) (allocates)  1x{h}", lambda: f_rms(x, w)))
+            pairs.append(("kreg rmsnorm(x, w, out) vs torch.ops.kreg_layernorm.rmsnorm.default",
+                          lambda: rmsnorm(x, w, out), lambda: t_rms(x, w, out)))
+            pairs.append(("kreg silu_and_mul(x, out) vs torch.ops.kreg_activation.silu_and_mul.default",
+                          lambda: silu(x2, out2), lambda: t_silu(x2, out2)))
+            pairs.append(("torch.add(a, b, out=c) vs torch.ops.aten.add.out (torch's own torch.ops cost)",
+                          lambda: torch.add(a, b, out=c), lambda: torch.ops.aten.add.out(a, b, out=c)))
             if hasattr(torch.library, "custom_op"):
                 # The obvious wrapper: a Python custom op whose body is the kreg call.
                 @torch.library.custom_op("kreg_bench::rmsnorm", mutates_args=("out",))
@@ -163,6 +171,19 @@ def main():
         r = results[label]
         print(f"{label:<58} {statistics.median(r):8.3f} us/call  (rounds: {' '.join(f'{v:.2f}' for v in r)})")
     print(f"resolved: rmsnorm -> {rmsnorm.resolved_backend}, silu_and_mul -> {silu.resolved_backend}")
+    if pairs:
+        # Side by side: the two calls of a pair alternate in short rounds, so that the
+        # machine's slow and fast moments hit both; the median of the per-round differences.
+        n = max(args.calls // 10, 1000)
+        print(f"side by side ({args.pair_rounds} alternating rounds of {n} calls each):")
+        for label, fa, fb in pairs:
+            ta, tb = [], []
+            for _ in range(args.pair_rounds):
+                ta.append(per_call_us(fa, n, args.chunk, sync))
+                tb.append(per_call_us(fb, n, args.chunk, sync))
+            d = statistics.median(b - a for a, b in zip(ta, tb))
+            print(f"  {label:<62} {statistics.median(ta):7.3f} -> {statistics.median(tb):7.3f} us/call, "
+                  f"difference {d:+.3f} us (median of per-round differences)")
 
 
 if __name__ == "__main__":
