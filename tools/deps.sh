@@ -5,7 +5,8 @@
 set -euo pipefail
 pkgs=(cmake ninja-build g++ pkg-config libboost-dev libyaml-cpp-dev libcli11-dev libdlpack-dev
       libgtest-dev libgmock-dev libbenchmark-dev
-      python3-dev pybind11-dev python3-numpy python3-pytest)
+      python3-dev pybind11-dev python3-numpy python3-pytest
+      python3-torch libtorch-dev)  # kreg.torch: Debian's torch 1.13 (CPU; eager, no torch.compile)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
