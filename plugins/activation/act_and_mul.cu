@@ -15,6 +15,7 @@
 #include "activation.hpp"
 #include "kreg/device/fast_divisor.cuh"
 #include "kreg/device/launch.cuh"
+#include "kreg/device/pdl.cuh"
 #include "kreg/device/vec.cuh"
 #include "kreg/dtype.hpp"
 
@@ -59,6 +60,9 @@ __global__ void __launch_bounds__(kBlockThreads)
                        FastDivisor vecs_per_row, uint32_t total_vecs) {
   const uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= total_vecs) return;
+  // With PDL: x may be the previous kernel's output. One load per thread, so the next
+  // kernel may be scheduled right after it.
+  device::pdl_wait();
   const uint32_t row = vecs_per_row.div(i);
   const int64_t col = static_cast<int64_t>(i - row * vecs_per_row.divisor) * kVec;
   const T* gate_ptr = x + 2 * d * row + col;
@@ -66,6 +70,7 @@ __global__ void __launch_bounds__(kBlockThreads)
   vec_t<T, kVec> up_raw;
   gate_raw.load_stream(gate_ptr);
   up_raw.load_stream(gate_ptr + d);
+  device::pdl_launch_dependents();
   vec_t<float, kVec> gate;
   vec_t<float, kVec> y;
   gate.cast_from(gate_raw);
@@ -79,7 +84,7 @@ __global__ void __launch_bounds__(kBlockThreads)
 }
 
 template <typename T, int kVec, typename Act>
-cudaError_t launch(const T* x, T* out, int64_t rows, int64_t d, cudaStream_t stream) {
+cudaError_t launch(const T* x, T* out, int64_t rows, int64_t d, cudaStream_t stream, bool pdl) {
   const int64_t vecs_per_row = d / kVec;
   const int64_t rows_per_launch = std::max<int64_t>(1, kMaxVecsPerLaunch / vecs_per_row);
   const FastDivisor divisor(static_cast<uint32_t>(vecs_per_row));
@@ -87,21 +92,25 @@ cudaError_t launch(const T* x, T* out, int64_t rows, int64_t d, cudaStream_t str
     const int64_t n = std::min(rows_per_launch, rows - row);
     const auto total = static_cast<uint32_t>(n * vecs_per_row);
     const auto blocks = static_cast<unsigned>((total + kBlockThreads - 1) / kBlockThreads);
-    act_and_mul_kernel<T, kVec, Act>
-        <<<blocks, kBlockThreads, 0, stream>>>(x + row * 2 * d, out + row * d, d, divisor, total);
-    if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
+    if (const cudaError_t err =
+            device::launch(act_and_mul_kernel<T, kVec, Act>, dim3(blocks), dim3(kBlockThreads), 0,
+                           stream, pdl, x + row * 2 * d, out + row * d, d, divisor, total);
+        err != cudaSuccess) {
+      cudaGetLastError();  // returned, not left for a later check
+      return err;
+    }
   }
   return cudaSuccess;
 }
 
 template <typename T, typename Act>
-cudaError_t launch_typed(const DLTensor& x, DLTensor& out, cudaStream_t stream) {
+cudaError_t launch_typed(const DLTensor& x, DLTensor& out, cudaStream_t stream, bool pdl) {
   const T* xp = data_ptr<const T>(x);
   T* outp = data_ptr<T>(out);
   const int64_t rows = x.shape[0];
   const int64_t d = out.shape[1];
   return device::visit_vec_elems<T>(device::max_vec_elems<T>(d, xp, outp), [&](auto vec) {
-    return launch<T, decltype(vec)::value, Act>(xp, outp, rows, d, stream);
+    return launch<T, decltype(vec)::value, Act>(xp, outp, rows, d, stream, pdl);
   });
 }
 
@@ -125,7 +134,8 @@ KernelStatus act_and_mul_cuda(Context& ctx, const DLTensor& x, DLTensor& out) {
   if (!guard.ok()) return guard.fail(ctx, op);
   const auto stream = static_cast<cudaStream_t>(ctx.stream());
   return device::visit_float_dtype(ctx, op, x, [&](auto tag) {
-    return device::launch_status(ctx, op, launch_typed<decltype(tag), Functor<A>>(x, out, stream));
+    return device::launch_status(
+        ctx, op, launch_typed<decltype(tag), Functor<A>>(x, out, stream, ctx.pdl()));
   });
 }
 

@@ -21,6 +21,7 @@
 #include <type_traits>
 
 #include "kreg/device/launch.cuh"
+#include "kreg/device/pdl.cuh"
 #include "kreg/device/reduce.cuh"
 #include "kreg/device/vec.cuh"
 #include "kreg/dtype.hpp"
@@ -88,6 +89,8 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow, (kMinBlocksPerSm<T, kItems,
 
   vec_t<Held, kVec> held[kRows][kItems];
   float sum_sq[kRows];
+  // With PDL: x and residual may be the previous kernel's output.
+  device::pdl_wait();
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
     sum_sq[r] = 0.0f;
@@ -114,6 +117,9 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow, (kMinBlocksPerSm<T, kItems,
   }
 
   device::block_row_sum(sum_sq, scratch);
+  // Every load of the first pass is done: the next kernel may be scheduled (it waits for
+  // this grid to finish before it reads anything).
+  device::pdl_launch_dependents();
 
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
@@ -149,6 +155,7 @@ struct NormArgs {
   int64_t rows;
   int64_t hidden;
   float eps;
+  bool pdl = false;  // programmatic dependent launch (the caller's KREG_LAUNCH_PDL)
 };
 
 template <typename T, int kVec, int kItems, int kRows, bool kFusedAdd, bool kGemma>
@@ -157,9 +164,10 @@ void launch(const NormArgs& a, dim3 block, cudaStream_t stream) {
   const int64_t row_groups = (a.rows + kRows - 1) / kRows;
   block.y = static_cast<unsigned>(std::min<int64_t>(block.y, row_groups));
   const dim3 grid(static_cast<unsigned>((row_groups + block.y - 1) / block.y));
-  rmsnorm_kernel<T, kVec, kItems, kRows, kFusedAdd, kGemma><<<grid, block, 0, stream>>>(
-      static_cast<const T*>(a.in), static_cast<T*>(a.residual), static_cast<const T*>(a.weight),
-      static_cast<T*>(a.out), a.rows, static_cast<int>(a.hidden / kVec), a.eps);
+  device::launch(rmsnorm_kernel<T, kVec, kItems, kRows, kFusedAdd, kGemma>, grid, block, 0, stream,
+                 a.pdl, static_cast<const T*>(a.in), static_cast<T*>(a.residual),
+                 static_cast<const T*>(a.weight), static_cast<T*>(a.out), a.rows,
+                 static_cast<int>(a.hidden / kVec), a.eps);
 }
 
 int round_up(int n, int m) { return (n + m - 1) / m * m; }
@@ -213,7 +221,8 @@ void launch_typed(const NormArgs& a, cudaStream_t stream) {
 }
 
 template <bool kFusedAdd, bool kGemma>
-KernelStatus run(Context& ctx, const char* op, const DLTensor& x, const NormArgs& a) {
+KernelStatus run(Context& ctx, const char* op, const DLTensor& x, NormArgs a) {
+  a.pdl = ctx.pdl();
   if (a.rows == 0 || a.hidden == 0) return kOk;
   if (a.hidden > INT32_MAX) {
     return ctx.fail(KREG_INVALID_ARGUMENT, "%s: hidden size %lld is too large", op,

@@ -221,6 +221,54 @@ TEST_F(GpuKernels, MisalignedPointersAndZeroTokens) {
   }
 }
 
+// Programmatic dependent launch (KREG_LAUNCH_PDL): a kernel may start before the one it
+// follows has finished, and must wait before reading that kernel's output. A chain whose
+// every link reads the previous link's output (behind a large first kernel, so that an
+// early read would see stale memory) must give bit for bit what the same chain gives
+// without PDL, repeated so that a race has chances to show.
+TEST_F(GpuKernels, PdlChainsReadWhatTheKernelBeforeWrote) {
+  const int64_t t = 8192, h = 4096;
+  auto make = [&](std::vector<int64_t> shape, uint64_t seed) {
+    auto b = Buffer::make(kGpu, DType::kBF16, std::move(shape));
+    EXPECT_TRUE(b.ok());
+    std::mt19937_64 rng(seed);
+    EXPECT_TRUE(b->fill_random(rng).ok());
+    return std::move(b).value();
+  };
+  auto rms = handle("layernorm.rmsnorm", "cuda");
+  auto fused = handle("layernorm.fused_add_rmsnorm", "cuda");
+  auto silu = handle("activation.silu_and_mul", "cuda");
+  Buffer x = make({t, h}, 1), w = make({h}, 2);
+  auto run_chain = [&](uint64_t flags) {
+    Buffer a = make({t, h}, 3), b = make({t, h}, 4), res = make({t, h}, 5);
+    Buffer c = make({t, h / 2}, 6);
+    const CallOptions first{nullptr, nullptr, 0};
+    const CallOptions next{nullptr, nullptr, flags};
+    for (int i = 0; i < 4; ++i) {
+      DLTensor* s1[] = {x.tensor(), w.tensor(), a.tensor()};
+      EXPECT_TRUE(rms.call(s1, {}, first).ok());
+      DLTensor* s2[] = {a.tensor(), w.tensor(), b.tensor()};  // reads a
+      EXPECT_TRUE(rms.call(s2, {}, next).ok());
+      DLTensor* s3[] = {b.tensor(), c.tensor()};  // reads b (as [T, 2*D])
+      EXPECT_TRUE(silu.call(s3, {}, next).ok());
+      DLTensor* s4[] = {b.tensor(), res.tensor(), w.tensor()};  // rewrites b after s3 read it
+      EXPECT_TRUE(fused.call(s4, {}, next).ok());
+    }
+    EXPECT_TRUE(harness::device_synchronize().ok());
+    return std::vector<std::vector<uint8_t>>{test::bytes_of(b), test::bytes_of(c),
+                                             test::bytes_of(res)};
+  };
+  const auto want = run_chain(0);
+  for (int rep = 0; rep < 5; ++rep) {
+    const auto got = run_chain(KREG_LAUNCH_PDL);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_TRUE(got[i] == want[i])
+          << "result " << i << " differs with PDL (repetition " << rep << ")";
+    }
+  }
+}
+
 TEST_F(GpuKernels, CpuTensorsToTheCudaPathAreRefused) {
   auto h = registry().resolve("layernorm.rmsnorm", Target{DLDevice{kDLCUDA, 0}, DType::kBF16});
   ASSERT_TRUE(h.ok());

@@ -708,7 +708,7 @@ double median(std::vector<double> v) {
 #endif
 
 Result<Timing> time_on_gpu(const KernelHandle& handle, const SymbolMap& symbols, DType dtype,
-                           const AttrList& attrs, int reps, uint64_t seed) {
+                           const AttrList& attrs, int reps, uint64_t seed, uint64_t launch_flags) {
 #if defined(KREG_HAVE_CUDA)
   const KernelSpec& spec = handle.spec();
   if (spec.device_type() != kDLCUDA) {
@@ -743,7 +743,8 @@ Result<Timing> time_on_gpu(const KernelHandle& handle, const SymbolMap& symbols,
     return st;
   }
   auto run = [&](int i) {
-    return handle.call(all[static_cast<size_t>(i % sets)].tensors, attrs.view(), stream);
+    return handle.call(all[static_cast<size_t>(i % sets)].tensors, attrs.view(),
+                       CallOptions{stream, nullptr, launch_flags});
   };
   for (int i = 0; i < 3 * sets; ++i) {
     if (Status st = run(i); !st.ok()) return st;
@@ -796,7 +797,7 @@ Result<Timing> time_on_gpu(const KernelHandle& handle, const SymbolMap& symbols,
   t.gbps = static_cast<double>(t.bytes) / (t.median_us * 1e3);
   return t;
 #else
-  (void)handle, (void)symbols, (void)dtype, (void)attrs, (void)reps, (void)seed;
+  (void)handle, (void)symbols, (void)dtype, (void)attrs, (void)reps, (void)seed, (void)launch_flags;
   return no_cuda();
 #endif
 }

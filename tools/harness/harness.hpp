@@ -125,9 +125,12 @@ struct Timing {
 
 // CUDA-event timing of `handle` on a CUDA device: rotating buffer sets whose total exceeds
 // twice the L2, warm-up, `reps` timed calls, median. Small calls (under ~20 us) are timed
-// as CUDA-graph replays of many calls to remove launch gaps.
+// as CUDA-graph replays of many calls back to back, each behind the one before it as in a
+// model step. `launch_flags` go into every call (KREG_LAUNCH_PDL: programmatic dependent
+// launch, for kernels that honour it).
 Result<Timing> time_on_gpu(const KernelHandle& handle, const SymbolMap& symbols, DType dtype,
-                           const AttrList& attrs, int reps, uint64_t seed);
+                           const AttrList& attrs, int reps, uint64_t seed,
+                           uint64_t launch_flags = 0);
 
 // Device-to-device copy bandwidth (bytes read + written per second), cudaMemcpyAsync of
 // `bytes`, median of several runs.

@@ -403,6 +403,7 @@ struct RunArgs {
   uint64_t seed = 1;
   int reps = 100;
   bool bench = false;  // size checks for timing on the device instead of the reference run
+  bool pdl = false;    // bench: ask for programmatic dependent launch (KREG_LAUNCH_PDL)
 };
 
 constexpr int kMaxReps = 1000000;
@@ -597,7 +598,8 @@ int cmd_bench(const std::string& manifest, const RunArgs& a) {
   for (const auto& [name, v] : check_symbols) checked += " " + name + "=" + std::to_string(v);
   auto copy = kreg::harness::copy_bandwidth_gbps(size_t{1} << 30);
   if (!copy) return fail(kExitFailed, "kreg: ", message(copy.status().message()));
-  auto t = kreg::harness::time_on_gpu(h, symbols, dtype, attrs, a.reps, a.seed);
+  auto t = kreg::harness::time_on_gpu(h, symbols, dtype, attrs, a.reps, a.seed,
+                                      a.pdl ? KREG_LAUNCH_PDL : 0);
   if (!t) return fail(kExitFailed, "kreg: ", message(t.status().message()));
   out << h.op() << " [" << h.backend() << "] " << a.shape << " " << kreg::dtype_name(dtype)
       << " on " << kreg::harness::gpu_name() << "\n";
@@ -605,7 +607,7 @@ int cmd_bench(const std::string& manifest, const RunArgs& a) {
       << t->bytes << " bytes, " << num("%.0f", t->gbps)
       << " GB/s = " << num("%.1f", 100.0 * t->gbps / *copy) << "% of copy " << num("%.0f", *copy)
       << " GB/s [" << t->buffer_sets << " buffer sets" << (t->graph ? ", CUDA graph" : "") << ", "
-      << a.reps << " reps]\n";
+      << a.reps << " reps" << (a.pdl ? ", PDL" : "") << "]\n";
   out << "  " << checked << ": OK\n";
   return kExitOk;
 }
@@ -687,6 +689,8 @@ int main(int argc, char** argv) {
       app.add_subcommand("bench", "time an op on the GPU (CUDA events) against a D2D copy");
   add_run_options(bench);
   bench->add_option("--reps", ra.reps_text, "timed repetitions (median reported), in [1, 1000000]");
+  bench->add_flag("--pdl", ra.pdl,
+                  "launch with programmatic dependent launch (sm90+; kernels that honour it)");
 
   try {
     app.parse(argc, argv);

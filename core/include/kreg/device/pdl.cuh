@@ -1,0 +1,80 @@
+// Programmatic dependent launch (sm90+), when the caller asks for it (KREG_LAUNCH_PDL in
+// the call frame's launch flags, Context::pdl()).
+//
+// A kernel launched with cudaLaunchAttributeProgrammaticStreamSerialization may start
+// while the kernel before it on the stream is still running: its blocks are scheduled as
+// soon as the previous grid signals (griddepcontrol.launch_dependents, or its end), which
+// hides the launch latency that dominates decode-sized calls. Such a kernel must not read
+// anything the previous kernel writes before griddepcontrol.wait, which returns once the
+// previous grid has completed and its memory is visible; so kernels call pdl_wait() before
+// their first dependent load and pdl_launch_dependents() once the next kernel may start
+// being scheduled. Both are no-ops without PDL (a normal launch has no pending
+// prerequisite) and below sm90.
+//
+//   my_kernel<<<...>>>  becomes  device::launch(my_kernel, grid, block, 0, stream, ctx.pdl(),
+//   args...)
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <utility>
+
+namespace kreg::device {
+
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Whether the current device can take programmatic launches (compute capability >= 9.0),
+// asked once per device.
+inline bool pdl_supported() {
+  constexpr int kMaxDevices = 64;
+  static signed char known[kMaxDevices] = {};  // 0 unknown, 1 yes, -1 no (benign race)
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) {
+    cudaGetLastError();
+    return false;
+  }
+  if (known[dev] == 0) {
+    int major = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    known[dev] = major >= 9 ? 1 : -1;
+  }
+  return known[dev] > 0;
+}
+
+// Launches `kernel`, with programmatic stream serialization when `pdl` is asked for and
+// the device supports it; the launch's error is returned, and also left for
+// cudaGetLastError (launch_status) as <<<>>> leaves it.
+template <typename... Params, typename... Args>
+cudaError_t launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                   cudaStream_t stream, bool pdl, Args&&... args) {
+  if (!pdl || !pdl_supported()) {
+    kernel<<<grid, block, smem, stream>>>(std::forward<Args>(args)...);
+    return cudaPeekAtLastError();
+  }
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attr;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, kernel, static_cast<Params>(std::forward<Args>(args))...);
+}
+
+}  // namespace kreg::device
