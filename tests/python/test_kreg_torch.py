@@ -231,6 +231,46 @@ def test_runs_on_torchs_current_stream(reg):
 
 
 @needs_cuda
+def test_pdl_chains_equal_plain_launches(reg, fresh_dynamo):
+    # kreg.set_pdl(True): every CUDA call asks for programmatic dependent launch; a chain in
+    # which each kernel reads the one before's output (eager, through kreg.Op, and
+    # compiled under CUDA graphs) gives bit for bit what it gives without.
+    g = torch.Generator(device="cuda").manual_seed(11)
+    x = torch.randn(4096, 4096, device="cuda", generator=g).bfloat16()
+    res = torch.randn(4096, 4096, device="cuda", generator=g).bfloat16()
+    w = torch.randn(4096, device="cuda", generator=g).bfloat16()
+
+    def chain(x, res):
+        a = kt.ops.layernorm.rmsnorm(x, w)
+        b = kt.ops.activation.silu_and_mul(a)
+        c, r = kt.ops.layernorm.fused_add_rmsnorm(torch.cat([b, b], dim=1), res, w)
+        return c, r
+
+    def kreg_chain(x):
+        a, c = torch.empty_like(x), torch.empty(x.shape[0], x.shape[1] // 2, dtype=x.dtype, device="cuda")
+        reg.op("layernorm.rmsnorm")(x, w, a)
+        reg.op("activation.silu_and_mul")(a, c)
+        return c
+
+    try:
+        kreg.set_pdl(False)
+        want, want_k = chain(x, res), kreg_chain(x)
+        compiled = torch.compile(chain, fullgraph=True, mode="reduce-overhead")
+        kreg.set_pdl(True)
+        assert kreg.pdl()
+        for _ in range(3):
+            got, got_k = chain(x, res), kreg_chain(x)
+            assert_same(list(got), list(want), "torch ops with PDL")
+            assert_same([got_k], [want_k], "kreg.Op with PDL")
+        for _ in range(3):
+            got = [t.clone() for t in compiled(x, res)]
+        torch.cuda.synchronize()
+        assert_same(got, list(want), "compiled, CUDA graphs, PDL")
+    finally:
+        kreg.set_pdl(False)
+
+
+@needs_cuda
 def test_workspace_comes_from_torchs_caching_allocator(reg):
     # moe.align_block_size takes scratch memory when T*k spans 9 or more chunks of 512.
     tokens, k, experts, block = 2048, 8, 64, 16

@@ -155,13 +155,16 @@ def main():
     parser.add_argument("--tokens", default="1,16,64")
     parser.add_argument("--reps", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--pdl", action="store_true", help="kreg.set_pdl(True) for the kreg steps")
     args = parser.parse_args()
+    kreg.set_pdl(args.pdl)
     if not torch.cuda.is_available():
         sys.exit("compiled_decode: needs a CUDA device")
     reg = kreg.open(args.manifest)
     kt.register(reg)
     h = args.hidden
-    print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, H={h} bf16, median of {args.rounds} rounds")
+    print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, H={h} bf16, median of {args.rounds} rounds, "
+          f"kreg PDL {'on' if args.pdl else 'off'}")
     print("graph: us per step on the device, 20 steps of the torch.compile(fullgraph=True)'d function captured in one CUDA graph")
     print("host: us per call of the compiled function (default mode / mode=reduce-overhead), back to back")
     print("kern: kernels per step (torch.profiler, copies not counted); /k: graph us per kernel; ratio: inductor / kreg of the graph figure")

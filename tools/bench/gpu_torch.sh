@@ -44,6 +44,8 @@ for (op, dev) in sorted(rows):
 ' | tee $out/per_op_table.md
 fi
 $PY tools/bench/py_overhead.py --calls 100000 --core ${CORE:-3} 2>&1 | tee $out/py_overhead.txt
-$PY tools/bench/compiled_decode.py 2>&1 | grep -v "_warn_once\|Profiler clears" | tee $out/compiled_decode.txt
+for pdl in "" --pdl; do
+  $PY tools/bench/compiled_decode.py $pdl 2>&1 | grep -v "_warn_once\|Profiler clears\|cudagraph_utils" | tee -a $out/compiled_decode.txt
+done
 # Everything else in one file (a device run returns at most 8).
 tar -C $out -czf $out/logs.tgz --remove-files $(cd $out && ls *.log)

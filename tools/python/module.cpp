@@ -239,6 +239,13 @@ PYBIND11_MODULE(_kreg, m) {
                std::to_string(r.registry->op_ids().size()) + " ops>";
       });
 
+  m.def(
+      "set_pdl", [](bool on) { set_launch_flags(on ? KREG_LAUNCH_PDL : 0); }, py::arg("enabled"),
+      "Programmatic dependent launch for every CUDA call from Python (sm90+, kernels that "
+      "honour it): a kernel may start while the one before it on the stream finishes.");
+  m.def(
+      "pdl", [] { return (launch_flags() & KREG_LAUNCH_PDL) != 0; },
+      "Whether CUDA calls ask for programmatic dependent launch (kreg.set_pdl).");
   m.def("open", &open_registry, py::arg("manifest") = "registry.yaml",
         py::arg("plugin_dir") = py::none(), py::arg("load_lazy") = false,
         py::arg("precheck") = false,

@@ -23,6 +23,9 @@ namespace {
 
 Exceptions g_exceptions;
 
+// The launch flags of every CUDA call (kreg.set_pdl): process-wide, set rarely.
+uint64_t g_launch_flags = 0;
+
 // ---- torch, when someone else has imported it ----
 
 // torch is never imported from here: when it is in sys.modules, its exporter and its
@@ -641,7 +644,10 @@ PyObject* op_vectorcall(PyObject* self, PyObject* const* args, size_t nargsf, Py
       }
     }
   }
-  const CallOptions call_options{stream_ptr, services, 0};
+  // Launch flags (kreg.set_pdl) only for device calls: CPU kernels have none to honour.
+  const uint64_t flags =
+      s.num_tensors > 0 && tensors[0]->device.device_type == kDLCUDA ? g_launch_flags : 0;
+  const CallOptions call_options{stream_ptr, services, flags};
   Status st;
   if (s.num_tensors > 0 && tensors[0]->device.device_type == kDLCPU && !any_view) {
     // CPU kernels run synchronously and may take a while: let other threads run. Not
@@ -735,6 +741,9 @@ PyObject* raise_status(const Status& status) {
   Py_DECREF(exc);
   return nullptr;
 }
+
+void set_launch_flags(uint64_t flags) { g_launch_flags = flags; }
+uint64_t launch_flags() { return g_launch_flags; }
 
 int init_op_module(PyObject* module) {
   g_str_torch = PyUnicode_InternFromString("torch");

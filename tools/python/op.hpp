@@ -27,6 +27,10 @@ int init_op_module(PyObject* module);
 // carries `code`, e.g. "INVALID_ARGUMENT") and returns nullptr.
 PyObject* raise_status(const Status& status);
 
+// The launch flags (KREG_LAUNCH_*) every CUDA call of a kreg.Op passes (kreg.set_pdl).
+void set_launch_flags(uint64_t flags);
+uint64_t launch_flags();
+
 // A new kreg.Op for `requested` (an op id or alias) on `registry`, owned by the Python
 // object `owner` (kept alive by the Op). `backend` forces a backend ("cpu", "cuda").
 // nullptr with an exception set when the op is unknown.

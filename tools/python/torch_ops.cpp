@@ -15,6 +15,7 @@
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
+#include <atomic>
 #include <deque>
 #include <memory>
 #include <mutex>
@@ -109,6 +110,9 @@ at::ScalarType scalar_type_of(DType d) {
   }
   TORCH_CHECK(false, "kreg.torch: dtype ", std::string(dtype_name(d)), " has no torch dtype");
 }
+
+// The launch flags of every CUDA call (kreg.set_pdl): process-wide.
+std::atomic<uint64_t> g_launch_flags{0};
 
 // ---- workspaces from torch's caching allocator ----
 
@@ -318,7 +322,9 @@ class Kernel final : public c10::OperatorKernel {
     Scratch scratch;
     const kreg_host_services services{sizeof(kreg_host_services), &scratch, &scratch_alloc,
                                       &scratch_free};
-    const CallOptions options{current_stream(device), device.is_cuda() ? &services : nullptr, 0};
+    const CallOptions options{
+        current_stream(device), device.is_cuda() ? &services : nullptr,
+        device.is_cuda() ? g_launch_flags.load(std::memory_order_relaxed) : 0};
     KernelHandle h = e_->resolve(tspan, false);
     Status st = h.call(tspan, aspan, options);
     if (!st.ok()) [[unlikely]] {
@@ -531,7 +537,16 @@ PyObject* plan(PyObject*, PyObject* args) {
   return dict_of(*p, sig);
 }
 
+PyObject* set_launch_flags(PyObject*, PyObject* arg) {
+  const unsigned long long flags = PyLong_AsUnsignedLongLong(arg);
+  if (PyErr_Occurred()) return nullptr;
+  g_launch_flags.store(flags, std::memory_order_relaxed);
+  Py_RETURN_NONE;
+}
+
 PyMethodDef kMethods[] = {
+    {"set_launch_flags", set_launch_flags, METH_O,
+     "set_launch_flags(flags): KREG_LAUNCH_* for every CUDA call (kreg.set_pdl sets it)."},
     {"plan", plan, METH_VARARGS,
      "plan(registry_capsule, op) -> dict: the op's torch schemas and functional results."},
     {"install", install, METH_VARARGS,

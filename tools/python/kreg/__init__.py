@@ -11,9 +11,23 @@ copy; CUDA calls run on torch's current stream (when torch is imported) or on
 
 import functools
 
-from ._kreg import Error, InvalidArgument, NotFound, Op, Registry, open  # noqa: F401
+import sys
 
-__all__ = ["open", "Registry", "Op", "Error", "InvalidArgument", "NotFound"]
+from . import _kreg
+from ._kreg import Error, InvalidArgument, NotFound, Op, Registry, open, pdl  # noqa: F401
+
+__all__ = ["open", "Registry", "Op", "Error", "InvalidArgument", "NotFound", "set_pdl", "pdl"]
+
+
+def set_pdl(enabled):
+    """Programmatic dependent launch (sm90+) for every CUDA call of this process, from
+    kreg.Op and from kreg.torch's torch ops: a kernel that honours it may start while the
+    kernel before it on the stream finishes (it waits before reading that kernel's
+    output), which hides launch latency at decode sizes. Off by default."""
+    _kreg.set_pdl(bool(enabled))
+    kt = sys.modules.get("kreg.torch")
+    if kt is not None:
+        kt._native.set_launch_flags(1 if enabled else 0)
 
 
 class _Group:
