@@ -208,6 +208,20 @@ def test_errors_are_torch_style_with_kregs_message(reg):
         kt.ops.activation.silu_and_mul(torch.randn(3, 7))
     with pytest.raises(RuntimeError):  # schema mismatch: torch's own argument error
         torch.ops.kreg_layernorm.rmsnorm(x, w)
+    w70 = torch.randn(70)
+    with pytest.raises(ValueError, match=r"layernorm\.rmsnorm.*'x'.*contiguous"):
+        torch.ops.kreg_layernorm.rmsnorm(torch.randn(70, 3).t(), w70, out)
+    with pytest.raises(ValueError, match=r"'x' must have 2 dimensions, got 1"):
+        kt.ops.layernorm.rmsnorm(torch.randn(70), w70)
+    for bad in (float("inf"), float("nan")):
+        with pytest.raises(ValueError, match=r"attribute 'eps' must be a finite float"):
+            torch.ops.kreg_layernorm.rmsnorm(x, w70, out, eps=bad)
+    logits, ids = torch.randn(2, 8), torch.empty(2, 2, dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"attribute 'method' contains a NUL character"):
+        torch.ops.kreg_moe.route(logits, None, torch.empty(2, 2), ids, method="Def\0ault")
+    # An expanded view has no memory behind its huge extent: an error, never an allocation.
+    with pytest.raises((ValueError, RuntimeError)):
+        kt.ops.activation.silu_and_mul(torch.zeros(1, 2).expand(2**62, 2))
 
 
 @needs_cuda

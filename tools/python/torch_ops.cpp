@@ -16,6 +16,7 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include <atomic>
+#include <cmath>
 #include <deque>
 #include <memory>
 #include <mutex>
@@ -26,6 +27,7 @@
 #include <c10/cuda/CUDAStream.h>
 #endif
 
+#include "kreg/checked_math.hpp"
 #include "kreg/registry.hpp"
 #include "torch_schema.hpp"
 
@@ -303,15 +305,26 @@ class Kernel final : public c10::OperatorKernel {
         case ArgKind::kFloat:
           a.type = KREG_ATTR_FLOAT;
           a.value.f = v.toDouble();
+          if (!std::isfinite(a.value.f)) {  // as kreg.Op refuses them
+            fail(Status(KREG_INVALID_ARGUMENT, e_->op + ": attribute '" + sig.attr(i).name +
+                                                   "' must be a finite float, not inf or nan"));
+          }
           break;
         case ArgKind::kBool:
           a.type = KREG_ATTR_BOOL;
           a.value.i = v.toBool() ? 1 : 0;
           break;
-        case ArgKind::kString:
+        case ArgKind::kString: {
+          // The kernel gets a C string: a NUL would silently cut it short.
+          const std::string& s = v.toStringRef();
+          if (s.find('\0') != std::string::npos) {
+            fail(Status(KREG_INVALID_ARGUMENT, e_->op + ": attribute '" + sig.attr(i).name +
+                                                   "' contains a NUL character"));
+          }
           a.type = KREG_ATTR_STRING;
-          a.value.s = v.toStringRef().c_str();
+          a.value.s = s.c_str();
           break;
+        }
         case ArgKind::kTensor:
           break;
       }
@@ -384,7 +397,14 @@ class Kernel final : public c10::OperatorKernel {
                             ") must be a multiple of " + std::to_string(d.divisor) + " (" +
                             sig.shape_name(ip) + ")"));
           }
-          shape.push_back(size / d.divisor * d.coef);
+          int64_t extent = 0;
+          if (!checked_mul(size / d.divisor, d.coef, &extent)) {
+            fail(Status(KREG_INVALID_ARGUMENT, e_->op + ": argument '" + ip.name + "' dimension " +
+                                                   std::to_string(d.axis) + " (" +
+                                                   std::to_string(size) +
+                                                   ") makes an output dimension past int64"));
+          }
+          shape.push_back(extent);
         }
         const at::ScalarType st = r.dtype_input >= 0 ? args[r.dtype_input].toTensor().scalar_type()
                                                      : scalar_type_of(r.dtype);
