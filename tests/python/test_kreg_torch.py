@@ -505,3 +505,26 @@ def test_reload_swaps_the_code_behind_the_torch_ops(tmp_path, fresh_dynamo):
     report = r.reload("testgrp")
     assert report["added_ops"] == ["testgrp.negate"]
     assert torch.equal(kt.ops.testgrp.negate(x), -x)
+
+
+def test_lazy_groups_register_without_loading_and_load_on_first_call(tmp_path):
+    # A fresh process (torch's namespaces are process-wide and this one's are taken): every
+    # group lazy, registered from the libraries' embedded metadata, loaded by its first call.
+    lazy = tmp_path / "lazy.yaml"
+    lazy.write_text(pathlib.Path(MANIFEST).read_text().replace("load: eager", "load: lazy"))
+    code = (
+        "import torch, kreg, kreg.torch as kt\n"
+        f"r = kreg.open({str(lazy)!r})\n"
+        "assert not any(g['loaded'] for g in r.groups())\n"
+        "assert set(kt.register(r)) == set(r.list()) and len(r.list()) > 0\n"
+        "assert not any(g['loaded'] for g in r.groups()), 'register loaded a group'\n"
+        "x = torch.randn(2, 8)\n"
+        "out = kt.ops.activation.silu_and_mul(x)\n"
+        "assert torch.allclose(out, torch.nn.functional.silu(x[:, :4]) * x[:, 4:], atol=1e-5)\n"
+        "assert [g['name'] for g in r.groups() if g['loaded']] == ['activation']\n"
+        "print('ok')\n"
+    )
+    import subprocess
+
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=os.environ)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
