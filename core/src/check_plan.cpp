@@ -1,6 +1,8 @@
 // The compiled argument check: a KernelSpec's signature -> CheckPlan (make_impl), and
 // CheckPlan::diagnose, the slow twin of CheckPlan::accepts (registry.hpp) that says which
 // rule failed. The messages for those failures are in call_errors.cpp.
+#include <bit>
+
 #include "kreg/registry.hpp"
 #include "registry_group.hpp"
 
@@ -114,6 +116,9 @@ std::unique_ptr<Impl> make_impl(const KernelSpec& spec) {
         p.db = static_cast<uint8_t>(f.dim);
         p.ca = e.coef;
         p.cb = f.coef;
+        p.cb_shift = (f.coef & (f.coef - 1)) == 0
+                         ? static_cast<int8_t>(std::countr_zero(static_cast<uint32_t>(f.coef)))
+                         : int8_t{-1};
       }
     }
   }

@@ -476,6 +476,38 @@ TEST_F(CheckTest, SizesOverflowingInt64AreRefused) {
 
 KernelStatus pair_kernel(Context&, const DLTensor&, const DLTensor&) { return kOk; }
 
+// A symbol's first use with a coefficient (a[c*N]) and later uses with others (b[d*N]):
+// b must be a / c * d. Power-of-two first coefficients take the shift path, the others a
+// division; both must accept exactly the matching extents.
+TEST_F(RegistryTest, CoefficientPairsAcceptExactlyTheMatchingExtents) {
+  struct Case {
+    int c, d;
+  };
+  int n_op = 0;
+  for (const Case k : {Case{1, 1}, Case{2, 1}, Case{4, 1}, Case{8, 3}, Case{3, 1}, Case{6, 4},
+                       Case{1, 5}, Case{12, 12}}) {
+    const std::string op = "g.pair" + std::to_string(n_op++);
+    const std::string sig = op.substr(2) + "(Tensor[" + std::to_string(k.c) + "*N] a, Tensor[" +
+                            std::to_string(k.d) + "*N] b) -> ()";
+    ASSERT_TRUE(reg.add(spec(op.c_str(), "cpu", bind<&pair_kernel>, 0, sig.c_str(), "u8")).ok()) << sig;
+    auto h = reg.resolve(op, Target{DLDevice{kDLCPU, 0}, DType::kU8});
+    ASSERT_TRUE(h.ok()) << h.status().message();
+    const DLDataType u8{kDLUInt, 8, 1};
+    for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{1000}, int64_t{1} << 40}) {
+      Header a({k.c * n}, u8), b({k.d * n}, u8), b_more({k.d * n + 1}, u8);
+      DLTensor* good[] = {&a.t, &b.t};
+      EXPECT_TRUE(h->call(good).ok()) << sig << " N=" << n;
+      DLTensor* bad[] = {&a.t, &b_more.t};
+      EXPECT_FALSE(h->call(bad).ok()) << sig << " N=" << n << " b one larger";
+      if (k.c > 1 && n > 0) {
+        Header a_off({k.c * n + 1}, u8);  // not a multiple of c
+        DLTensor* off[] = {&a_off.t, &b.t};
+        EXPECT_FALSE(h->call(off).ok()) << sig << " N=" << n << " a not a multiple";
+      }
+    }
+  }
+}
+
 TEST_F(RegistryTest, DimensionProductsNeverOverflowOrDivideByZero) {
   ASSERT_TRUE(reg.add(spec("g.coef", "cpu", bind<&pair_kernel>, 0,
                            "coef(Tensor[N] a, Tensor[2147483647*N] b) -> ()", "u8"))

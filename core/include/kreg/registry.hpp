@@ -104,6 +104,7 @@ struct DimPair {
   static constexpr uint8_t kLiteral = 0xff;
   uint8_t ta = 0, da = 0;  // this use
   uint8_t tb = 0, db = 0;  // the symbol's first use, or tb == kLiteral
+  int8_t cb_shift = 0;     // log2(cb) when cb is a power of two, else -1
   int32_t ca = 1, cb = 1;
   int64_t literal = 0;
 };
@@ -288,7 +289,13 @@ inline bool dim_pair_matches(const DimPair& p, std::span<DLTensor* const> t) {
   const int64_t a = t[p.ta]->shape[p.da];
   if (p.tb == DimPair::kLiteral) return a == p.literal;
   int64_t n = t[p.tb]->shape[p.db];
-  if (p.cb != 1) n /= p.cb;
+  // Extents are non-negative here (shape_sane ran first), so a power-of-two coefficient
+  // (2*D, the common case) is a shift rather than a 64-bit division on every call.
+  if (p.cb_shift > 0) {
+    n >>= p.cb_shift;
+  } else if (p.cb_shift < 0) {
+    n /= p.cb;
+  }
   int64_t want;
   return checked_mul(n, p.ca, &want) && a == want;
 }
