@@ -219,6 +219,13 @@ def test_errors_are_torch_style_with_kregs_message(reg):
     logits, ids = torch.randn(2, 8), torch.empty(2, 2, dtype=torch.int32)
     with pytest.raises(ValueError, match=r"attribute 'method' contains a NUL character"):
         torch.ops.kreg_moe.route(logits, None, torch.empty(2, 2), ids, method="Def\0ault")
+    # An int past int64 never reaches kreg: torch's argument parser refuses it.
+    ids = torch.zeros(2, 2, dtype=torch.int32)
+    with pytest.raises((RuntimeError, TypeError, OverflowError)):
+        torch.ops.kreg_moe.align_block_size(ids, torch.empty(8, dtype=torch.int32),
+                                            torch.empty(2, dtype=torch.int32),
+                                            torch.empty(1, dtype=torch.int32),
+                                            num_experts=2**70, block_size=4)
     # An expanded view has no memory behind its huge extent: an error, never an allocation.
     with pytest.raises((ValueError, RuntimeError)):
         kt.ops.activation.silu_and_mul(torch.zeros(1, 2).expand(2**62, 2))

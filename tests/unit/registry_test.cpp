@@ -489,7 +489,8 @@ TEST_F(RegistryTest, CoefficientPairsAcceptExactlyTheMatchingExtents) {
     const std::string op = "g.pair" + std::to_string(n_op++);
     const std::string sig = op.substr(2) + "(Tensor[" + std::to_string(k.c) + "*N] a, Tensor[" +
                             std::to_string(k.d) + "*N] b) -> ()";
-    ASSERT_TRUE(reg.add(spec(op.c_str(), "cpu", bind<&pair_kernel>, 0, sig.c_str(), "u8")).ok()) << sig;
+    ASSERT_TRUE(reg.add(spec(op.c_str(), "cpu", bind<&pair_kernel>, 0, sig.c_str(), "u8")).ok())
+        << sig;
     auto h = reg.resolve(op, Target{DLDevice{kDLCPU, 0}, DType::kU8});
     ASSERT_TRUE(h.ok()) << h.status().message();
     const DLDataType u8{kDLUInt, 8, 1};

@@ -92,28 +92,34 @@ STEPS = {
 }
 
 
-def time_us(fn, args, reps, rounds):
-    """Per call, as the caller sees it: CUDA events around `reps` back-to-back calls (the
-    host's time when it is the bottleneck, as at decode sizes)."""
-    for _ in range(5):
-        fn(*args)
-    torch.cuda.synchronize()
+def event_us(call, reps, rounds, per=1):
+    """Median over `rounds` of CUDA-event time around `reps` back-to-back call()s, in us
+    per call / per (each call doing `per` steps)."""
     times = []
     for _ in range(rounds):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
         for _ in range(reps):
-            fn(*args)
+            call()
         b.record()
         b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / reps)
+        times.append(a.elapsed_time(b) * 1e3 / (reps * per))
     return statistics.median(times)
+
+
+def time_us(fn, args, reps, rounds):
+    """Per call, as the caller sees it: back-to-back calls (the host's time when it is the
+    bottleneck, as at decode sizes)."""
+    for _ in range(5):
+        fn(*args)
+    torch.cuda.synchronize()
+    return event_us(lambda: fn(*args), reps, rounds)
 
 
 def graph_us(fn, args, unroll, reps, rounds):
     """Per step on the device: `unroll` steps captured into one CUDA graph, replayed `reps`
-    times between CUDA events (the device is the bottleneck: kernels and the gaps between
-    them, no host launch cost)."""
+    times (the device is the bottleneck: kernels and the gaps between them, no host
+    launch cost)."""
     for _ in range(3):
         fn(*args)
     torch.cuda.synchronize()
@@ -124,16 +130,7 @@ def graph_us(fn, args, unroll, reps, rounds):
     for _ in range(3):
         graph.replay()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(rounds):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(reps):
-            graph.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / (reps * unroll))
-    return statistics.median(times)
+    return event_us(graph.replay, reps, rounds, per=unroll)
 
 
 def kernel_count(fn, args):

@@ -46,71 +46,40 @@ namespace {
   __builtin_unreachable();
 }
 
-std::optional<DType> dtype_of(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat:
-      return DType::kF32;
-    case at::kHalf:
-      return DType::kF16;
-    case at::kBFloat16:
-      return DType::kBF16;
-    case at::kDouble:
-      return DType::kF64;
-    case at::kChar:
-      return DType::kI8;
-    case at::kShort:
-      return DType::kI16;
-    case at::kInt:
-      return DType::kI32;
-    case at::kLong:
-      return DType::kI64;
-    case at::kByte:
-      return DType::kU8;
-    case at::kBool:
-      return DType::kBool;
+// kreg's dtypes and torch's, one table for both directions.
+struct DTypePair {
+  DType kreg;
+  at::ScalarType torch;
+};
+constexpr DTypePair kDTypes[] = {
+    {DType::kF32, at::kFloat},
+    {DType::kF16, at::kHalf},
+    {DType::kBF16, at::kBFloat16},
+    {DType::kF64, at::kDouble},
+    {DType::kI8, at::kChar},
+    {DType::kI16, at::kShort},
+    {DType::kI32, at::kInt},
+    {DType::kI64, at::kLong},
+    {DType::kU8, at::kByte},
+    {DType::kBool, at::kBool},
 #if TORCH_VERSION_MAJOR >= 2
-    case at::ScalarType::Float8_e4m3fn:
-      return DType::kF8E4M3;
-    case at::ScalarType::Float8_e5m2:
-      return DType::kF8E5M2;
+    {DType::kF8E4M3, at::ScalarType::Float8_e4m3fn},
+    {DType::kF8E5M2, at::ScalarType::Float8_e5m2},
 #endif
-    default:
-      return std::nullopt;
+};
+
+std::optional<DType> dtype_of(at::ScalarType t) {
+  for (const DTypePair& d : kDTypes) {
+    if (d.torch == t) return d.kreg;
   }
+  return std::nullopt;
 }
 
-at::ScalarType scalar_type_of(DType d) {
-  switch (d) {
-    case DType::kF32:
-      return at::kFloat;
-    case DType::kF16:
-      return at::kHalf;
-    case DType::kBF16:
-      return at::kBFloat16;
-    case DType::kF64:
-      return at::kDouble;
-    case DType::kI8:
-      return at::kChar;
-    case DType::kI16:
-      return at::kShort;
-    case DType::kI32:
-      return at::kInt;
-    case DType::kI64:
-      return at::kLong;
-    case DType::kU8:
-      return at::kByte;
-    case DType::kBool:
-      return at::kBool;
-#if TORCH_VERSION_MAJOR >= 2
-    case DType::kF8E4M3:
-      return at::ScalarType::Float8_e4m3fn;
-    case DType::kF8E5M2:
-      return at::ScalarType::Float8_e5m2;
-#endif
-    default:
-      break;
+at::ScalarType scalar_type_of(DType k) {
+  for (const DTypePair& d : kDTypes) {
+    if (d.kreg == k) return d.torch;
   }
-  TORCH_CHECK(false, "kreg.torch: dtype ", std::string(dtype_name(d)), " has no torch dtype");
+  TORCH_CHECK(false, "kreg.torch: dtype ", std::string(dtype_name(k)), " has no torch dtype");
 }
 
 // The launch flags of every CUDA call (kreg.set_pdl): process-wide.
