@@ -702,6 +702,25 @@ _BUILDERS = {
     "moe.topk_softmax": _topk_softmax,
 }
 
+
+
+def _load_group_samples():
+    """Merge torch_samples_<group>.py modules beside this file: each defines
+    BUILDERS = {op_id: fn(maker, dtype) -> [Sample]} for one group (new groups add their
+    samples there instead of editing this table)."""
+    import importlib
+    import pathlib
+
+    here = pathlib.Path(__file__).resolve().parent
+    for path in sorted(here.glob("torch_samples_*.py")):
+        module = importlib.import_module(path.stem)
+        for op_id, builder in module.BUILDERS.items():
+            if op_id in _BUILDERS:
+                raise RuntimeError(f"torch_samples: {path.name} defines samples for '{op_id}' twice")
+            _BUILDERS[op_id] = builder
+
+
+_load_group_samples()
 OPS = sorted(_BUILDERS)
 
 
