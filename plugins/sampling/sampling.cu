@@ -1,0 +1,589 @@
+// CUDA kernels of the sampling group. One thread-block cluster of kCluster blocks per
+// row: block r holds the r-th slice of the row in shared memory (read from HBM once, as
+// keys: filter_math.hpp's key_of), and every search pass runs over shared memory, the
+// blocks combining their histograms and partial sums through distributed shared memory
+// (DSMEM) behind cluster barriers. At B = 1 a row is read by kCluster SMs at once; at
+// large B the clusters fill the GPU. Rows too long for shared memory (more than
+// kCluster * kMaxRowSmem bytes) are re-read from global memory (L2) by each pass.
+//
+// The cut searches are radix descents over the 31-bit keys (8, 8, 8, 7 bits), each level
+// a histogram of counts and fixed-point weights (filter_math.hpp's weight_of) of the keys
+// still matching the prefix: top-k finds the largest key t with count(key >= t) >= k,
+// top-p the largest with reaches(weight(key >= t), target). Integer counts and weights
+// make every sum exact, so the cut, the tie count and the draw equal the CPU reference's.
+// docs/ops/sampling.md has the contract and the design.
+#include <cooperative_groups.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "filter_math.hpp"
+#include "kreg/device/launch.cuh"
+#include "kreg/device/pdl.cuh"
+#include "sampling.hpp"
+
+namespace kreg::sampling {
+namespace {
+
+namespace cg = cooperative_groups;
+
+constexpr int kCluster = 8;                 // blocks per row (portable cluster size)
+constexpr int kBins = 256;                  // radix digit of 8 bits
+constexpr int64_t kMaxRowSmem = 200 << 10;  // bytes of a slice kept in shared memory
+constexpr uint32_t kAllTies = 0xffffffffu;  // a cut keeping every tie of its key
+using u64 = unsigned long long;
+
+enum class Mode { kTopKRenorm, kTopPRenorm, kTopKTopPSample, kMinPSample };
+
+struct Params {
+  const float* probs;
+  int64_t V;
+  int32_t slice;  // columns per block (a multiple of 4)
+  bool smem_row;  // the slices live in shared memory
+  const int32_t* top_k;
+  const float* top_p;
+  const float* min_p;
+  float* out;
+  int32_t* out_ids;
+  const int64_t* rng;
+};
+
+// What a block shares: histograms (double-buffered, read by the other blocks of the
+// cluster), the cluster-reduced histograms, per-block partials read by the cluster, and
+// block-wide broadcasts.
+struct Shared {
+  uint32_t cnt[2][kBins];
+  u64 qs[2][kBins];
+  uint32_t l0_cnt[kBins];  // the cluster's level-0 histogram (all keys), kept for reuse
+  u64 l0_qs[kBins];
+  uint32_t red_cnt[kBins];  // the cluster's histogram of the current level
+  u64 red_qs[kBins];
+  // Per-block partials (each written once, read by the cluster).
+  uint32_t max_key, bad, eq_count;
+  long long tie_col;
+  u64 kept_q;
+  double kept_sum;
+  // Block scratch and broadcasts.
+  u64 scan[32];
+  double dscan[32];
+  uint32_t ured[32];
+  int digit;
+  uint32_t add_c, eq_c;
+  u64 add_s, total, prefix, point;
+  uint32_t max_all, bad_all;
+  long long col;
+  double sum;
+};
+
+// ---- Block helpers (blockDim.x a multiple of 32, at least kBins) ----
+
+__device__ __forceinline__ u64 warp_inclusive_scan(u64 x, int lane) {
+  for (int o = 1; o < 32; o <<= 1) {
+    const u64 t = __shfl_up_sync(0xffffffffu, x, o);
+    if (lane >= o) x += t;
+  }
+  return x;
+}
+
+// The exclusive prefix of v over the block's threads in thread order; `total` gets the
+// block's sum. Ends with a barrier.
+__device__ u64 block_exclusive_scan(Shared& sh, u64 v, u64& total) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  const u64 inc = warp_inclusive_scan(v, lane);
+  if (lane == 31) sh.scan[warp] = inc;
+  __syncthreads();
+  if (warp == 0) {
+    const u64 w = lane < nwarps ? sh.scan[lane] : 0;
+    const u64 winc = warp_inclusive_scan(w, lane);
+    if (lane < nwarps) sh.scan[lane] = winc;
+  }
+  __syncthreads();
+  const u64 excl = (warp > 0 ? sh.scan[warp - 1] : 0) + inc - v;
+  total = sh.scan[nwarps - 1];
+  __syncthreads();
+  return excl;
+}
+
+__device__ double block_sum(Shared& sh, double v) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  if (lane == 0) sh.dscan[warp] = v;
+  __syncthreads();
+  double s = 0;
+  for (int w = 0; w < nwarps; ++w) s += sh.dscan[w];  // fixed order
+  __syncthreads();
+  return s;
+}
+
+// One level of a radix descent, run by warp 0 on the cluster's histogram (cnt, qs): the
+// largest digit d with pred(above_c + count(bins >= d), above_s + weight(bins >= d)),
+// written to sh.digit (-1 when none) with the count and weight of the bins above it
+// (add_c, add_s) and its own count (eq_c).
+template <typename Pred>
+__device__ void descend(Shared& sh, const uint32_t* cnt, const u64* qs, uint32_t above_c,
+                        u64 above_s, Pred pred) {
+  const int lane = threadIdx.x & 31;
+  uint32_t lc = 0;
+  u64 ls = 0;
+  for (int b = 0; b < 8; ++b) {
+    lc += cnt[lane * 8 + b];
+    ls += qs[lane * 8 + b];
+  }
+  // Sums over the lanes at or above this one (higher digits).
+  uint32_t sc = lc;
+  u64 ss = ls;
+  for (int o = 1; o < 32; o <<= 1) {
+    const uint32_t tc = __shfl_down_sync(0xffffffffu, sc, o);
+    const u64 ts = __shfl_down_sync(0xffffffffu, ss, o);
+    if (lane + o < 32) {
+      sc += tc;
+      ss += ts;
+    }
+  }
+  uint32_t c = above_c + (sc - lc);
+  u64 s = above_s + (ss - ls);
+  int best = -1;
+  uint32_t addc = 0;
+  u64 adds = 0;
+  for (int b = 7; b >= 0; --b) {
+    const int d = lane * 8 + b;
+    const uint32_t nc = c + cnt[d];
+    const u64 ns = s + qs[d];
+    if (pred(nc, ns)) {
+      best = d;
+      addc = c - above_c;
+      adds = s - above_s;
+      break;
+    }
+    c = nc;
+    s = ns;
+  }
+  const int top =
+      static_cast<int>(__reduce_max_sync(0xffffffffu, static_cast<unsigned>(best + 1))) - 1;
+  if (top < 0) {
+    if (lane == 0) sh.digit = -1;
+  } else if (best == top) {
+    sh.digit = best;
+    sh.add_c = addc;
+    sh.add_s = adds;
+    sh.eq_c = cnt[best];
+  }
+}
+
+// A cut: kept(key, col) = key > key_ || (key == key_ && (ties == kAllTies || rank of col
+// among the ties < ties)); c_eq ties share key_, c_gt keys are above it, weighing s_gt.
+struct Cut {
+  uint32_t key = 0;
+  uint32_t ties = kAllTies;
+  uint32_t c_gt = 0, c_eq = 0;
+  u64 s_gt = 0;
+};
+
+template <Mode M>
+__global__ void __launch_bounds__(1024) sampling_kernel(Params p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  extern __shared__ uint4 s_row4[];
+  uint32_t* s_key = reinterpret_cast<uint32_t*>(s_row4);
+  __shared__ Shared sh;
+  cg::cluster_group cluster = cg::this_cluster();
+  const unsigned rank = cluster.block_rank();
+  const int tid = threadIdx.x, nthreads = blockDim.x;
+  const int64_t row = blockIdx.x / kCluster;
+  const int64_t begin = static_cast<int64_t>(rank) * p.slice;
+  const int n = static_cast<int>(begin < p.V ? (p.V - begin < p.slice ? p.V - begin : p.slice) : 0);
+  const float* g = p.probs + row * p.V + (begin < p.V ? begin : 0);
+
+  kreg::device::pdl_wait();
+
+  // ---- Load: keys, the row max, NaN / inf ----
+  uint32_t mx = 0, bad = 0;
+  const bool vec = (reinterpret_cast<uintptr_t>(g) & 15) == 0;
+  const int n4 = vec ? n / 4 : 0;
+  for (int i = tid; i < n4; i += nthreads) {
+    const float4 v = __ldg(reinterpret_cast<const float4*>(g) + i);
+    const uint4 k{key_of(v.x), key_of(v.y), key_of(v.z), key_of(v.w)};
+    mx = max(mx, max(max(k.x, k.y), max(k.z, k.w)));
+    bad |= is_bad_key(k.x) | is_bad_key(k.y) | is_bad_key(k.z) | is_bad_key(k.w);
+    if (p.smem_row) s_row4[i] = k;
+  }
+  for (int i = 4 * n4 + tid; i < n; i += nthreads) {
+    const uint32_t k = key_of(__ldg(g + i));
+    mx = max(mx, k);
+    bad |= is_bad_key(k);
+    if (p.smem_row) s_key[i] = k;
+  }
+  kreg::device::pdl_launch_dependents();
+  auto key_at = [&](int i) -> uint32_t { return p.smem_row ? s_key[i] : key_of(__ldg(g + i)); };
+
+  mx = __reduce_max_sync(0xffffffffu, mx);
+  bad = __reduce_or_sync(0xffffffffu, bad);
+  if ((tid & 31) == 0) sh.ured[tid >> 5] = mx | (bad << 31);  // keys < 2^31: bit 31 is free
+  __syncthreads();
+  if (tid == 0) {
+    uint32_t m = 0, b = 0;
+    for (int w = 0; w < nthreads / 32; ++w) {
+      m = max(m, sh.ured[w] & 0x7fffffffu);
+      b |= sh.ured[w] >> 31;
+    }
+    sh.max_key = m;
+    sh.bad = b;
+    sh.tie_col = -1;
+  }
+  cluster.sync();
+  if (tid == 0) {
+    uint32_t m = 0, b = 0;
+    for (int r = 0; r < kCluster; ++r) {
+      m = max(m, *cluster.map_shared_rank(&sh.max_key, r));
+      b |= *cluster.map_shared_rank(&sh.bad, r);
+    }
+    sh.max_all = m;
+    sh.bad_all = b;
+  }
+  __syncthreads();
+  const uint32_t max_key = sh.max_all;
+  constexpr bool kRenorm = M == Mode::kTopKRenorm || M == Mode::kTopPRenorm;
+
+  if (sh.bad_all != 0 || max_key == 0) {
+    // No distribution: NaN out (renorm) or id -1 (sampling); see docs/ops/sampling.md.
+    if constexpr (kRenorm) {
+      float* o = p.out + row * p.V + begin;
+      for (int i = tid; i < n; i += nthreads) o[i] = __int_as_float(0x7fc00000);
+    } else {
+      if (rank == 0 && tid == 0) p.out_ids[row] = -1;
+    }
+    cluster.sync();  // no block leaves while another may read its shared memory
+    return;
+  }
+
+  int parity = 0;
+  // One histogram level over the keys whose bits above `pshift` equal `pfx`, digits of
+  // `width` bits at `shift`, reduced over the cluster into (dst_cnt, dst_qs).
+  auto histogram = [&](int pshift, uint32_t pfx, int shift, int width, uint32_t* dst_cnt,
+                       u64* dst_qs) {
+    const int buf = parity;
+    parity ^= 1;
+    for (int d = tid; d < kBins; d += nthreads) {
+      sh.cnt[buf][d] = 0;
+      sh.qs[buf][d] = 0;
+    }
+    __syncthreads();
+    const uint32_t mask = (1u << width) - 1;
+    for (int i = tid; i < n; i += nthreads) {
+      const uint32_t k = key_at(i);
+      if ((k >> pshift) == pfx) {
+        const uint32_t d = (k >> shift) & mask;
+        atomicAdd(&sh.cnt[buf][d], 1u);
+        atomicAdd(&sh.qs[buf][d], static_cast<u64>(weight_of(k, max_key)));
+      }
+    }
+    // The buffer was last read by the other blocks two levels ago, before the barrier
+    // of the previous level, so one cluster barrier per level suffices.
+    cluster.sync();
+    for (int d = tid; d < kBins; d += nthreads) {
+      uint32_t c = 0;
+      u64 s = 0;
+      for (int r = 0; r < kCluster; ++r) {
+        c += *cluster.map_shared_rank(&sh.cnt[buf][d], r);
+        s += *cluster.map_shared_rank(&sh.qs[buf][d], r);
+      }
+      dst_cnt[d] = c;
+      dst_qs[d] = s;
+    }
+    __syncthreads();
+  };
+
+  // A radix descent for the largest key t with pred(count(key >= t), weight(key >= t));
+  // false when no key qualifies (level 0 found no digit).
+  auto search = [&](auto pred, Cut& cut) -> bool {
+    constexpr int kShift[4] = {23, 15, 7, 0};
+    constexpr int kWidth[4] = {8, 8, 8, 7};
+    uint32_t pfx = 0, above_c = 0;
+    u64 above_s = 0;
+    for (int level = 0; level < 4; ++level) {
+      const uint32_t* cnt = sh.l0_cnt;
+      const u64* qs = sh.l0_qs;
+      if (level > 0) {
+        histogram(kShift[level - 1], pfx, kShift[level], kWidth[level], sh.red_cnt, sh.red_qs);
+        cnt = sh.red_cnt;
+        qs = sh.red_qs;
+      }
+      if (tid < 32) descend(sh, cnt, qs, above_c, above_s, pred);
+      __syncthreads();
+      const int d = sh.digit;
+      if (d < 0) return false;  // uniform: level 0 only
+      above_c += sh.add_c;
+      above_s += sh.add_s;
+      pfx = (pfx << kWidth[level]) | static_cast<uint32_t>(d);
+      cut.c_eq = sh.eq_c;
+      __syncthreads();  // sh.digit etc. are rewritten by the next level
+    }
+    cut.key = pfx;
+    cut.c_gt = above_c;
+    cut.s_gt = above_s;
+    return true;
+  };
+
+  // ---- The cut ----
+  Cut cut;
+  if constexpr (M == Mode::kMinPSample) {
+    cut.key = min_p_threshold(__ldg(p.min_p + row), max_key);
+  } else {
+    histogram(31, 0, 23, 8, sh.l0_cnt, sh.l0_qs);
+    Cut kcut;  // top-k (or everything)
+    u64 kept_total;
+    if constexpr (M == Mode::kTopKRenorm || M == Mode::kTopKTopPSample) {
+      const int32_t k = __ldg(p.top_k + row);
+      if (k > 0 && k < p.V) {
+        const uint32_t ku = static_cast<uint32_t>(k);
+        search([ku](uint32_t c, u64) { return c >= ku; }, kcut);
+        kcut.ties = ku - kcut.c_gt;
+      }
+    }
+    if (kcut.ties == kAllTies) {
+      if (tid < 32) {
+        u64 s = 0;
+        for (int b = 0; b < 8; ++b) s += sh.l0_qs[tid * 8 + b];
+        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        if (tid == 0) sh.total = s;
+      }
+      __syncthreads();
+      kept_total = sh.total;
+    } else {
+      kept_total = kcut.s_gt + static_cast<u64>(kcut.ties) * weight_of(kcut.key, max_key);
+    }
+    cut = kcut;
+    if constexpr (M == Mode::kTopPRenorm || M == Mode::kTopKTopPSample) {
+      const float top_p = __ldg(p.top_p + row);
+      if (!top_p_keeps_all(top_p)) {
+        const double target = top_p_target(top_p, kept_total);
+        Cut pcut;
+        bool found = true;
+        if (!(target > 0)) {
+          pcut.key = max_key;  // the first max only
+          pcut.ties = 1;
+        } else if (search([target](uint32_t, u64 s) { return reaches(s, target); }, pcut)) {
+          pcut.ties = ties_needed(pcut.s_gt, weight_of(pcut.key, max_key), pcut.c_eq, target);
+        } else {
+          found = false;
+        }
+        // The shorter prefix of the two (top-p over the top-k set never exceeds it).
+        if (found && (pcut.key > cut.key || (pcut.key == cut.key && pcut.ties < cut.ties))) {
+          cut = pcut;
+        }
+      }
+    }
+  }
+
+  // ---- Ties: the column of the last kept tie, when not all are kept ----
+  long long tie_col = p.V;  // every tie kept
+  if (cut.ties != kAllTies && cut.ties < cut.c_eq) {
+    // Contiguous chunks per thread (odd length: conflict-free), ranked in index order.
+    const int ch = ((n + nthreads - 1) / nthreads) | 1;
+    const int lo = tid * ch, hi = min(lo + ch, n);
+    uint32_t c = 0;
+    for (int i = lo; i < hi; ++i) c += key_at(i) == cut.key;
+    u64 block_total;
+    const u64 excl = block_exclusive_scan(sh, c, block_total);
+    if (tid == 0) sh.eq_count = static_cast<uint32_t>(block_total);
+    cluster.sync();
+    if (tid == 0) {
+      u64 before = 0;
+      for (unsigned r = 0; r < rank; ++r) before += *cluster.map_shared_rank(&sh.eq_count, r);
+      sh.prefix = before;
+    }
+    __syncthreads();
+    const u64 want = cut.ties - 1;  // 0-based rank of the last kept tie
+    u64 at = sh.prefix + excl;
+    if (want >= at && want < at + c) {
+      for (int i = lo; i < hi; ++i) {
+        if (key_at(i) != cut.key) continue;
+        if (at++ == want) {
+          sh.tie_col = begin + i;
+          break;
+        }
+      }
+    }
+    cluster.sync();
+    if (tid == 0) {
+      long long col = -1;
+      for (int r = 0; r < kCluster; ++r) col = max(col, *cluster.map_shared_rank(&sh.tie_col, r));
+      sh.col = col;
+    }
+    __syncthreads();
+    tie_col = sh.col;
+  }
+  const uint32_t ck = cut.key;
+  auto kept = [&](uint32_t k, int i) { return k > ck || (k == ck && begin + i <= tie_col); };
+
+  if constexpr (kRenorm) {
+    // ---- out = p / (sum of the kept p) ----
+    double s = 0;
+    for (int i = tid; i < n; i += nthreads) {
+      const uint32_t k = key_at(i);
+      if (kept(k, i)) s += key_value(k);
+    }
+    s = block_sum(sh, s);
+    if (tid == 0) sh.kept_sum = s;
+    cluster.sync();
+    if (tid == 0) {
+      double all = 0;
+      for (int r = 0; r < kCluster; ++r) all += *cluster.map_shared_rank(&sh.kept_sum, r);
+      sh.sum = all;
+    }
+    __syncthreads();
+    const float sum = static_cast<float>(sh.sum);
+    float* o = p.out + row * p.V + begin;
+    for (int i = tid; i < n; i += nthreads) {
+      const uint32_t k = key_at(i);
+      o[i] = kept(k, i) ? __fdiv_rn(key_value(k), sum) : 0.0f;
+    }
+  } else {
+    // ---- The draw: the first kept token, in index order, whose inclusive prefix weight
+    // exceeds draw_point(philox bits, kept weight) ----
+    const int ch = ((n + nthreads - 1) / nthreads) | 1;
+    const int lo = tid * ch, hi = min(lo + ch, n);
+    u64 w = 0;
+    for (int i = lo; i < hi; ++i) {
+      const uint32_t k = key_at(i);
+      if (kept(k, i)) w += weight_of(k, max_key);
+    }
+    u64 block_total;
+    const u64 excl = block_exclusive_scan(sh, w, block_total);
+    if (tid == 0) sh.kept_q = block_total;
+    cluster.sync();
+    if (tid == 0) {
+      u64 before = 0, total = 0;
+      for (int r = 0; r < kCluster; ++r) {
+        const u64 q = *cluster.map_shared_rank(&sh.kept_q, r);
+        if (static_cast<unsigned>(r) < rank) before += q;
+        total += q;
+      }
+      const uint64_t seed = static_cast<uint64_t>(p.rng[0]);
+      const uint64_t offset = static_cast<uint64_t>(p.rng[1]);
+      sh.prefix = before;
+      sh.point = draw_point(philox_draw(seed, offset, static_cast<uint32_t>(row)), total);
+    }
+    __syncthreads();
+    const u64 point = sh.point;
+    u64 at = sh.prefix + excl;
+    if (point >= at && point < at + w) {
+      for (int i = lo; i < hi; ++i) {
+        const uint32_t k = key_at(i);
+        if (!kept(k, i)) continue;
+        at += weight_of(k, max_key);
+        if (point < at) {
+          p.out_ids[row] = static_cast<int32_t>(begin + i);
+          break;
+        }
+      }
+    }
+  }
+  cluster.sync();  // no block leaves while another may read its shared memory
+#else
+  __trap();  // registered for sm_90+ only (.sm(90))
+#endif
+}
+
+// rng[1] += 1 after the sampling kernel read it (same stream, so a captured graph draws
+// fresh numbers on every replay).
+__global__ void advance_rng_kernel(int64_t* rng) {
+  rng[1] = static_cast<int64_t>(static_cast<uint64_t>(rng[1]) + 1);
+}
+
+template <Mode M>
+KernelStatus launch(Context& ctx, const char* op, const DLTensor& probs, Params prm, int64_t* rng) {
+  const int64_t B = probs.shape[0], V = probs.shape[1];
+  if (B == 0) return kOk;
+  if (V < 1 || V > INT32_MAX) {
+    return ctx.fail(KREG_INVALID_ARGUMENT, "%s: probs has V = %lld columns; need 1 <= V <= 2^31-1",
+                    op, static_cast<long long>(V));
+  }
+  if (B > INT32_MAX / kCluster) {
+    return ctx.fail(KREG_INVALID_ARGUMENT, "%s: B = %lld rows; at most %d", op,
+                    static_cast<long long>(B), INT32_MAX / kCluster);
+  }
+  const device::DeviceGuard guard(probs);
+  if (!guard.ok()) return guard.fail(ctx, op);
+
+  const int64_t slice = ((V + kCluster - 1) / kCluster + 3) / 4 * 4;
+  prm.V = V;
+  prm.slice = static_cast<int32_t>(slice);
+  prm.smem_row = slice * 4 <= kMaxRowSmem;
+  const size_t smem = prm.smem_row ? static_cast<size_t>(slice) * 4 : 0;
+  int threads = static_cast<int>(((slice + 15) / 16 + 31) / 32 * 32);
+  threads = threads < kBins ? kBins : (threads > 1024 ? 1024 : threads);
+
+  auto* kernel = &sampling_kernel<M>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(smem));
+  if (err != cudaSuccess) return device::launch_status(ctx, op, err);
+
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(B * kCluster));
+  config.blockDim = dim3(static_cast<unsigned>(threads));
+  config.dynamicSmemBytes = smem;
+  config.stream = static_cast<cudaStream_t>(ctx.stream());
+  cudaLaunchAttribute attrs[2];
+  attrs[0].id = cudaLaunchAttributeClusterDimension;
+  attrs[0].val.clusterDim.x = kCluster;
+  attrs[0].val.clusterDim.y = 1;
+  attrs[0].val.clusterDim.z = 1;
+  config.attrs = attrs;
+  config.numAttrs = 1;
+  if (ctx.pdl() && device::pdl_supported()) {
+    attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[1].val.programmaticStreamSerializationAllowed = 1;
+    config.numAttrs = 2;
+  }
+  err = cudaLaunchKernelEx(&config, kernel, prm);
+  if (err != cudaSuccess) return device::launch_status(ctx, op, err);
+  if (rng != nullptr) advance_rng_kernel<<<1, 1, 0, config.stream>>>(rng);
+  return device::launch_status(ctx, op);
+}
+
+}  // namespace
+
+KernelStatus top_k_renorm_probs_cuda(Context& ctx, const DLTensor& probs, const DLTensor& top_k,
+                                     DLTensor& out) {
+  Params prm{};
+  prm.probs = data_ptr<const float>(probs);
+  prm.top_k = data_ptr<const int32_t>(top_k);
+  prm.out = data_ptr<float>(out);
+  return launch<Mode::kTopKRenorm>(ctx, "sampling.top_k_renorm_probs", probs, prm, nullptr);
+}
+
+KernelStatus top_p_renorm_probs_cuda(Context& ctx, const DLTensor& probs, const DLTensor& top_p,
+                                     DLTensor& out) {
+  Params prm{};
+  prm.probs = data_ptr<const float>(probs);
+  prm.top_p = data_ptr<const float>(top_p);
+  prm.out = data_ptr<float>(out);
+  return launch<Mode::kTopPRenorm>(ctx, "sampling.top_p_renorm_probs", probs, prm, nullptr);
+}
+
+KernelStatus top_k_top_p_sampling_from_probs_cuda(Context& ctx, const DLTensor& probs,
+                                                  const DLTensor& top_k, const DLTensor& top_p,
+                                                  DLTensor& out_ids, DLTensor& rng) {
+  Params prm{};
+  prm.probs = data_ptr<const float>(probs);
+  prm.top_k = data_ptr<const int32_t>(top_k);
+  prm.top_p = data_ptr<const float>(top_p);
+  prm.out_ids = data_ptr<int32_t>(out_ids);
+  prm.rng = data_ptr<const int64_t>(rng);
+  return launch<Mode::kTopKTopPSample>(ctx, "sampling.top_k_top_p_sampling_from_probs", probs, prm,
+                                       data_ptr<int64_t>(rng));
+}
+
+KernelStatus min_p_sampling_from_probs_cuda(Context& ctx, const DLTensor& probs,
+                                            const DLTensor& min_p, DLTensor& out_ids,
+                                            DLTensor& rng) {
+  Params prm{};
+  prm.probs = data_ptr<const float>(probs);
+  prm.min_p = data_ptr<const float>(min_p);
+  prm.out_ids = data_ptr<int32_t>(out_ids);
+  prm.rng = data_ptr<const int64_t>(rng);
+  return launch<Mode::kMinPSample>(ctx, "sampling.min_p_sampling_from_probs", probs, prm,
+                                   data_ptr<int64_t>(rng));
+}
+
+}  // namespace kreg::sampling
