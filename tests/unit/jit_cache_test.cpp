@@ -59,7 +59,7 @@ std::string image_for(std::string_view what) {
   std::string s = "image of ";
   s += what;
   s += std::string("\0\xff\x01\n", 4);
-  for (int i = 0; i < 1000; ++i) s.push_back(static_cast<char>(i * 7));
+  for (int i = 0; i < 64; ++i) s.push_back(static_cast<char>(i * 7));
   return s;
 }
 

@@ -116,6 +116,7 @@ class Cache {
   std::optional<std::string> lookup(std::string_view key) const;
 
   // Every <key>.kjit in <dir>/v1, sorted by key, invalid ones included with `problem` set.
+  // Each entry is read and checked in full (its checksum), one at a time.
   // A missing directory is an empty list; an unreadable one an error naming it.
   Result<std::vector<EntryInfo>> list() const;
 
