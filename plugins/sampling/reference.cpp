@@ -155,6 +155,7 @@ KernelStatus top_k_top_p_sampling_from_probs_cpu(Context& ctx, const DLTensor& p
   const int32_t* k = data_ptr<const int32_t>(top_k);
   const float* tp = data_ptr<const float>(top_p);
   int32_t* ids = data_ptr<int32_t>(out_ids);
+  if (B == 0) return kOk;  // an empty batch leaves rng alone (the kernel launches nothing)
   int64_t* state = data_ptr<int64_t>(rng);
   const auto seed = static_cast<uint64_t>(state[0]), offset = static_cast<uint64_t>(state[1]);
   for (int64_t b = 0; b < B; ++b) {
@@ -181,6 +182,7 @@ KernelStatus min_p_sampling_from_probs_cpu(Context& ctx, const DLTensor& probs,
   const float* p = data_ptr<const float>(probs);
   const float* mp = data_ptr<const float>(min_p);
   int32_t* ids = data_ptr<int32_t>(out_ids);
+  if (B == 0) return kOk;  // an empty batch leaves rng alone (the kernel launches nothing)
   int64_t* state = data_ptr<int64_t>(rng);
   const auto seed = static_cast<uint64_t>(state[0]), offset = static_cast<uint64_t>(state[1]);
   for (int64_t b = 0; b < B; ++b) {
