@@ -1,0 +1,166 @@
+"""vs_torch.py cases for the quantization group (hadamard_transform: hadamard.py): bf16
+activations to FP8 E4M3 at DeepSeek-V3's widths (H = 7168 for the group and per-token
+ops; the fused silu form at its MoE intermediate 2048 and dense 18432), decode-sized (T =
+1, 64: CUDA graphs) and large (T = 32768, the target: >= 90% of copy bandwidth).
+
+The torch side is the contract written in torch: s = max(amax, eps) / 448 in fp32, q =
+clamp(x / s, +-448) rounded to e4m3 (torch's float8 conversion rounds to nearest even);
+codes compare as floats (the fused form's fp32 silu may differ from torch's by an ulp,
+which can move a code by one step: rtol 1/8 there).
+"""
+
+import torch
+import torch.nn.functional as F
+
+DTYPE = torch.bfloat16
+ELEM = 2
+TOKENS = [1, 64, 32768]
+SMALL_MAX_T = 64
+FP8_MAX = 448.0
+EPS = 1e-10
+EXACT = (1e-6, 1e-6)
+FUSED = (1e-6, 0.13)
+
+
+def _fp8():
+    return torch.float8_e4m3fn
+
+
+def _group_ref(y, gs, ue8m0):
+    t, h = y.shape
+    g = y.view(t, h // gs, gs)
+    s = g.abs().amax(dim=-1).clamp_min(EPS) / FP8_MAX
+    if ue8m0:
+        s = torch.exp2(torch.ceil(torch.log2(s)))
+    q = (g / s.unsqueeze(-1)).clamp(-FP8_MAX, FP8_MAX).to(_fp8()).view(t, h)
+    return q, s
+
+
+def _group_case(t, h, silu, col_major, ue8m0, model):
+    gs = 128
+    g = h // gs
+    p = (t + 3) // 4 * 4
+
+    def make():
+        x = torch.randn(t, 2 * h if silu else h, device="cuda").to(DTYPE)
+        s = torch.empty(g, p, device="cuda") if col_major else torch.empty(t, g, device="cuda")
+        return {"x": x, "out": torch.empty(t, h, dtype=_fp8(), device="cuda"), "scales": s}
+
+    def reference(tensors):
+        xf = tensors["x"].float()
+        y = F.silu(xf[:, :h]) * xf[:, h:] if silu else xf
+        q, s = _group_ref(y, gs, ue8m0)
+        return q.float(), s
+
+    def check(tensors):
+        s = tensors["scales"][:, :t].t() if col_major else tensors["scales"]
+        return tensors["out"].float(), s
+
+    name = ("silu_and_mul_" if silu else "") + "per_token_group_quant_fp8" + (
+        "_col_major" if col_major else "")
+    x_bytes = ELEM * t * (2 * h if silu else h)
+    return dict(
+        op=f"quantization.{name}",
+        shape=f"T={t} H={h} gs={gs}{' ue8m0' if ue8m0 else ''} bf16 ({model})",
+        small=t <= SMALL_MAX_T,
+        make=make,
+        kreg=lambda op, tensors: op(tensors["x"], tensors["out"], tensors["scales"],
+                                    group_size=gs, eps=EPS, scale_ue8m0=ue8m0),
+        torch=reference,
+        check=check,
+        tol=FUSED if silu else EXACT,
+        bytes=x_bytes + t * h + 4 * t * g,  # x read; codes and scales written
+    )
+
+
+def _int8_case(t, h):
+    gs = 128
+
+    def make():
+        return {"x": torch.randn(t, h, device="cuda").to(DTYPE),
+                "out": torch.empty(t, h, dtype=torch.int8, device="cuda"),
+                "scales": torch.empty(t, h // gs, device="cuda")}
+
+    def reference(tensors):
+        g = tensors["x"].float().view(t, h // gs, gs)
+        s = g.abs().amax(dim=-1).clamp_min(EPS) / 127.0
+        q = torch.round((g / s.unsqueeze(-1)).clamp(-127, 127)).to(torch.int8).view(t, h)
+        return q, s
+
+    return dict(
+        op="quantization.per_token_group_quant_int8",
+        shape=f"T={t} H={h} gs={gs} bf16 (DeepSeek-V3)",
+        small=t <= SMALL_MAX_T,
+        make=make,
+        kreg=lambda op, tensors: op(tensors["x"], tensors["out"], tensors["scales"],
+                                    group_size=gs, eps=EPS),
+        torch=reference,
+        check=lambda tensors: (tensors["out"], tensors["scales"]),
+        tol=EXACT,
+        bytes=ELEM * t * h + t * h + 4 * t * (h // gs),
+    )
+
+
+def _token_case(t, h):
+    def make():
+        return {"x": torch.randn(t, h, device="cuda").to(DTYPE),
+                "out": torch.empty(t, h, dtype=_fp8(), device="cuda"),
+                "scales": torch.empty(t, device="cuda")}
+
+    def reference(tensors):
+        xf = tensors["x"].float()
+        s = xf.abs().amax(dim=-1).clamp_min(EPS) / FP8_MAX
+        return (xf / s.unsqueeze(-1)).clamp(-FP8_MAX, FP8_MAX).to(_fp8()).float(), s
+
+    return dict(
+        op="quantization.per_token_quant_fp8",
+        shape=f"T={t} H={h} bf16 (DeepSeek-V3)",
+        small=t <= SMALL_MAX_T,
+        make=make,
+        kreg=lambda op, tensors: op(tensors["x"], tensors["out"], tensors["scales"]),
+        torch=reference,
+        check=lambda tensors: (tensors["out"].float(), tensors["scales"]),
+        tol=EXACT,
+        bytes=ELEM * t * h + t * h + 4 * t,
+    )
+
+
+def _tensor_case(t, h, is_static):
+    def make():
+        x = torch.randn(t, h, device="cuda").to(DTYPE)
+        scale = torch.full((1,), 0.0125, device="cuda") if is_static else torch.empty(1, device="cuda")
+        return {"x": x, "out": torch.empty(t, h, dtype=_fp8(), device="cuda"), "scale": scale}
+
+    def reference(tensors):
+        xf = tensors["x"].float()
+        s = (tensors["scale"].clone() if is_static
+             else (xf.abs().amax().clamp_min(EPS) / FP8_MAX).reshape(1))
+        return (xf / s).clamp(-FP8_MAX, FP8_MAX).to(_fp8()).float(), s
+
+    return dict(
+        op="quantization.per_tensor_quant_fp8",
+        shape=f"T={t} H={h} {'static' if is_static else 'dynamic'} bf16",
+        small=t <= SMALL_MAX_T,
+        make=make,
+        kreg=lambda op, tensors: op(tensors["x"], tensors["out"], tensors["scale"],
+                                    is_static=is_static),
+        torch=reference,
+        check=lambda tensors: (tensors["out"].float(), tensors["scale"]),
+        tol=EXACT,
+        # dynamic: x is read twice (max, then quantize) unless it stays in L2; the fewest
+        # bytes are one read
+        bytes=ELEM * t * h + t * h + 4,
+    )
+
+
+def cases():
+    for t in TOKENS:
+        yield _group_case(t, 7168, False, False, False, "DeepSeek-V3")
+        yield _group_case(t, 7168, False, False, True, "DeepSeek-V3")
+        yield _group_case(t, 7168, False, True, True, "DeepSeek-V3")
+        yield _group_case(t, 2048, True, False, False, "DeepSeek-V3 MoE")
+        yield _group_case(t, 18432, True, True, False, "DeepSeek-V3 dense")
+        yield _int8_case(t, 7168)
+        yield _token_case(t, 7168)
+        yield _tensor_case(t, 7168, False)
+        yield _tensor_case(t, 7168, True)
