@@ -15,14 +15,16 @@ namespace kreg::elementwise {
 
 // An attribute as the fp32 the kernels compute with, or an argument error naming the op
 // and the attribute: it must be finite after the conversion to fp32 (a value past fp32's
-// range would become inf), and `positive` also asks for > 0 after it (a cap that rounds
-// to 0 would divide by zero).
+// range would become inf), and `positive` also asks for at least fp32's smallest normal
+// number after it (softcap multiplies by 1/cap: a cap that rounds to 0, or whose
+// reciprocal overflows, would turn x = 0 into NaN).
 inline KernelStatus fp32_attr(Context& ctx, const char* name, double v, bool positive, float* out) {
   const bool in_range = std::isfinite(v) && std::fabs(v) <= std::numeric_limits<float>::max();
   const float f = in_range ? static_cast<float>(v) : 0.0f;
-  if (!in_range || (positive && !(f > 0.0f))) {
-    return ctx.fail(KREG_INVALID_ARGUMENT, "%s: %s = %g must be %s", ctx.op(), name, v,
-                    positive ? "a finite number > 0 (as fp32)" : "finite (as fp32)");
+  if (!in_range || (positive && !(f >= std::numeric_limits<float>::min()))) {
+    return ctx.fail(
+        KREG_INVALID_ARGUMENT, "%s: %s = %g must be %s", ctx.op(), name, v,
+        positive ? "a finite number > 0 (as fp32, at least 1.17549e-38)" : "finite (as fp32)");
   }
   *out = f;
   return kOk;

@@ -219,6 +219,7 @@ TEST(Elementwise, BadAttributesAreRefusedNamingTheOpAndTheAttribute) {
       {0, kInf, "elementwise.softcap: cap = inf must be"},
       {0, 1e300, "elementwise.softcap: cap = 1e+300 must be"},  // past fp32
       {0, 1e-50, "elementwise.softcap: cap = 1e-50 must be"},   // 0 as fp32
+      {0, 1e-39, "elementwise.softcap: cap = 1e-39 must be"},   // 1/cap overflows
       {2, kInf, "elementwise.add_constant: c = inf must be finite (as fp32)"},
       {2, -1e300, "elementwise.add_constant: c = -1e+300 must be finite"},
       {2, std::nan(""), "elementwise.add_constant: c = nan must be finite"},
