@@ -359,8 +359,9 @@ __global__ void __launch_bounds__(1024) sampling_kernel(Params p) {
         Cut pcut;
         bool found = true;
         if (!(target > 0)) {
-          pcut.key = max_key;  // the first max only
+          pcut.key = max_key;  // the first max only: rank the ties of the max
           pcut.ties = 1;
+          pcut.c_eq = kAllTies;
         } else if (search([target](uint32_t, u64 s) { return reaches(s, target); }, pcut)) {
           pcut.ties = ties_needed(pcut.s_gt, weight_of(pcut.key, max_key), pcut.c_eq, target);
         } else {

@@ -222,7 +222,7 @@ float pick_p(int64_t b, std::mt19937_64& rng) {
     case 1:
       return 1.0f;
     case 2:
-      return 0.5f;
+      return b % 8 == 2 ? 0.0f : 0.5f;  // top_p = 0: the first max only (GPU: the flat row)
     default:
       return std::uniform_real_distribution<float>(0.5f, 0.95f)(rng);
   }
@@ -268,8 +268,8 @@ TEST(Sampling, CpuRenormMatchesTheSortOracle) {
 }
 
 TEST(Sampling, CpuRenormTiesAreKeptInIndexOrder) {
-  // Eight equal values: top_k = 3 keeps the first three; top_p = 0.3 of a flat row of 10
-  // keeps the first three too (0.3 reached at the third).
+  // Eight equal values: top_k = 4 keeps the 0.15 and the first three 0.1s; top_p = 0.25 of a flat
+  // row of 10 keeps the first three too (0.25 reached at the third).
   std::vector<double> p = {0.05, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.15};
   auto k = run_op(kTopK, "cpu",
                   {{DType::kF32, {1, 10}, p}, {DType::kI32, {1}, {4}}, {DType::kF32, {1, 10}, {}}});
@@ -285,6 +285,13 @@ TEST(Sampling, CpuRenormTiesAreKeptInIndexOrder) {
   ASSERT_TRUE(t.ok()) << t.status().message();
   for (int i = 0; i < 10; ++i)
     EXPECT_NEAR((*t)[2][static_cast<size_t>(i)], i < 3 ? 1.0 / 3 : 0.0, 1e-6) << i;
+  auto z =
+      run_op(kTopP, "cpu",
+             {{DType::kF32, {1, 10}, flat}, {DType::kF32, {1}, {0.0}}, {DType::kF32, {1, 10}, {}}});
+  ASSERT_TRUE(z.ok()) << z.status().message();
+  for (int i = 0; i < 10; ++i)
+    EXPECT_EQ((*z)[2][static_cast<size_t>(i)], i == 0 ? 1.0 : 0.0)
+        << "top_p = 0 keeps the first max";
 }
 
 // ---- Sampling ----
