@@ -116,8 +116,8 @@ struct Case {
 
 std::vector<Case> sweep(bool gpu) {
   std::vector<Case> out;
-  const std::vector<int64_t> hs = gpu ? std::vector<int64_t>{1, 7, 8, 61, 64, 130, 1000, 7168}
-                                      : std::vector<int64_t>{1, 3, 7, 8, 64, 130};
+  const std::vector<int64_t> hs = gpu ? std::vector<int64_t>{0, 1, 7, 8, 61, 64, 130, 1000, 7168}
+                                      : std::vector<int64_t>{0, 1, 3, 7, 8, 64, 130};
   const std::pair<int64_t, int64_t> tv[] = {{0, 5}, {1, 1}, {1, 100}, {5, 0}, {37, 17}, {300, 50}};
   int i = 0;
   for (DType dt : {DType::kBF16, DType::kF16, DType::kF32}) {
