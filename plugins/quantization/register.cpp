@@ -1,5 +1,6 @@
 // The quantization group's ops, registered by op (kreg/plugin.hpp). docs/ops/quantization.md
 // has the full contract.
+#include "hadamard.hpp"
 #include "quantization.hpp"
 
 namespace kreg::quantization {
@@ -73,6 +74,15 @@ constexpr Op kOps[] = {
                     "scale's bits), the quantize kernel; no host synchronisation",
      .impls = {cpu(bind<&tensor_quant_fp8_cpu>, "reference.cpp"),
                KREG_IF_CUDA(cuda(bind<&tensor_quant_fp8_cuda>, "token_quant.cu"))}},
+    {.signature = "hadamard_transform(Tensor[T,N] x, Tensor(a!)[T,N] out, float scale=1.0) -> ()",
+     .dtypes = "bf16|f16|f32",
+     .description = "Fast Walsh-Hadamard transform of each row: out = scale * x * H_N, H_N the "
+                    "Sylvester Hadamard matrix in natural order, N a power of two in [2, 32768]; "
+                    "fp32 butterflies, one rounding at the store; out may alias x. Dao-AILab's "
+                    "fast-hadamard-transform (SGLang); CUDA: rows in registers, shuffles and one "
+                    "swizzled shared-memory exchange",
+     .impls = {cpu(bind<&hadamard_transform_cpu>, "hadamard_reference.cpp"),
+               KREG_IF_CUDA(cuda(bind<&hadamard_transform_cuda>, "hadamard.cu"))}},
 };
 
 #undef KREG_QUANT_GROUP_ATTRS

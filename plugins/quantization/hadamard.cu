@@ -1,0 +1,370 @@
+// CUDA quantization.hadamard_transform: out = scale * x * H_N (Sylvester, natural order) for
+// N = 2^n, 2 <= N <= 32768, fp32 butterflies, one rounding at the store.
+//
+// H_N = H_2 (x) ... (x) H_2, one factor per index bit: the transform is n butterfly stages,
+// stage b turning every pair (i, i | 2^b) with bit b of i clear into (u + v, u - v). The
+// stages commute, so any order gives the natural-order matrix as long as each stage works on
+// a real index bit; what matters is only who holds which index bits.
+//
+// One kernel template per n (the "plan" below), 2^L threads per row, each holding E = N / 2^L
+// elements in registers:
+//   - load layout P: thread t holds chunks of 2^a = min(8, N) contiguous elements (one
+//     16-byte load in 16-bit types, two in f32), chunk c at element (c << (a + L)) | (t << a):
+//     a warp's loads are contiguous. Index bits [0, a) and [a + L, n) are private to the
+//     thread, bits [a, a + L) are the thread's;
+//   - the private bits' stages in registers;
+//   - the first K thread bits (lanes 0..K-1 of the row) by __shfl_xor_sync butterflies;
+//   - the other L - K thread bits through one exchange in shared memory (fp32): every thread
+//     writes its values, reads them back in layout X where those bits are private, does
+//     their stages in registers, writes them, and reads its layout-P values back for 16-byte
+//     stores. The shared-memory rows are padded (33 floats for every 32) and the index bits
+//     placed so that the 32 lanes of every access hit 32 banks in both layouts, and each
+//     address is a per-thread base plus a compile-time offset (Plan::w).
+// Rows of at most 512 elements (L < 5) skip the exchange (K = L): several rows share a warp.
+// Shuffles and shared memory share a pipe, which the rows of 1024..8192 elements would
+// saturate with Dao-AILab's five shuffle stages per element; one exchange does all L thread
+// bits for half the traffic.
+//
+// Every row is read whole before any of it is written, by the block that writes it: out may
+// alias x (neither pointer is __restrict__).
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+#include <utility>
+
+#include "hadamard.hpp"
+#include "kreg/device/launch.cuh"
+#include "kreg/device/pdl.cuh"
+#include "kreg/device/vec.cuh"
+#include "kreg/device/warp.cuh"
+#include "kreg/dtype.hpp"
+
+namespace kreg::quantization {
+namespace {
+
+using device::vec_t;
+
+// f(std::integral_constant<int, I>{}) for I = 0 .. kCount-1: the index is a constant
+// expression in f, so offsets computed from the plan are folded by the front end rather
+// than left to the optimizer to unroll.
+template <typename F, int... Is>
+__device__ __forceinline__ void static_for_impl(F&& f, std::integer_sequence<int, Is...>) {
+  (f(std::integral_constant<int, Is>{}), ...);
+}
+template <int kCount, typename F>
+__device__ __forceinline__ void static_for(F&& f) {
+  static_for_impl(f, std::make_integer_sequence<int, kCount>{});
+}
+
+constexpr int kMaxBits = 16;
+constexpr int kBankBits = 5;  // 32 banks of 4 bytes
+constexpr int kBanks = 1 << kBankBits;
+
+// Who holds which index bit, for N = 2^log_n. Positions are bits of the element index in
+// the row; "slot" bits index a thread's registers.
+struct Plan {
+  int log_n = 0;
+  int a = 0;              // bits of one contiguous chunk: min(3, log_n)
+  int l = 0;              // 2^l threads per row
+  int k = 0;              // thread bits done by shuffles (the lowest k)
+  int p = 0;              // private bits, log_n - l: E = 2^p registers per thread
+  int rows = 0;           // rows per block
+  int xt[kMaxBits] = {};  // layout X: position of thread bit j
+  int xs[kMaxBits] = {};  // layout X: position of slot bit s
+  // Shared memory: element i lives at sum over its set bits of w[bit] floats. The five P lane
+  // positions (a..a+4) form the column c (weights 1..16), every other position a bit of the
+  // row r (weights 33 << beta): index c + 33 r, rows padded to 33 floats. The bank is
+  // (c + r) mod 32: P's lanes cover the column bits and X's lanes the column bits of the kept
+  // ones plus row bits 0..4 for the others, so both layouts reach 32 banks. The index is a
+  // sum of a thread part and a slot part, the slot part a compile-time immediate.
+  int w[kMaxBits] = {};
+
+  __host__ __device__ constexpr bool exchange() const { return l > k; }
+  __host__ __device__ constexpr int threads() const { return rows << l; }
+  // Floats of shared memory per row.
+  __host__ __device__ constexpr int row_floats() const {
+    return exchange() ? (kBanks + 1) * ((1 << log_n) / kBanks) : 0;
+  }
+};
+
+__host__ __device__ constexpr Plan make_plan(int log_n) {
+  Plan pl;
+  pl.log_n = log_n;
+  pl.a = log_n < 3 ? log_n : 3;
+  // Up to 32 elements in one thread; up to 512 (16 threads), shuffles alone; above, one row
+  // per 32 lanes or more with E = 32 or 64 registers.
+  pl.l = log_n <= 5 ? 0 : log_n <= 9 ? log_n - 5 : log_n <= 11 ? 5 : log_n - 6;
+  pl.p = log_n - pl.l;
+  pl.k = pl.l < kBankBits ? pl.l : (pl.l - pl.p > 0 ? pl.l - pl.p : 0);
+  // 256 threads for short rows; 33 KiB of shared memory for the exchanged ones (N <= 8192).
+  pl.rows = pl.l < kBankBits ? 256 >> pl.l : (log_n <= 13 ? 8192 >> log_n : 1);
+  if (!pl.exchange()) return pl;
+  // Layout X. The private positions of layout P, in order.
+  int priv[kMaxBits] = {};
+  int np = 0;
+  for (int b = 0; b < pl.a; ++b) priv[np++] = b;
+  for (int b = pl.a + pl.l; b < log_n; ++b) priv[np++] = b;
+  // Thread bits: the K shuffled ones stay; the others take private positions of P.
+  for (int j = 0; j < pl.l; ++j) pl.xt[j] = j < pl.k ? pl.a + j : priv[j - pl.k];
+  // Slots: first the thread positions of P that become private, then the rest of P's.
+  for (int s = 0; s < pl.p; ++s) pl.xs[s] = s < pl.l - pl.k ? pl.a + pl.k + s : priv[s];
+  // Weights: P lane j is column bit j; X lane j >= K is row bit j; the other positions take
+  // the remaining row bits in increasing order.
+  int beta[kMaxBits] = {};
+  bool taken[kMaxBits] = {};
+  bool placed[kMaxBits] = {};
+  for (int j = 0; j < kBankBits; ++j) placed[pl.a + j] = true;
+  for (int j = pl.k; j < kBankBits; ++j) {
+    beta[pl.xt[j]] = j;
+    taken[j] = true;
+    placed[pl.xt[j]] = true;
+  }
+  int next = 0;
+  for (int b = 0; b < log_n; ++b) {
+    if (placed[b]) continue;
+    while (taken[next]) ++next;
+    beta[b] = next;
+    taken[next] = true;
+  }
+  for (int b = 0; b < log_n; ++b) {
+    const bool column = b >= pl.a && b < pl.a + kBankBits;
+    pl.w[b] = column ? 1 << (b - pl.a) : (kBanks + 1) << beta[b];
+  }
+  return pl;
+}
+
+// The shared-memory index of the element whose set bits are those of `i`.
+__host__ __device__ constexpr int smem_index(const Plan& pl, int i) {
+  int s = 0;
+  for (int b = 0; b < pl.log_n; ++b) {
+    if ((i >> b) & 1) s += pl.w[b];
+  }
+  return s;
+}
+
+// Layout P: the element of thread t's slot k is (t << a) | p_slot(k).
+__host__ __device__ constexpr int p_slot(const Plan& pl, int k) {
+  return (k & ((1 << pl.a) - 1)) | ((k >> pl.a) << (pl.a + pl.l));
+}
+
+// Layout X: thread t's slot k is x_thread(t) | x_slot(k).
+__host__ __device__ constexpr int x_slot(const Plan& pl, int k) {
+  int i = 0;
+  for (int s = 0; s < pl.p; ++s) i |= ((k >> s) & 1) << pl.xs[s];
+  return i;
+}
+
+__host__ __device__ constexpr int x_thread(const Plan& pl, int t) {
+  int i = 0;
+  for (int j = 0; j < pl.l; ++j) i |= ((t >> j) & 1) << pl.xt[j];
+  return i;
+}
+
+// Whether the 32 lanes of a warp reach 32 banks in both layouts (checked at compile time;
+// the other bits add the same offset to every lane).
+__host__ __device__ constexpr bool conflict_free(const Plan& pl) {
+  if (!pl.exchange()) return true;
+  for (int layout = 0; layout < 2; ++layout) {
+    bool hit[kBanks] = {};
+    for (int lane = 0; lane < kBanks; ++lane) {
+      const int i = layout == 0 ? lane << pl.a : x_thread(pl, lane);
+      const int bank = smem_index(pl, i) % kBanks;
+      if (hit[bank]) return false;
+      hit[bank] = true;
+    }
+  }
+  return true;
+}
+
+static_assert([] {
+  for (int n = 1; n <= 15; ++n) {
+    if (!conflict_free(make_plan(n))) return false;
+  }
+  return true;
+}());
+static_assert(make_plan(15).threads() <= 1024 && make_plan(1).threads() == 256);
+
+// In-register butterflies over slot bits [kFirst, kLast) of v.
+template <int kFirst, int kLast, int kE>
+__device__ __forceinline__ void butterflies(float (&v)[kE]) {
+#pragma unroll
+  for (int s = kFirst; s < kLast; ++s) {
+    const int bit = 1 << s;
+#pragma unroll
+    for (int k = 0; k < kE; ++k) {
+      if ((k & bit) == 0) {
+        const float u = v[k];
+        const float w = v[k | bit];
+        v[k] = u + w;
+        v[k | bit] = u - w;
+      }
+    }
+  }
+}
+
+template <typename T, int kLogN, int kVec>
+__global__ void __launch_bounds__(make_plan(kLogN).threads())
+    hadamard_kernel(const T* x, T* out, int64_t rows, float scale) {
+  constexpr Plan kPlan = make_plan(kLogN);
+  constexpr int kN = 1 << kLogN;
+  constexpr int kChunk = 1 << kPlan.a;
+  constexpr int kE = 1 << kPlan.p;
+  constexpr int kChunks = kE / kChunk;
+  static_assert(kVec <= kChunk && kChunk % kVec == 0);
+  extern __shared__ float smem[];
+
+  const int t = static_cast<int>(threadIdx.x) & ((1 << kPlan.l) - 1);
+  const int row_in_block = static_cast<int>(threadIdx.x) >> kPlan.l;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kPlan.rows + row_in_block;
+  // Threads of rows past the end still shuffle and synchronize with the others.
+  const bool valid = row < rows;
+  const int64_t row_offset = row * kN;
+
+  float v[kE];
+  // With PDL: x may be the previous kernel's output.
+  device::pdl_wait();
+  if (valid) {
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) {
+      const T* src = x + row_offset + ((c << (kPlan.a + kPlan.l)) | (t << kPlan.a));
+#pragma unroll
+      for (int j = 0; j < kChunk; j += kVec) {
+        vec_t<T, kVec> raw;
+        raw.load_stream(src + j);
+        vec_t<float, kVec> f;
+        f.cast_from(raw);
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) v[c * kChunk + j + e] = f[e];
+      }
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < kE; ++k) v[k] = 0.0f;
+  }
+  device::pdl_launch_dependents();
+
+  butterflies<0, kPlan.p>(v);
+  // Thread bits 0..K-1: the partner lane holds the other half of each pair; the lower lane
+  // keeps u + v, the upper one u - v, i.e. v * (+-1) + partner.
+#pragma unroll
+  for (int j = 0; j < kPlan.k; ++j) {
+    const float sign = ((t >> j) & 1) ? -1.0f : 1.0f;
+#pragma unroll
+    for (int k = 0; k < kE; ++k) {
+      v[k] = fmaf(v[k], sign, __shfl_xor_sync(device::kFullWarpMask, v[k], 1 << j));
+    }
+  }
+  if constexpr (make_plan(kLogN).exchange()) {
+    float* s = smem + row_in_block * kPlan.row_floats();
+    const int p_base = smem_index(kPlan, t << kPlan.a);
+    const int x_base = smem_index(kPlan, x_thread(kPlan, t));
+    static_for<kE>([&](auto k) {
+      constexpr int kOff = smem_index(make_plan(kLogN), p_slot(make_plan(kLogN), k));
+      s[p_base + kOff] = v[k];
+    });
+    __syncthreads();
+    static_for<kE>([&](auto k) {
+      constexpr int kOff = smem_index(make_plan(kLogN), x_slot(make_plan(kLogN), k));
+      v[k] = s[x_base + kOff];
+    });
+    // Slot bits 0..L-K-1 of X are thread bits K..L-1 of P.
+    butterflies<0, kPlan.l - kPlan.k>(v);
+    // Each thread rewrites what it read: no barrier needed before.
+    static_for<kE>([&](auto k) {
+      constexpr int kOff = smem_index(make_plan(kLogN), x_slot(make_plan(kLogN), k));
+      s[x_base + kOff] = v[k];
+    });
+    __syncthreads();
+    static_for<kE>([&](auto k) {
+      constexpr int kOff = smem_index(make_plan(kLogN), p_slot(make_plan(kLogN), k));
+      v[k] = s[p_base + kOff];
+    });
+  }
+  if (!valid) return;
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    T* dst = out + row_offset + ((c << (kPlan.a + kPlan.l)) | (t << kPlan.a));
+#pragma unroll
+    for (int j = 0; j < kChunk; j += kVec) {
+      vec_t<float, kVec> f;
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) f[e] = v[c * kChunk + j + e] * scale;
+      vec_t<T, kVec> raw;
+      raw.cast_from(f);
+      raw.store_stream(dst + j);
+    }
+  }
+}
+
+template <typename T, int kLogN, int kVec>
+cudaError_t launch(const T* x, T* out, int64_t rows, float scale, cudaStream_t stream, bool pdl) {
+  constexpr Plan kPlan = make_plan(kLogN);
+  const auto kernel = hadamard_kernel<T, kLogN, kVec>;
+  const size_t smem =
+      kPlan.exchange() ? static_cast<size_t>(kPlan.rows) * (size_t{1} << kLogN) * sizeof(float) : 0;
+  if (smem > 48 * 1024) {
+    // Above the default dynamic limit (N >= 16384: 66 or 132 KiB for the one row).
+    if (const cudaError_t err = cudaFuncSetAttribute(
+            kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+        err != cudaSuccess) {
+      cudaGetLastError();
+      return err;
+    }
+  }
+  const auto blocks = static_cast<unsigned>((rows + kPlan.rows - 1) / kPlan.rows);
+  const cudaError_t err = device::launch(kernel, dim3(blocks), dim3(kPlan.threads()), smem, stream,
+                                         pdl, x, out, rows, scale);
+  if (err != cudaSuccess) cudaGetLastError();  // returned, not left for a later check
+  return err;
+}
+
+// 16-byte vectors (or the whole chunk when it is shorter) where both pointers allow them,
+// else one element at a time: two instantiations per (dtype, N).
+template <typename T, int kLogN>
+cudaError_t launch_n(const T* x, T* out, int64_t rows, float scale, cudaStream_t stream, bool pdl) {
+  constexpr int kChunk = 1 << make_plan(kLogN).a;
+  constexpr int kWide =
+      16 / static_cast<int>(sizeof(T)) < kChunk ? 16 / static_cast<int>(sizeof(T)) : kChunk;
+  if (device::max_vec_elems<T>(int64_t{1} << kLogN, x, out) >= kWide) {
+    return launch<T, kLogN, kWide>(x, out, rows, scale, stream, pdl);
+  }
+  return launch<T, kLogN, 1>(x, out, rows, scale, stream, pdl);
+}
+
+template <typename T, int kLogN = 1>
+cudaError_t launch_log_n(int log_n, const T* x, T* out, int64_t rows, float scale,
+                         cudaStream_t stream, bool pdl) {
+  if constexpr (kLogN < 15) {
+    if (log_n != kLogN) {
+      return launch_log_n<T, kLogN + 1>(log_n, x, out, rows, scale, stream, pdl);
+    }
+  }
+  return launch_n<T, kLogN>(x, out, rows, scale, stream, pdl);
+}
+
+}  // namespace
+
+KernelStatus hadamard_transform_cuda(Context& ctx, const DLTensor& x, DLTensor& out, double scale) {
+  const char* op = ctx.op();
+  const int64_t rows = x.shape[0];
+  const int64_t n = x.shape[1];
+  if (const KernelStatus st = check_hadamard_n(ctx, n); !st.ok()) return st;
+  if (rows == 0) return kOk;
+  if (rows > INT32_MAX) {
+    return ctx.fail(KREG_INVALID_ARGUMENT, "%s: T = %lld rows is more than one launch takes", op,
+                    static_cast<long long>(rows));
+  }
+  const device::DeviceGuard guard(x);
+  if (!guard.ok()) return guard.fail(ctx, op);
+  const auto stream = static_cast<cudaStream_t>(ctx.stream());
+  return device::visit_float_dtype(ctx, op, x, [&](auto tag) {
+    using T = decltype(tag);
+    return device::launch_status(
+        ctx, op,
+        launch_log_n<T>(hadamard_log2(n), data_ptr<const T>(x), data_ptr<T>(out), rows,
+                        static_cast<float>(scale), stream, ctx.pdl()));
+  });
+}
+
+}  // namespace kreg::quantization
