@@ -6,6 +6,8 @@
 
 #include <boost/dll/shared_library.hpp>
 
+#include "kreg/jit.hpp"
+
 namespace kreg {
 
 namespace {
@@ -99,14 +101,60 @@ class CudaBackend final : public KernelBackend {
 const CpuBackend kCpu;
 const CudaBackend kCuda;
 
+// CUDA source compiled at resolve time (kreg/jit.hpp): needs a GPU, as CUDA does, and
+// NVRTC, loaded at run time like the driver.
+class JitBackend final : public KernelBackend {
+ public:
+  std::string_view name() const override { return "jit"; }
+  DLDeviceType device_type() const override { return kDLCUDA; }
+  bool available() const noexcept override {
+    probe();
+    return ok_;
+  }
+  std::string unavailable_reason() const override {
+    probe();
+    return reason_;
+  }
+  std::optional<int> sm_of(int device_id) const noexcept override { return kCuda.sm_of(device_id); }
+  std::string_view launch_semantics() const override {
+    return "compiled by NVRTC when resolved; then asynchronous on the given stream";
+  }
+
+ private:
+  void probe() const noexcept {
+    std::call_once(once_, [this] {
+      if (!kCuda.available()) {
+        reason_ = kCuda.unavailable_reason();
+        return;
+      }
+      try {
+        auto v = jit::nvrtc_version();
+        if (!v) {
+          reason_ = v.status().message();
+          return;
+        }
+        ok_ = true;
+      } catch (const std::exception& e) {
+        reason_ = std::string("NVRTC: ") + e.what();
+      }
+    });
+  }
+  mutable std::once_flag once_;
+  mutable bool ok_ = false;
+  mutable std::string reason_;
+};
+
+const JitBackend kJit;
+
 }  // namespace
 
 const KernelBackend* find_backend(std::string_view name) {
   if (name == "cpu") return &kCpu;
   if (name == "cuda") return &kCuda;
+  if (name == "jit") return &kJit;
   return nullptr;
 }
 
-std::vector<const KernelBackend*> all_backends() { return {&kCpu, &kCuda}; }
+std::vector<const KernelBackend*> all_backends() { return {&kCpu, &kCuda, &kJit}; }
 
 }  // namespace kreg

@@ -40,6 +40,7 @@ std::unique_ptr<Impl> make_impl(const KernelSpec& spec) {
   impl->spec = spec;
   impl->backend = find_backend(spec.backend);
   impl->fn.store(spec.fn, std::memory_order_relaxed);
+  impl->jit.store(spec.jit.get(), std::memory_order_relaxed);
   CheckPlan& plan = impl->plan;
   const Signature& sig = spec.signature;
   plan.device_type = spec.device_type();

@@ -193,7 +193,7 @@ Result<KernelSpec> make_kernel_spec(const kreg_kernel_desc& d, std::span<const C
   }
   const KernelBackend* backend = find_backend(s.backend);
   if (backend == nullptr) {
-    return fail("unknown backend '" + excerpt(s.backend, 40) + "' (known: cpu, cuda)");
+    return fail("unknown backend '" + excerpt(s.backend, 40) + "' (known: cpu, cuda, jit)");
   }
   if (caps.empty()) return fail("no capabilities");
   for (const Capability& c : caps) {
@@ -250,6 +250,19 @@ Result<KernelSpec> make_kernel_spec(const kreg_kernel_desc& d, std::span<const C
   s.provenance = prov;
   s.provenance.source_file = source_text;
   s.fn = d.fn;
+  // ABI 1.3: a "jit" implementation carries its source, and only it does.
+  // A record without the field (older, or listed from metadata) carries no source.
+  const bool has_field = KREG_STRUCT_HAS(&d, kreg_kernel_desc, jit);
+  const kreg_jit_desc* jit = has_field ? d.jit : nullptr;
+  if (has_field && (s.backend == "jit") != (jit != nullptr)) {
+    return fail(jit == nullptr ? "a jit implementation needs its source (kreg_jit_desc)"
+                               : "only a jit implementation may carry a kreg_jit_desc");
+  }
+  if (jit != nullptr) {
+    auto src = read_jit_source(jit, s.signature);
+    if (!src) return fail(src.status().message());
+    s.jit = std::move(src).value();
+  }
   return s;
 }
 

@@ -8,11 +8,13 @@
 #include <cstring>
 #include <optional>
 #include <system_error>
+#include <tuple>
 
 #include <boost/dll/shared_library.hpp>
 
 #include "kreg/elf_file.hpp"
 #include "kreg/fatbin.hpp"
+#include "kreg/jit.hpp"
 #include "kreg/text.hpp"
 
 namespace kreg {
@@ -319,6 +321,45 @@ Status check_record(const LoadedImage& image, const kreg_kernel_desc& k, const s
   if (k.fn != nullptr && !image.executable(address_of(k.fn))) {
     return Status(KREG_INVALID_ARGUMENT, rec + ": its function pointer " + hex(address_of(k.fn)) +
                                              " is outside the library's code");
+  }
+  // ABI 1.3: a jit record's source, every pointer inside the library before
+  // read_jit_source reads through them.
+  if (KREG_STRUCT_HAS(&k, kreg_kernel_desc, jit) && k.jit != nullptr) {
+    const std::string what = rec + ": its jit source";
+    auto size = check_struct(image, k.jit, alignof(kreg_jit_desc),
+                             offsetof(kreg_jit_desc, options) + sizeof(k.jit->options), what);
+    if (!size) return size.status();
+    kreg_jit_desc j{};
+    std::memcpy(&j, k.jit, std::min(*size, sizeof j));
+    for (const auto& [field, p, cap] :
+         {std::tuple<const char*, const char*, size_t>{"source_name", j.source_name, 256},
+          {"source", j.source, kMaxJitTextBytes},
+          {"kernel", j.kernel, 1024},
+          {"params", j.params, 256},
+          {"options", j.options, 4096}}) {
+      if (p == nullptr) continue;  // read_jit_source says which are required
+      auto s = image.string(p, cap, what + " " + field);
+      if (!s) return s.status();
+    }
+    if (j.num_headers > kMaxJitHeaders) {
+      return Status(KREG_INVALID_ARGUMENT, what + " has " + num(j.num_headers) +
+                                               " headers, above the limit of " +
+                                               num(kMaxJitHeaders));
+    }
+    if (j.num_headers > 0) {
+      const uint64_t bytes = uint64_t{j.num_headers} * sizeof(kreg_jit_file);
+      if (j.headers == nullptr || image.readable(address_of(j.headers), bytes) == nullptr) {
+        return Status(KREG_INVALID_ARGUMENT,
+                      what + ": its header table is outside the library's data segment");
+      }
+      for (uint32_t i = 0; i < j.num_headers; ++i) {
+        for (const char* p : {j.headers[i].name, j.headers[i].text}) {
+          if (p == nullptr) continue;
+          auto s = image.string(p, kMaxJitTextBytes, what + " header " + num(i));
+          if (!s) return s.status();
+        }
+      }
+    }
   }
   return OkStatus();
 }

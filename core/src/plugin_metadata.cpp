@@ -325,7 +325,9 @@ Result<PluginMetadata> parse(std::string_view blob, const std::string& where) {
 
     // Every value view is followed by its pair's NUL in the blob: a C string as it is.
     kreg_kernel_desc d{};
-    d.struct_size = sizeof(kreg_kernel_desc);
+    // A 1.2-sized record: the metadata lists implementations but does not carry a jit
+    // one's source (it is read from the library when the group loads).
+    d.struct_size = offsetof(kreg_kernel_desc, jit);
     d.op = op.value.data();
     d.backend = backend.value.data();
     d.caps = caps->empty() ? nullptr : caps->data();

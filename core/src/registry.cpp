@@ -28,7 +28,7 @@ const char* group_source_name(GroupSource s) {
   return "none";
 }
 
-Registry::Registry() {
+Registry::Registry() : jit_(std::make_unique<detail::JitState>()) {
   const char* env = std::getenv("KREG_FORCE_BACKEND");
   if (env != nullptr && *env != '\0') force_ = detail::parse_forced_backends(env);
 }

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <filesystem>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -59,6 +60,21 @@ bool sm_in_caps(const KernelSpec& spec, int sm);
 std::string caps_string(const KernelSpec& spec);
 // KREG_FORCE_BACKEND's text -> (op pattern, backend) pairs (selection.cpp).
 std::vector<std::pair<std::string, std::string>> parse_forced_backends(std::string_view text);
+
+// JIT specializations (jit_specialize.cpp): one per (op record, source generation,
+// launcher, architecture, values), built once, never freed while the registry lives
+// (handles point at them). A failure is remembered too, so a call does not recompile.
+struct JitState {
+  struct Entry {
+    std::unique_ptr<Impl> impl;  // null: failed
+    std::string error;
+  };
+  std::mutex mu;
+  std::unordered_map<std::string, Entry> entries;
+  // Sources of hot-swapped generations, kept alive for the registry's life (Impl::jit
+  // points at them).
+  std::vector<std::shared_ptr<const JitSource>> sources;
+};
 
 }  // namespace detail
 

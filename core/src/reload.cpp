@@ -158,7 +158,7 @@ Result<ReloadReport> Registry::reload(std::string_view group_name, const ReloadO
 
   // Admission: every implementation the group has must be in the new library with the same
   // registration, so the compiled argument checks (and callers' assumptions) stay valid.
-  std::vector<std::pair<detail::Impl*, kreg_kernel_fn>> swaps;
+  std::vector<std::pair<detail::Impl*, const KernelSpec*>> swaps;
   std::vector<std::string> removed;
   std::string changed;
   for (const auto& [id, op] : *old) {
@@ -173,7 +173,7 @@ Result<ReloadReport> Registry::reload(std::string_view group_name, const ReloadO
         changed += "\n  - " + impl->spec.op + " (" + impl->spec.backend + "): running " +
                    registration_string(impl->spec) + ", new " + registration_string(*next);
       } else {
-        swaps.emplace_back(impl, next->fn);
+        swaps.emplace_back(impl, next);
       }
     }
   }
@@ -221,7 +221,15 @@ Result<ReloadReport> Registry::reload(std::string_view group_name, const ReloadO
   }
   // From here nothing fails. Each store makes the next call through that implementation
   // (handles and Registry::call alike) run the new code.
-  for (auto& [impl, fn] : swaps) impl->fn.store(fn, std::memory_order_release);
+  // A jit implementation also takes the new generation's source: later resolves
+  // specialize and compile from it (kreg/jit.hpp; handles already specialized keep theirs).
+  for (auto& [impl, next] : swaps) {
+    if (next->jit) {
+      jit_->sources.push_back(next->jit);
+      impl->jit.store(next->jit.get(), std::memory_order_release);
+    }
+    impl->fn.store(next->fn, std::memory_order_release);
+  }
   g.retired.push_back(std::move(g.library));
   g.library = std::move(lib);
   g.loaded_from = source;

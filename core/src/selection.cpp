@@ -152,6 +152,14 @@ const Impl* Registry::select(std::string_view op, const OpEntry& entry,
                                 : !impl->plan.accepts_tensors(args)) {
       continue;
     }
+    // A jit implementation runs as the specialization for these tensors (compiled on
+    // first use); it cannot be chosen for a target without tensors, and one that cannot
+    // be compiled leaves the choice to the next implementation.
+    if (impl->jit.load(std::memory_order_acquire) != nullptr) {
+      if (target != nullptr && target->dims.empty()) continue;
+      if (const Impl* s = specialize_jit(*impl, args, target, nullptr)) return s;
+      continue;
+    }
     return impl;
   }
   if (why == nullptr) return nullptr;
@@ -177,6 +185,14 @@ const Impl* Registry::select(std::string_view op, const OpEntry& entry,
       detail::CheckResult r = impl->plan.diagnose(args, {});
       if (r.why == CheckFailure::kAttrCount) r = {};  // attributes are checked per call
       if (r.why != CheckFailure::kNone) reason = KernelHandle(impl).explain(r, args, {}).message();
+    }
+    if (reason.empty() && impl->jit.load(std::memory_order_acquire) != nullptr) {
+      if (target != nullptr && target->dims.empty()) {
+        reason = "a jit implementation is specialized for the call's shapes: resolve with the "
+                 "tensors (or a target with its dimensions)";
+      } else if (const Impl* s = specialize_jit(*impl, args, target, &reason)) {
+        return s;
+      }
     }
     // Accepted by the tensors alone: only the attributes failed (call's fast pass); the
     // caller reports them through the handle.

@@ -29,6 +29,22 @@ KernelStatus fused_add_rmsnorm_cuda(Context& ctx, DLTensor& x, DLTensor& residua
                                     const DLTensor& weight, double eps);
 KernelStatus gemma_fused_add_rmsnorm_cuda(Context& ctx, DLTensor& x, DLTensor& residual,
                                           const DLTensor& weight, double eps);
+
+// JIT implementations (rmsnorm_jit.cpp; docs/jit.md): the source the core compiles for the
+// call's H and dtype, and the launchers. Views whose base pointers are not 16-byte aligned
+// take the AOT kernels above.
+extern const kreg_jit_desc kRmsnormJit;
+extern const kreg_jit_desc kGemmaRmsnormJit;
+extern const kreg_jit_desc kFusedAddRmsnormJit;
+extern const kreg_jit_desc kGemmaFusedAddRmsnormJit;
+KernelStatus rmsnorm_jit(Context& ctx, const DLTensor& x, const DLTensor& weight, DLTensor& out,
+                         double eps);
+KernelStatus gemma_rmsnorm_jit(Context& ctx, const DLTensor& x, const DLTensor& weight,
+                               DLTensor& out, double eps);
+KernelStatus fused_add_rmsnorm_jit(Context& ctx, DLTensor& x, DLTensor& residual,
+                                   const DLTensor& weight, double eps);
+KernelStatus gemma_fused_add_rmsnorm_jit(Context& ctx, DLTensor& x, DLTensor& residual,
+                                         const DLTensor& weight, double eps);
 #endif
 
 }  // namespace kreg::layernorm

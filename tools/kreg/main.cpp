@@ -1,7 +1,8 @@
-// kreg: the registry's command line. list, info, validate, run, bench.
+// kreg: the registry's command line. list, info, validate, run, bench, jit.
 // Exit codes: see "exit codes" below and docs/cli.md. Human output goes through
 // terminal.hpp's Printer, which escapes every string that is not one of kreg's literals.
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <iostream>
 #include <sstream>
@@ -11,6 +12,8 @@
 
 #include "harness.hpp"
 #include "json.hpp"
+#include "kreg/jit.hpp"
+#include "kreg/jit_cache.hpp"
 #include "kreg/parse_number.hpp"
 #include "kreg/registry.hpp"
 #include "kreg/text.hpp"
@@ -252,6 +255,20 @@ int cmd_info(const std::string& manifest, const std::string& op, bool json) {
     out << "      launch: " << b->launch_semantics();
     if (!b->available()) out << "; unavailable here: " << b->unavailable_reason();
     out << "\n";
+    if (s->jit) {
+      out << "      jit: " << s->jit->source_name << ", specializes on "
+          << join(s->jit->params, ",") << "; cached:";
+      int n = 0;
+      if (auto cache = kreg::jit::process_cache()) {
+        if (auto entries = (*cache)->list()) {
+          for (const auto& e : *entries) {
+            if (!e.problem.empty() || e.meta.op != s->op) continue;
+            out << (n++ ? ", " : " ") << e.meta.specialization << " " << e.meta.arch;
+          }
+        }
+      }
+      out << (n == 0 ? " none" : "") << "\n";
+    }
   }
   return kExitOk;
 }
@@ -458,34 +475,41 @@ int prepare(const std::string& manifest, const RunArgs& a, Opened* o, kreg::Kern
   auto sym = kreg::harness::parse_shape_spec(a.shape);
   if (!sym) return fail(kExitUsage, "kreg: ", message(sym.status().message()));
   *symbols = *sym;
-  std::string backend = a.backend;
-  if (backend.empty()) {
+  // Without --backend: on the GPU when there is one and the op has a GPU implementation,
+  // where selection picks the best that runs (jit, else cuda); else the CPU reference.
+  std::optional<std::string> backend;
+  DLDevice device{kDLCPU, 0};
+  if (!a.backend.empty()) {
+    backend = a.backend;
+    const kreg::KernelBackend* be = kreg::find_backend(a.backend);
+    if (be == nullptr) {
+      return fail(kExitUsage, "kreg: unknown --backend '", a.backend, "' (cpu, cuda, jit)");
+    }
+    // A machine without the backend is not the user's mistake: the run cannot happen here.
+    if (!be->available()) {
+      return fail(kExitFailed, "kreg: backend ", a.backend,
+                  " is not available here: ", message(be->unavailable_reason()));
+    }
+    device.device_type = be->device_type();
+  } else if (kreg::harness::gpu_available()) {
     // The op an alias chain leads to decides, like everywhere else.
     const auto chain = o->registry->resolve_alias(a.op);
-    const auto impls = o->registry->implementations(chain ? chain->op() : a.op);
-    backend = kreg::harness::gpu_available() && !impls.empty() && impls.front()->backend == "cuda"
-                  ? "cuda"
-                  : "cpu";
+    for (const kreg::KernelSpec* s : o->registry->implementations(chain ? chain->op() : a.op)) {
+      if (s->device_type() == kDLCUDA) device.device_type = kDLCUDA;
+    }
   }
-  const kreg::KernelBackend* be = kreg::find_backend(backend);
-  if (be == nullptr) {
-    return fail(kExitUsage, "kreg: unknown --backend '", backend, "' (cpu, cuda)");
-  }
-  // A machine without the backend is not the user's mistake: the run cannot happen here.
-  if (!be->available()) {
-    return fail(kExitFailed, "kreg: backend ", backend,
-                " is not available here: ", message(be->unavailable_reason()));
-  }
-  auto handle = o->registry->resolve(a.op, kreg::Target{DLDevice{be->device_type(), 0}, *d},
-                                     kreg::ResolveOptions{backend});
+  // The dimensions go with the target: a jit implementation is compiled for them.
+  kreg::Target target{device, *d, *symbols};
+  auto handle = o->registry->resolve(a.op, target, kreg::ResolveOptions{backend});
   if (!handle) {
     return fail(exit_code_for(handle.status()), "kreg: ", message(handle.status().message()));
   }
   *h = *handle;
   if (int rc = check_dimensions(h->spec(), *symbols)) return rc;
   // Sizes overflow-checked and compared with free memory before anything is allocated.
-  if (kreg::Status st = kreg::harness::check_example_fits(h->spec(), *symbols, *d,
-                                                          DLDevice{be->device_type(), 0}, !a.bench);
+  if (kreg::Status st = kreg::harness::check_example_fits(
+          h->spec(), *symbols, *d, DLDevice{static_cast<DLDeviceType>(h->spec().device_type()), 0},
+          !a.bench);
       !st.ok()) {
     return fail(kExitUsage, "kreg: ", message(st.message()));
   }
@@ -566,7 +590,7 @@ int cmd_bench(const std::string& manifest, const RunArgs& a) {
   }
   // Without a GPU the arguments are still checked, against the CPU implementation, so a
   // usage error is one on every machine.
-  if (ra.backend.empty()) ra.backend = gpu ? "cuda" : "cpu";
+  if (ra.backend.empty() && !gpu) ra.backend = "cpu";
   Opened o;
   kreg::KernelHandle h;
   kreg::harness::SymbolMap symbols;
@@ -609,6 +633,189 @@ int cmd_bench(const std::string& manifest, const RunArgs& a) {
       << " GB/s [" << t->buffer_sets << " buffer sets" << (t->graph ? ", CUDA graph" : "") << ", "
       << a.reps << " reps" << (a.pdl ? ", PDL" : "") << "]\n";
   out << "  " << checked << ": OK\n";
+  return kExitOk;
+}
+
+// ---- jit (docs/jit.md) ----
+
+struct JitArgs {
+  std::vector<std::string> ops;
+  std::string arch;
+  std::vector<std::string> shapes;
+  std::vector<std::string> dtypes;
+  bool json = false;
+};
+
+// "2.1 MB", "380 KB", "12 B"
+std::string human_bytes(uint64_t n) {
+  char buf[32];
+  if (n >= 1000000) {
+    std::snprintf(buf, sizeof buf, "%.1f MB", static_cast<double>(n) / 1e6);
+  } else if (n >= 1000) {
+    std::snprintf(buf, sizeof buf, "%.0f KB", static_cast<double>(n) / 1e3);
+  } else {
+    std::snprintf(buf, sizeof buf, "%llu B", static_cast<unsigned long long>(n));
+  }
+  return buf;
+}
+
+// "3 s", "5 min", "2 h", "4 d" since `t`.
+std::string age_of(fs::file_time_type t) {
+  const auto s =
+      std::chrono::duration_cast<std::chrono::seconds>(fs::file_time_type::clock::now() - t)
+          .count();
+  if (s < 120) return std::to_string(std::max<long long>(0, s)) + " s";
+  if (s < 7200) return std::to_string(s / 60) + " min";
+  if (s < 172800) return std::to_string(s / 3600) + " h";
+  return std::to_string(s / 86400) + " d";
+}
+
+int open_jit_cache(kreg::jit::Cache** cache) {
+  auto c = kreg::jit::process_cache();
+  if (!c) return fail(kExitUsage, "kreg jit: no cache directory: ", message(c.status().message()));
+  *cache = *c;
+  return kExitOk;
+}
+
+int cmd_jit_build(const std::string& manifest, const JitArgs& a) {
+  Opened o;
+  if (int rc = open_registry(manifest, &o, true)) return rc;
+  std::string arch = a.arch;
+  if (arch.empty()) {
+    const auto sm = kreg::find_backend("cuda")->sm_of(0);
+    if (!sm)
+      return fail(
+          kExitUsage,
+          "kreg jit build: no GPU here to take the architecture from: give --arch (e.g. sm_90a)");
+    arch = kreg::jit::arch_name(*sm);
+  }
+  if (auto v = kreg::jit::nvrtc_version(); !v) {
+    return fail(kExitFailed, "kreg jit build: ", message(v.status().message()));
+  }
+  kreg::jit::Cache* cache = nullptr;
+  if (int rc = open_jit_cache(&cache)) return rc;
+  std::vector<kreg::harness::SymbolMap> shapes;
+  for (const std::string& text : a.shapes) {
+    auto sym = kreg::harness::parse_shape_spec(text);
+    if (!sym) return fail(kExitUsage, "kreg jit build: ", message(sym.status().message()));
+    shapes.push_back(*sym);
+  }
+  std::vector<kreg::DType> dtypes;
+  for (const std::string& text : a.dtypes) {
+    auto d = kreg::parse_dtype(text);
+    if (!d) return fail(kExitUsage, "kreg jit build: unknown --dtype '", text, "'");
+    dtypes.push_back(*d);
+  }
+  // What to build: every jit implementation of the ops asked for (default: all), for
+  // every --shape and every --dtype (default: each dtype the implementation takes).
+  std::vector<std::string> ops = a.ops;
+  if (ops.empty()) {
+    for (const auto& g : o.registry->groups()) ops.insert(ops.end(), g.ops.begin(), g.ops.end());
+  }
+  struct Item {
+    const kreg::KernelSpec* spec;
+    kreg::jit::Specialization values;
+  };
+  std::vector<Item> items;
+  for (const std::string& op : ops) {
+    const auto chain = o.registry->resolve_alias(op);
+    const auto impls = o.registry->implementations(chain ? chain->op() : op);
+    if (impls.empty()) return fail(kExitUsage, "kreg jit build: unknown op '", op, "'");
+    bool any = false;
+    for (const kreg::KernelSpec* s : impls) {
+      if (!s->jit) continue;
+      any = true;
+      if (shapes.empty()) {
+        return fail(kExitUsage, "kreg jit build: ", s->op, " specializes on ",
+                    join(s->jit->params, ","), ": give --shape (e.g. --shape H=4096)");
+      }
+      std::vector<kreg::DType> ds = dtypes;
+      if (ds.empty()) {
+        for (int d = 0; d < static_cast<int>(kreg::DType::kCount); ++d) {
+          if (s->dtypes & kreg::mask_of(static_cast<kreg::DType>(d)))
+            ds.push_back(static_cast<kreg::DType>(d));
+        }
+      }
+      for (const auto& shape : shapes) {
+        for (kreg::DType d : ds) {
+          auto values = kreg::jit::specialize(*s, shape, d);
+          if (!values)
+            return fail(kExitUsage, "kreg jit build: ", message(values.status().message()));
+          items.push_back({s, std::move(values).value()});
+        }
+      }
+    }
+    if (!any && !a.ops.empty())
+      return fail(kExitUsage, "kreg jit build: ", op, " has no jit implementation");
+  }
+  if (items.empty()) return fail(kExitUsage, "kreg jit build: no jit implementation to build");
+  const bool bar = items.size() > 1 && isatty(STDERR_FILENO);
+  int failed = 0;
+  for (size_t i = 0; i < items.size(); ++i) {
+    const Item& it = items[i];
+    if (bar) {
+      const size_t width = 30, done = width * i / items.size();
+      err << "\r\33[2K[" << std::string(done, '#') << std::string(width - done, '.') << "] " << i
+          << "/" << items.size() << " " << it.spec->op;
+      err.flush();
+    }
+    auto c = kreg::jit::build(*it.spec, *it.spec->jit, it.values, arch, *cache);
+    if (bar) {
+      err << "\r\33[2K";
+      err.flush();
+    }
+    if (!c) {
+      ++failed;
+      err << "kreg jit build: " << message(c.status().message()) << "\n";
+      continue;
+    }
+    if (!c->note.empty()) err << "kreg jit: " << c->note << "\n";
+    out << pad(c->compiled ? "compiled" : "cached", 9) << " " << c->key.substr(0, 16) << "  "
+        << pad(it.spec->op, 34) << " " << pad(it.values.text(), 22) << " " << arch << "  "
+        << num("%.3f", c->seconds) << " s  " << human_bytes(c->cubin.size()) << "\n";
+  }
+  out << items.size() - failed << " of " << items.size() << " specializations in "
+      << cache->dir().string() << "\n";
+  return failed == 0 ? kExitOk : kExitFailed;
+}
+
+int cmd_jit_ls(bool json) {
+  kreg::jit::Cache* cache = nullptr;
+  if (int rc = open_jit_cache(&cache)) return rc;
+  auto entries = cache->list();
+  if (!entries) return fail(kExitFailed, "kreg jit ls: ", message(entries.status().message()));
+  if (json) {
+    JsonWriter w(std::cout);
+    w.begin_object().field("cache", cache->dir().string()).key("entries").begin_array();
+    for (const auto& e : *entries) {
+      w.begin_object().field("key", e.key).field("op", e.meta.op);
+      w.field("specialization", e.meta.specialization).field("arch", e.meta.arch);
+      w.field("size", static_cast<long long>(e.size)).field("problem", e.problem).end_object();
+    }
+    w.end_array().end_object();
+    return kExitOk;
+  }
+  out << pad("KEY", 16) << "  " << pad("OP", 34) << " " << pad("SPECIALIZATION", 22) << " "
+      << pad("ARCH", 7) << " " << pad("SIZE", 8) << " AGE\n";
+  for (const auto& e : *entries) {
+    if (!e.problem.empty()) {
+      out << pad(e.key.substr(0, 16), 16) << "  invalid: " << e.problem << "\n";
+      continue;
+    }
+    out << pad(e.key.substr(0, 16), 16) << "  " << pad(e.meta.op, 34) << " "
+        << pad(e.meta.specialization, 22) << " " << pad(e.meta.arch, 7) << " "
+        << pad(human_bytes(e.size), 8) << " " << age_of(e.mtime) << "\n";
+  }
+  out << entries->size() << " entries in " << cache->dir().string() << "\n";
+  return kExitOk;
+}
+
+int cmd_jit_clear() {
+  kreg::jit::Cache* cache = nullptr;
+  if (int rc = open_jit_cache(&cache)) return rc;
+  auto n = cache->clear();
+  if (!n) return fail(kExitFailed, "kreg jit clear: ", message(n.status().message()));
+  out << "removed " << *n << " entries from " << cache->dir().string() << "\n";
   return kExitOk;
 }
 
@@ -692,6 +899,24 @@ int main(int argc, char** argv) {
   bench->add_flag("--pdl", ra.pdl,
                   "launch with programmatic dependent launch (sm90+; kernels that honour it)");
 
+  JitArgs ja;
+  auto* jit =
+      app.add_subcommand("jit", "the JIT cache: build ahead of time, list, clear (docs/jit.md)");
+  jit->require_subcommand(1);
+  auto* jit_build =
+      jit->add_subcommand("build", "compile jit specializations into the cache (no GPU needed)");
+  jit_build->add_option("--op", ja.ops,
+                        "op id (repeatable; default: every op with a jit implementation)");
+  jit_build->add_option("--arch", ja.arch, "target architecture, e.g. sm_90a (default: the GPU's)");
+  jit_build->add_option("--shape", ja.shapes,
+                        "dimension values, e.g. H=4096 (repeatable: one specialization each)");
+  jit_build->add_option("--dtype", ja.dtypes,
+                        "dtype (repeatable; default: every dtype the op takes)");
+  auto* jit_ls =
+      jit->add_subcommand("ls", "list the cache: key, op, specialization, arch, size, age");
+  jit_ls->add_flag("--json", ja.json, "machine-readable output");
+  auto* jit_clear = jit->add_subcommand("clear", "remove every cached specialization");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -704,6 +929,9 @@ int main(int argc, char** argv) {
   if (*list) return cmd_list(manifest, group, json);
   if (*info) return cmd_info(manifest, op, json);
   if (*validate) return cmd_validate(manifest, va);
+  if (*jit_build) return cmd_jit_build(manifest, ja);
+  if (*jit_ls) return cmd_jit_ls(ja.json);
+  if (*jit_clear) return cmd_jit_clear();
   if (*run || *bench) {
     if (int rc = parse_run_numbers(&ra)) return rc;
   }

@@ -7,7 +7,7 @@
  *   plugin whose major differs from its own, with a message naming both versions.
  * - A MINOR change (KREG_ABI_MINOR) only appends fields at the end of a struct that
  *   starts with `struct_size`, or adds a meaning an older peer refuses cleanly (1.1:
- *   optional tensors; 1.2: the fields marked "ABI 1.2" below). Any minor of the core's
+ *   optional tensors; 1.2: the fields marked "ABI 1.2" below; 1.3: JIT implementations). Any minor of the core's
  *   major is accepted, older or newer. Both directions work:
  *     * an older plugin in a newer core: the core copies min(struct_size, sizeof(its
  *       struct)) bytes of each struct into a zeroed one, reads a field only when the
@@ -70,7 +70,7 @@ extern "C" {
 #endif
 
 #define KREG_ABI_MAJOR 1
-#define KREG_ABI_MINOR 2
+#define KREG_ABI_MINOR 3
 
 /* The one symbol every plugin exports (a function returning its descriptor). */
 #define KREG_PLUGIN_ENTRY_SYMBOL "kreg_plugin_entry"
@@ -171,6 +171,10 @@ typedef struct kreg_call_frame {
   const char* op;                     /* the op being called, "<group>.<name>" */
   const kreg_host_services* services; /* may be NULL */
   uint64_t launch_flags;              /* KREG_LAUNCH_* */
+  /* ABI 1.3. For an implementation of backend "jit": the kernel compiled for this call's
+   * specialization, a CUkernel (cuLibraryGetKernel) the plugin launches with
+   * cuLaunchKernel(Ex) cast to CUfunction. NULL for every other backend. */
+  const void* jit_kernel;
 } kreg_call_frame;
 
 /* The one signature of every kernel. Returns KREG_OK or a code, with a message in err. */
@@ -211,6 +215,33 @@ enum {
   KREG_KERNEL_CAPS_FROM_BUILD = 1u << 0
 };
 
+/* FROZEN (no struct_size): one in-memory file of a JIT source (ABI 1.3), two pointers in
+ * arrays walked by this size; a header's name is what the source #includes. */
+typedef struct kreg_jit_file {
+  const char* name; /* e.g. "kreg_jit/prelude.cuh" */
+  const char* text; /* the file's content, NUL-terminated */
+} kreg_jit_file;
+
+/* ABI 1.3: the CUDA source of an implementation of backend "jit", compiled by the core
+ * with NVRTC for the device's exact architecture and the call's specialization (docs/
+ * jit.md). `kernel` is the kernel's C++ name expression with one placeholder per entry of
+ * `params`, e.g. "kreg_jit::rmsnorm<{H}, {dtype}>" with params "H,dtype": a dimension
+ * symbol of the signature becomes its extent in the call, "dtype" the shared dtype's
+ * name ("bf16", "f16", "f32"). The source may #include only `headers` (no include path is
+ * given to NVRTC, so nothing outside them can be read). The record's `fn` is the
+ * plugin's launcher: it reads kreg_call_frame.jit_kernel and launches it. */
+typedef struct kreg_jit_desc {
+  size_t struct_size;
+  const char* source_name; /* e.g. "rmsnorm_jit.cu" (diagnostics, #line) */
+  const char* source;
+  const kreg_jit_file* headers;
+  uint32_t num_headers;
+  uint32_t reserved;
+  const char* kernel;  /* name expression with {param} placeholders */
+  const char* params;  /* comma-separated: dimension symbols and/or "dtype" */
+  const char* options; /* extra NVRTC options, space-separated; may be "" */
+} kreg_jit_desc;
+
 /* One implementation of one op. */
 typedef struct kreg_kernel_desc {
   size_t struct_size;
@@ -232,6 +263,8 @@ typedef struct kreg_kernel_desc {
   const kreg_capability_record* capabilities;
   uint32_t num_capabilities;
   uint32_t flags; /* KREG_KERNEL_* */
+  /* ABI 1.3: non-NULL exactly when backend is "jit". */
+  const kreg_jit_desc* jit;
 } kreg_kernel_desc;
 
 typedef struct kreg_build_info {

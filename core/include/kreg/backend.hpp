@@ -1,5 +1,5 @@
 // KernelBackend: where an implementation runs and how a call is launched. The core ships
-// "cpu" and "cuda"; the CUDA one probes the driver (libcuda.so.1) at run time, so the
+// "cpu", "cuda" and "jit" (kreg/jit.hpp); the CUDA one probes the driver (libcuda.so.1) at run time, so the
 // core has no CUDA build or link dependency.
 #pragma once
 

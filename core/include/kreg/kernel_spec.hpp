@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -10,6 +11,7 @@
 
 #include "kreg/abi.h"
 #include "kreg/dtype.hpp"
+#include "kreg/jit.hpp"
 #include "kreg/schema.hpp"
 #include "kreg/status.hpp"
 
@@ -44,6 +46,8 @@ struct KernelSpec {
   std::string description;
   Provenance provenance;
   kreg_kernel_fn fn = nullptr;
+  // Backend "jit" only (ABI 1.3): the CUDA source the core compiles (kreg/jit.hpp).
+  std::shared_ptr<const JitSource> jit;
 
   std::string_view group() const { return std::string_view(op).substr(0, op.find('.')); }
   std::string_view name() const;

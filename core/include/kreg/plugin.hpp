@@ -105,6 +105,7 @@ class Context {
       services_ = f->services;
       launch_flags_ = f->launch_flags;
     }
+    if (KREG_STRUCT_HAS(f, kreg_call_frame, jit_kernel)) jit_kernel_ = f->jit_kernel;
   }
 
   // The device stream to enqueue on (cudaStream_t for CUDA); null means the default.
@@ -115,6 +116,9 @@ class Context {
   // The caller asks for programmatic dependent launch (KREG_LAUNCH_PDL).
   bool pdl() const { return (launch_flags_ & KREG_LAUNCH_PDL) != 0; }
   const kreg_host_services* services() const { return services_; }
+  // A "jit" implementation's compiled kernel for this call (a CUkernel; abi.h); null for
+  // other backends and from a core older than ABI 1.3.
+  const void* jit_kernel() const { return jit_kernel_; }
 
   // Whether the host allocates workspace (else kreg/device/workspace.cuh falls back to
   // cudaMallocAsync on the call's stream).
@@ -149,6 +153,7 @@ class Context {
   const char* op_ = "";
   const kreg_host_services* services_ = nullptr;
   uint64_t launch_flags_ = 0;
+  const void* jit_kernel_ = nullptr;
 };
 
 // ---- Tensor access helpers (the core has validated dtype, rank and contiguity) ----
@@ -179,6 +184,8 @@ inline constexpr kreg_capability kCpu[] = {{kDLCPU, 0, 0}};
 // A hand-written claim of every SM CUDA 13 compiles for (sm75 .. sm121). Prefer the
 // default of kreg::cuda(): the architectures the plugin was really built for.
 inline constexpr kreg_capability kCudaSm75Plus[] = {{kDLCUDA, 75, 121}};
+// What a JIT implementation claims: NVRTC compiles for the device it finds.
+inline constexpr kreg_capability kJitCaps[] = {{kDLCUDA, 75, 121}};
 
 // The newest SM the core knows (kreg::is_real_sm); PTX claims reach up to it.
 inline constexpr int32_t kNewestSm = 121;
@@ -550,9 +557,10 @@ struct Implementation {
   Caps caps;           // a hand-written claim; empty: from the backend / the build
   int32_t sm_min = 0;  // narrows the build's claim (.sm())
   int32_t sm_max = kNewestSm;
-  uint32_t traits_on = 0;             // .with()
-  uint32_t traits_off = 0;            // .without()
-  const char* description = nullptr;  // .describe(): this implementation's own text
+  uint32_t traits_on = 0;              // .with()
+  uint32_t traits_off = 0;             // .without()
+  const char* description = nullptr;   // .describe(): this implementation's own text
+  const kreg_jit_desc* jit = nullptr;  // kreg::cuda_jit(): the CUDA source the core compiles
 
   // Only on devices of SM `lo` (major*10+minor) up to `hi` (within what the build covers).
   constexpr Implementation sm(int32_t lo, int32_t hi = kNewestSm) const {
@@ -592,6 +600,21 @@ constexpr Implementation cpu(Binding fn, const char* source, int32_t priority = 
 // A CUDA implementation; priority 100 puts it ahead of the CPU reference.
 constexpr Implementation cuda(Binding fn, const char* source, int32_t priority = 100) {
   return Implementation{.backend = "cuda", .impl = fn, .source = source, .priority = priority};
+}
+
+// A JIT implementation (docs/jit.md): the core compiles `desc`'s CUDA source with NVRTC
+// for the device's architecture and the call's specialization when the op is resolved;
+// `fn` is the launcher, which launches ctx.jit_kernel(). Priority 200 puts it ahead of an
+// ahead-of-time CUDA kernel where NVRTC and a GPU exist. It claims every SM NVRTC can
+// compile for (sm75+): the core compiles for the device it runs on.
+constexpr Implementation cuda_jit(Binding fn, const char* source, const kreg_jit_desc* desc,
+                                  int32_t priority = 200) {
+  return Implementation{.backend = "jit",
+                        .impl = fn,
+                        .source = source,
+                        .priority = priority,
+                        .caps = kJitCaps,
+                        .jit = desc};
 }
 
 // Lists a CUDA implementation only in a build with CUDA (the functions do not exist in a
@@ -646,6 +669,7 @@ struct FlatKernel {
   uint32_t flags = 0;
   uint32_t num_caps = 0;
   kreg_capability caps[kMaxCapsPerImpl] = {};
+  const kreg_jit_desc* jit = nullptr;
 };
 
 constexpr size_t cstr_len(const char* s) {
@@ -698,6 +722,7 @@ constexpr auto flatten_ops() {
       f.source = i.source;
       f.impl = i.impl;
       f.priority = i.priority;
+      f.jit = i.jit;
       const bool is_cpu =
           i.backend[0] == 'c' && i.backend[1] == 'p' && i.backend[2] == 'u' && i.backend[3] == '\0';
       uint32_t traits =
@@ -935,7 +960,8 @@ constexpr DescTable<N> make_descs(const std::array<FlatKernel, N>& ks, const Cap
                                   k.impl.fn,
                                   has ? caps.records[i] : nullptr,
                                   k.num_caps,
-                                  k.flags};
+                                  k.flags,
+                                  k.jit};
   }
   return t;
 }
@@ -967,7 +993,8 @@ constexpr auto to_descs(const KernelDef (&defs)[N]) {
                                   d.impl.fn,
                                   nullptr,
                                   0,
-                                  0};
+                                  0,
+                                  nullptr};
   }
   return t;
 }

@@ -155,6 +155,7 @@ struct CheckPlan {
 };
 
 struct OpEntry;
+struct JitState;
 
 // One registered implementation. Its address is stable for the registry's life.
 struct Impl {
@@ -164,6 +165,11 @@ struct Impl {
   const KernelBackend* backend = nullptr;
   const OpEntry* op = nullptr;
   std::vector<std::string> string_defaults;  // storage behind plan.defaults[i].value.s
+  // Backend "jit". On the op's own record: the source of the running generation (a hot
+  // swap stores the new one). On a specialization (kreg/jit.hpp; not in any op table):
+  // the loaded kernel, passed in the call frame.
+  std::atomic<const JitSource*> jit{nullptr};
+  const void* jit_kernel = nullptr;
 };
 
 struct OpEntry {
@@ -404,7 +410,8 @@ inline Status invoke(const Impl& impl, std::span<DLTensor* const> tensors,
   const kreg_call_frame frame{
       sizeof(kreg_call_frame), tensors.data(),   static_cast<int32_t>(tensors.size()),
       plan.num_attrs,          attr_ptr,         options.stream,
-      impl.spec.op.c_str(),    options.services, options.launch_flags};
+      impl.spec.op.c_str(),    options.services, options.launch_flags,
+      impl.jit_kernel};
   char message[256];
   message[0] = '\0';
   kreg_error err{sizeof(kreg_error), message, sizeof message};
@@ -481,6 +488,9 @@ struct ResolveOptions {
 struct Target {
   DLDevice device{kDLCPU, 0};
   std::optional<DType> dtype;
+  // Named dimension sizes, when known (kreg run/bench): a jit implementation is
+  // specialized for them (kreg/jit.hpp); without them a target cannot select one.
+  std::map<std::string, int64_t> dims;
 };
 
 // Where a GroupInfo's plugin and ops come from.
@@ -681,6 +691,11 @@ class Registry {
                              std::string* why) const;
   // KREG_FORCE_BACKEND's backend for `op` (points into force_), or null.
   const std::string* forced_backend(std::string_view op) const;
+  // A jit implementation specialized for these arguments (jit_specialize.cpp): compiled or
+  // taken from the cache and loaded on first use, then found again; null with the reason
+  // in `why` (when given) if it cannot be had.
+  const detail::Impl* specialize_jit(const detail::Impl& generic, std::span<DLTensor* const> args,
+                                     const Target* target, std::string* why) const;
 
   // Serializes loading and registering (open, load_group, add, add_alias, reload, a lazy
   // load); lookups and calls never take it.
@@ -698,6 +713,8 @@ class Registry {
   std::vector<std::pair<std::string, std::string>> force_;
   // How open() was asked to load; later loads (load_group, lazy groups) follow it.
   OpenOptions open_options_;
+  // JIT specializations and the sources they were built from (jit_specialize.cpp).
+  std::unique_ptr<detail::JitState> jit_;
 };
 
 // The canonical error message for a rejected selection, exposed for tests.

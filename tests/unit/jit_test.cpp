@@ -1,0 +1,339 @@
+// The JIT backend without a GPU (kreg/jit.hpp, docs/jit.md): a plugin's kreg_jit_desc read
+// and checked against its signature, specializations and kernel expressions, the cache key
+// (what changes it and what does not), and real NVRTC compiles into a cache: hits, a
+// moved cache, an edited header, compile errors, and eight processes on one empty cache.
+// Tests that need NVRTC skip with the reason where it cannot be loaded.
+#include "kreg/jit.hpp"
+
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "kreg/abi.h"
+#include "kreg/jit_cache.hpp"
+#include "kreg/kernel_spec.hpp"
+#include "kreg/schema.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+using kreg::JitSource;
+using kreg::KernelSpec;
+using kreg::jit::Cache;
+using kreg::jit::Specialization;
+
+constexpr const char* kSig = "scale(Tensor[T,H] x, Tensor(a!)[T,H] out, float alpha=1.0) -> ()";
+
+// A small kernel with one header, specialized on H and the dtype.
+constexpr const char* kHeader = "#pragma once\nnamespace t { constexpr int kTwo = 2; }\n";
+constexpr const char* kSource =
+    "#include \"kreg_jit/prelude.cuh\"\n#include \"two.h\"\n"
+    "namespace t {\n"
+    "template <int H, typename T>\n"
+    "__global__ void scale(const T* x, T* out, long long rows, float alpha) {\n"
+    "  const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;\n"
+    "  if (i < rows * H) out[i] = kreg_jit::from_float<T>(kTwo * alpha * "
+    "kreg_jit::to_float(x[i]));\n"
+    "}\n"
+    "}\n";
+
+std::string prelude() {
+  // The real prelude, as plugins embed it.
+  const fs::path p = fs::path(KREG_SOURCE_DIR) / "core/include/kreg/jit/prelude.cuh";
+  FILE* f = std::fopen(p.c_str(), "rb");
+  std::string s;
+  if (f == nullptr) return s;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) s.append(buf, n);
+  std::fclose(f);
+  return s;
+}
+
+struct Desc {
+  std::string prelude_text = prelude();
+  std::string header = kHeader;
+  std::string source = kSource;
+  std::string kernel = "t::scale<{H}, kreg_jit::{dtype}>";
+  std::string params = "H,dtype";
+  std::string options;
+  kreg_jit_file files[2] = {};
+  kreg_jit_desc d{};
+  const kreg_jit_desc* get() {
+    files[0] = {"kreg_jit/prelude.cuh", prelude_text.c_str()};
+    files[1] = {"two.h", header.c_str()};
+    d = {sizeof(kreg_jit_desc), "scale.cu.jit", source.c_str(), files, 2, 0,
+         kernel.c_str(),        params.c_str(), options.c_str()};
+    return &d;
+  }
+};
+
+kreg::Signature signature() { return kreg::parse_signature(kSig).value(); }
+
+KernelSpec spec_of(Desc& desc) {
+  KernelSpec s;
+  s.op = "test.scale";
+  s.backend = "jit";
+  s.signature = signature();
+  s.dtypes = kreg::mask_of(kreg::DType::kBF16) | kreg::mask_of(kreg::DType::kF32);
+  auto src = kreg::read_jit_source(desc.get(), s.signature);
+  EXPECT_TRUE(src) << src.status().message();
+  if (src) s.jit = *src;
+  return s;
+}
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string pattern = (fs::temp_directory_path() / "kreg-jit-test-XXXXXX").string();
+    path_ = ::mkdtemp(pattern.data()) != nullptr ? fs::path(pattern) : fs::path();
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+};
+
+bool have_nvrtc(std::string* why) {
+  auto v = kreg::jit::nvrtc_version();
+  if (!v) *why = v.status().message();
+  return v.ok();
+}
+
+#define SKIP_WITHOUT_NVRTC()                                         \
+  do {                                                               \
+    std::string why;                                                 \
+    if (!have_nvrtc(&why)) GTEST_SKIP() << "no NVRTC here: " << why; \
+  } while (0)
+
+TEST(JitSource, ReadsTheDescriptor) {
+  Desc desc;
+  auto src = kreg::read_jit_source(desc.get(), signature());
+  ASSERT_TRUE(src) << src.status().message();
+  EXPECT_EQ((*src)->source_name, "scale.cu.jit");
+  EXPECT_EQ((*src)->params, (std::vector<std::string>{"H", "dtype"}));
+  ASSERT_EQ((*src)->headers.size(), 2u);
+  EXPECT_EQ((*src)->headers[1].first, "two.h");
+  EXPECT_EQ((*src)->headers[1].second, kHeader);
+}
+
+TEST(JitSource, RefusesWhatCannotBeSpecialized) {
+  struct Case {
+    const char* what;
+    void (*edit)(Desc&);
+    const char* expect;
+  };
+  const Case cases[] = {
+      {"unknown param", [](Desc& d) { d.params = "H,D"; },
+       "'D' is neither 'dtype' nor a dimension"},
+      {"missing placeholder", [](Desc& d) { d.kernel = "t::scale<{H}, float>"; },
+       "no placeholder {dtype}"},
+      {"bad option", [](Desc& d) { d.options = "-O3 rm"; }, "\"rm\" is not an option"},
+      {"control byte", [](Desc& d) { d.kernel = "t::scale<{H},\x1b[31m{dtype}>"; },
+       "control character"},
+      {"empty kernel",
+       [](Desc& d) {
+         d.kernel = "";
+         d.params = "";
+       },
+       "must not be empty"},
+  };
+  for (const Case& c : cases) {
+    Desc desc;
+    c.edit(desc);
+    auto src = kreg::read_jit_source(desc.get(), signature());
+    ASSERT_FALSE(src) << c.what;
+    EXPECT_NE(src.status().message().find(c.expect), std::string::npos)
+        << c.what << ": " << src.status().message();
+  }
+  Desc nulls;
+  nulls.get();
+  nulls.d.source = nullptr;
+  auto src = kreg::read_jit_source(&nulls.d, signature());
+  ASSERT_FALSE(src);
+  EXPECT_NE(src.status().message().find("source is NULL"), std::string::npos);
+  Desc many;
+  many.get();
+  many.d.num_headers = kreg::kMaxJitHeaders + 1;
+  EXPECT_FALSE(kreg::read_jit_source(&many.d, signature()));
+}
+
+TEST(JitSpecialization, FromDimensionsAndDtype) {
+  Desc desc;
+  const KernelSpec spec = spec_of(desc);
+  auto s = kreg::jit::specialize(spec, {{"H", 4097}, {"T", 3}}, kreg::DType::kBF16);
+  ASSERT_TRUE(s) << s.status().message();
+  EXPECT_EQ(s->text(), "H=4097,dtype=bf16");
+  EXPECT_EQ(kreg::jit::kernel_expression(*spec.jit, *s), "t::scale<4097, kreg_jit::bf16>");
+  auto no_h = kreg::jit::specialize(spec, {{"T", 3}}, kreg::DType::kBF16);
+  ASSERT_FALSE(no_h);
+  EXPECT_NE(no_h.status().message().find("--shape H=N"), std::string::npos);
+  auto f16 = kreg::jit::specialize(spec, {{"H", 8}}, kreg::DType::kF16);
+  ASSERT_FALSE(f16) << "f16 is not in the implementation's dtypes";
+  EXPECT_NE(f16.status().message().find("does not take dtype f16"), std::string::npos);
+}
+
+TEST(JitSpecialization, FromTensors) {
+  Desc desc;
+  const KernelSpec spec = spec_of(desc);
+  int64_t shape[2] = {5, 4099};
+  DLTensor x{};
+  x.ndim = 2;
+  x.shape = shape;
+  x.dtype = kreg::to_dl(kreg::DType::kF32);
+  x.device = {kDLCUDA, 0};
+  DLTensor* args[2] = {&x, &x};
+  auto s = kreg::jit::specialize(spec, args);
+  ASSERT_TRUE(s) << s.status().message();
+  EXPECT_EQ(s->text(), "H=4099,dtype=f32");
+}
+
+TEST(JitSpecialization, ArchitectureNames) {
+  EXPECT_EQ(kreg::jit::arch_name(90), "sm_90a");
+  EXPECT_EQ(kreg::jit::arch_name(100), "sm_100a");
+  EXPECT_EQ(kreg::jit::arch_name(89), "sm_89");
+  EXPECT_EQ(kreg::jit::arch_name(80), "sm_80");
+}
+
+TEST(JitKey, ChangesWithEveryInputAndNothingElse) {
+  SKIP_WITHOUT_NVRTC();
+  Desc desc;
+  const KernelSpec spec = spec_of(desc);
+  const Specialization s{{{"H", "4096"}, {"dtype", "bf16"}}};
+  const std::string base = kreg::jit::cache_key(*spec.jit, s, "sm_90a").value();
+  EXPECT_EQ(base.size(), 64u);
+  EXPECT_EQ(kreg::jit::cache_key(*spec.jit, s, "sm_90a").value(), base) << "stable";
+  EXPECT_NE(kreg::jit::cache_key(*spec.jit, s, "sm_100a").value(), base) << "arch";
+  const Specialization other{{{"H", "4097"}, {"dtype", "bf16"}}};
+  EXPECT_NE(kreg::jit::cache_key(*spec.jit, other, "sm_90a").value(), base) << "values";
+  // An edit of an included header, of the source and of the options each change it.
+  Desc header_edit;
+  header_edit.header += "// edited\n";
+  EXPECT_NE(kreg::jit::cache_key(*spec_of(header_edit).jit, s, "sm_90a").value(), base);
+  Desc source_edit;
+  source_edit.source += "\n";
+  EXPECT_NE(kreg::jit::cache_key(*spec_of(source_edit).jit, s, "sm_90a").value(), base);
+  Desc option_edit;
+  option_edit.options = "-DEXTRA=1";
+  EXPECT_NE(kreg::jit::cache_key(*spec_of(option_edit).jit, s, "sm_90a").value(), base);
+}
+
+TEST(JitBuild, CompilesOnceThenHitsAndSurvivesAMove) {
+  SKIP_WITHOUT_NVRTC();
+  TempDir tmp;
+  Desc desc;
+  const KernelSpec spec = spec_of(desc);
+  const Specialization s{{{"H", "4097"}, {"dtype", "bf16"}}};
+  std::string key, cubin;
+  {
+    Cache cache(tmp.path() / "a");
+    auto first = kreg::jit::build(spec, *spec.jit, s, "sm_90a", cache);
+    ASSERT_TRUE(first) << first.status().message();
+    EXPECT_TRUE(first->compiled);
+    ASSERT_GT(first->cubin.size(), 4u);
+    EXPECT_EQ(first->cubin.substr(0, 4),
+              "\x7f"
+              "ELF")
+        << "a cubin is an ELF image";
+    EXPECT_NE(first->lowered.find("scale"), std::string::npos) << first->lowered;
+    auto again = kreg::jit::build(spec, *spec.jit, s, "sm_90a", cache);
+    ASSERT_TRUE(again) << again.status().message();
+    EXPECT_FALSE(again->compiled) << "the second build is a hit";
+    EXPECT_EQ(again->cubin, first->cubin);
+    EXPECT_EQ(again->lowered, first->lowered);
+    key = first->key;
+    cubin = first->cubin;
+  }
+  // The whole cache moved elsewhere: every entry still hits (no path in any key).
+  fs::rename(tmp.path() / "a", tmp.path() / "moved");
+  Cache moved(tmp.path() / "moved");
+  auto hit = kreg::jit::build(spec, *spec.jit, s, "sm_90a", moved);
+  ASSERT_TRUE(hit) << hit.status().message();
+  EXPECT_FALSE(hit->compiled);
+  EXPECT_EQ(hit->key, key);
+  EXPECT_EQ(hit->cubin, cubin);
+  // An edited header is another key: compiled again.
+  Desc edited;
+  edited.header = "#pragma once\nnamespace t { constexpr int kTwo = 3; }\n";
+  const KernelSpec spec2 = spec_of(edited);
+  auto rebuilt = kreg::jit::build(spec2, *spec2.jit, s, "sm_90a", moved);
+  ASSERT_TRUE(rebuilt) << rebuilt.status().message();
+  EXPECT_TRUE(rebuilt->compiled);
+  EXPECT_NE(rebuilt->key, key);
+}
+
+TEST(JitBuild, ErrorsNameTheSourceAndShowTheLog) {
+  SKIP_WITHOUT_NVRTC();
+  TempDir tmp;
+  Cache cache(tmp.path());
+  Desc broken;
+  broken.source += "this is not C++;\n";
+  const KernelSpec spec = spec_of(broken);
+  const Specialization s{{{"H", "8"}, {"dtype", "f32"}}};
+  auto r = kreg::jit::build(spec, *spec.jit, s, "sm_90a", cache);
+  ASSERT_FALSE(r);
+  EXPECT_NE(r.status().message().find("NVRTC failed to compile scale.cu.jit"), std::string::npos)
+      << r.status().message();
+  EXPECT_NE(r.status().message().find("this"), std::string::npos) << "the log is in the message";
+  // A failed compile leaves nothing in the cache.
+  EXPECT_TRUE(cache.list().value().empty());
+  // A header outside the in-memory set cannot be opened (no include path).
+  Desc outside;
+  outside.source = "#include <cuda_bf16.h>\n" + outside.source;
+  const KernelSpec spec2 = spec_of(outside);
+  auto r2 = kreg::jit::build(spec2, *spec2.jit, s, "sm_90a", cache);
+  ASSERT_FALSE(r2);
+  EXPECT_NE(r2.status().message().find("cuda_bf16.h"), std::string::npos) << r2.status().message();
+  EXPECT_FALSE(kreg::jit::build(spec, *spec.jit, s, "sm90", cache)) << "a malformed arch";
+}
+
+TEST(JitBuild, EightProcessesOnAnEmptyCacheCompileOnce) {
+  SKIP_WITHOUT_NVRTC();
+  TempDir tmp;
+  Desc desc;
+  const KernelSpec spec = spec_of(desc);
+  const Specialization s{{{"H", "1000"}, {"dtype", "f32"}}};
+  int start[2], report[2];
+  ASSERT_EQ(::pipe(start), 0);
+  ASSERT_EQ(::pipe(report), 0);
+  constexpr int kProcs = 8;
+  std::vector<pid_t> kids;
+  for (int i = 0; i < kProcs; ++i) {
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      ::close(start[1]);
+      char c;
+      (void)!::read(start[0], &c, 1);  // all start together when the parent closes the pipe
+      Cache cache(tmp.path());
+      auto r = kreg::jit::build(spec, *spec.jit, s, "sm_90a", cache);
+      const char out = !r ? 'E' : r->compiled ? 'C' : 'H';
+      (void)!::write(report[1], &out, 1);
+      ::_exit(0);
+    }
+    kids.push_back(pid);
+  }
+  ::close(start[0]);
+  ::close(start[1]);
+  ::close(report[1]);
+  std::string got;
+  char c;
+  while (::read(report[0], &c, 1) == 1) got += c;
+  ::close(report[0]);
+  for (pid_t pid : kids) ::waitpid(pid, nullptr, 0);
+  ASSERT_EQ(got.size(), static_cast<size_t>(kProcs)) << got;
+  EXPECT_EQ(std::count(got.begin(), got.end(), 'C'), 1) << "compiled: C, hit: H, error: E: " << got;
+  EXPECT_EQ(std::count(got.begin(), got.end(), 'H'), kProcs - 1) << got;
+}
+
+}  // namespace
