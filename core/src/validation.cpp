@@ -276,8 +276,8 @@ void check_jit_sources(Context& cx, const GroupEntry& g, const fs::path& file,
     ::_exit(report.empty() ? 0 : 1);
   }
   ::close(fds[1]);
-  // Compiles take longer than loads: six times the load timeout.
-  const double limit_s = 6 * cx.options.timeout_s;
+  // Compiles take longer than loads: six times the load timeout, at least 30 s.
+  const double limit_s = std::max(30.0, 6 * cx.options.timeout_s);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(limit_s);
   std::string report;
   bool timed_out = false;

@@ -27,9 +27,10 @@
  *   kernel record has capability records (num_capabilities > 0), a 1.2 core reads only
  *   them and never the frozen `caps`.
  * - Limits (kreg/plugin_library.hpp): any struct_size at most 4096 bytes, at most 4096
- *   kernels and 64 capability windows per kernel.
- * - Structs without `struct_size` are FROZEN: kreg_attr and kreg_capability. Each says
- *   why; changing one is a major change.
+ *   kernels and 64 capability windows per kernel; a jit source and each of its (at most
+ *   64) headers at most 1 MiB (kreg/jit.hpp).
+ * - Structs without `struct_size` are FROZEN: kreg_attr, kreg_capability and
+ *   kreg_jit_file. Each says why; changing one is a major change.
  * - The first three fields of kreg_plugin_desc (struct_size, abi_major, abi_minor) never
  *   move, in any major, so that any core can tell any plugin what is wrong with it.
  * - What the core hands a plugin (the call frame, the host services, the error buffer)
