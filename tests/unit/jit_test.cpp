@@ -15,10 +15,17 @@
 #include <string>
 #include <vector>
 
+#include <array>
+#include <fstream>
+
 #include "kreg/abi.h"
 #include "kreg/jit_cache.hpp"
 #include "kreg/kernel_spec.hpp"
+#include "kreg/manifest.hpp"
+#include "kreg/plugin_library.hpp"
+#include "kreg/registry.hpp"
 #include "kreg/schema.hpp"
+#include "kreg/validation.hpp"
 
 namespace {
 
@@ -334,6 +341,153 @@ TEST(JitBuild, EightProcessesOnAnEmptyCacheCompileOnce) {
   ASSERT_EQ(got.size(), static_cast<size_t>(kProcs)) << got;
   EXPECT_EQ(std::count(got.begin(), got.end(), 'C'), 1) << "compiled: C, hit: H, error: E: " << got;
   EXPECT_EQ(std::count(got.begin(), got.end(), 'H'), kProcs - 1) << got;
+}
+
+// ---- the jitgrp fixture: a plugin with a jit implementation, loaded for real ----
+
+fs::path fixture(const std::string& name) {
+  return fs::path(KREG_TEST_PLUGIN_DIR) / ("libkreg_" + name + ".so");
+}
+
+// A manifest of one group, jitgrp, from `library`.
+fs::path write_manifest(const fs::path& dir, const std::string& library) {
+  const fs::path m = dir / "registry.yaml";
+  std::ofstream(m) << "kreg_manifest: 1\nplugin_dir: " << KREG_TEST_PLUGIN_DIR
+                   << "\ngroups:\n  - name: jitgrp\n    library: " << library
+                   << "\n    version: \"0.1.0\"\n";
+  return m;
+}
+
+TEST(JitPlugin, LoadsWithItsSourceAndFallsBackWhereJitCannotRun) {
+  TempDir tmp;
+  auto manifest = kreg::load_manifest(write_manifest(tmp.path(), "libkreg_jitgrp.so"), {});
+  ASSERT_TRUE(manifest) << manifest.status().message();
+  auto reg = kreg::Registry::open(*manifest);
+  ASSERT_TRUE(reg) << reg.status().message();
+  const auto impls = (*reg)->implementations("jitgrp.scale");
+  ASSERT_EQ(impls.size(), 2u);
+  EXPECT_EQ(impls[0]->backend, "jit") << "priority 200 first";
+  ASSERT_TRUE(impls[0]->jit);
+  EXPECT_EQ(impls[0]->jit->source_name, "scale.cu.jit");
+  ASSERT_EQ(impls[0]->jit->headers.size(), 1u);
+  EXPECT_EQ(impls[0]->jit->headers[0].first, "two.h");
+  EXPECT_EQ(impls[0]->jit->params, std::vector<std::string>{"H"});
+  // CPU tensors: the reference runs.
+  float x[6] = {1, 2, 3, 4, 5, 6}, out[6] = {};
+  int64_t shape[2] = {2, 3};
+  DLTensor tx{x, {kDLCPU, 0}, 2, kreg::to_dl(kreg::DType::kF32), shape, nullptr, 0};
+  DLTensor to{out, {kDLCPU, 0}, 2, kreg::to_dl(kreg::DType::kF32), shape, nullptr, 0};
+  DLTensor* args[2] = {&tx, &to};
+  const kreg_attr alpha{KREG_ATTR_FLOAT, 0, {.f = 0.5}};
+  ASSERT_TRUE((*reg)->call("jitgrp.scale", args, {&alpha, 1}).ok());
+  EXPECT_EQ(out[5], 6.0f);
+  // Without a GPU the jit implementation is unavailable, and says why.
+  const kreg::KernelBackend* jit = kreg::find_backend("jit");
+  ASSERT_NE(jit, nullptr);
+  if (!jit->available()) {
+    kreg::Target t{{kDLCUDA, 0}, kreg::DType::kF32, {{"T", 2}, {"H", 64}}};
+    auto h = (*reg)->resolve("jitgrp.scale", t);
+    ASSERT_FALSE(h);
+    EXPECT_NE(h.status().message().find("jit: backend unavailable"), std::string::npos)
+        << h.status().message();
+  }
+}
+
+TEST(JitPlugin, ASourceOutsideTheLibraryIsRefused) {
+  auto p = kreg::PluginLibrary::open(fixture("jitgrp_heap"), {"jitgrp", std::string("0.1.0")});
+  ASSERT_FALSE(p);
+  EXPECT_NE(p.status().message().find("its jit source source"), std::string::npos)
+      << p.status().message();
+  EXPECT_NE(p.status().message().find("outside the library"), std::string::npos)
+      << p.status().message();
+}
+
+TEST(JitPlugin, ValidateCompilesEveryJitSource) {
+  SKIP_WITHOUT_NVRTC();
+  TempDir tmp;
+  ::setenv("KREG_JIT_CACHE", (tmp.path() / "cache").c_str(), 1);
+  kreg::ValidateOptions opts;
+  opts.timeout_s = 5;
+  const fs::path good = write_manifest(tmp.path(), "libkreg_jitgrp.so");
+  auto ok = kreg::validate_registry(good, opts);
+  bool passed = false;
+  for (const auto& o : ok.outcomes) {
+    if (o.check == "jit-sources" && o.group == "jitgrp") passed = o.passed && !o.skipped;
+  }
+  EXPECT_TRUE(passed) << "jit-sources passes for a source that compiles";
+  fs::remove(good);
+  auto bad = kreg::validate_registry(write_manifest(tmp.path(), "libkreg_jitgrp_broken.so"), opts);
+  EXPECT_FALSE(bad.ok());
+  bool found = false;
+  for (const auto& f : bad.findings) {
+    if (f.check != "jit-sources") continue;
+    found = true;
+    EXPECT_NE(f.message.find("NVRTC failed to compile scale.cu.jit"), std::string::npos)
+        << f.message;
+    EXPECT_NE(f.message.find("this_is_not_cuda"), std::string::npos)
+        << "NVRTC's log: " << f.message;
+  }
+  EXPECT_TRUE(found) << "a jit-sources finding for the broken source";
+  ::unsetenv("KREG_JIT_CACHE");
+}
+
+struct Outcome {
+  int exit_code = -1;
+  std::string output;
+};
+
+Outcome cli(const std::string& args, const fs::path& cache) {
+  const std::string cmd = "KREG_JIT_CACHE=" + cache.string() + " " KREG_CLI " " + args + " 2>&1";
+  Outcome r;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (p == nullptr) return r;
+  std::array<char, 4096> buf{};
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
+  const int status = ::pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+TEST(JitCli, BuildListInfoClear) {
+  TempDir tmp;
+  const fs::path cache = tmp.path() / "cache";
+  const std::string m = "--manifest " + write_manifest(tmp.path(), "libkreg_jitgrp.so").string();
+  // Usage errors first: they need no NVRTC.
+  Outcome no_shape = cli(m + " jit build --op jitgrp.scale --arch sm_90a", cache);
+  EXPECT_EQ(no_shape.exit_code, 2) << no_shape.output;
+  EXPECT_NE(no_shape.output.find("specializes on H"), std::string::npos) << no_shape.output;
+  Outcome unknown = cli(m + " jit build --op jitgrp.nosuch --arch sm_90a --shape H=8", cache);
+  EXPECT_EQ(unknown.exit_code, 2) << unknown.output;
+  Outcome empty = cli("jit ls", cache);
+  EXPECT_EQ(empty.exit_code, 0) << empty.output;
+  EXPECT_NE(empty.output.find("0 entries"), std::string::npos) << empty.output;
+  std::string why;
+  if (!have_nvrtc(&why)) GTEST_SKIP() << "no NVRTC here: " << why;
+  const std::string build =
+      m + " jit build --op jitgrp.scale --arch sm_90a --shape H=64 --shape H=65";
+  Outcome first = cli(build, cache);
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  EXPECT_NE(first.output.find("compiled"), std::string::npos) << first.output;
+  EXPECT_NE(first.output.find("H=65 "), std::string::npos) << first.output;
+  EXPECT_NE(first.output.find("2 of 2 specializations"), std::string::npos) << first.output;
+  Outcome second = cli(build, cache);
+  ASSERT_EQ(second.exit_code, 0) << second.output;
+  EXPECT_EQ(second.output.find("compiled"), std::string::npos) << "all hits: " << second.output;
+  EXPECT_NE(second.output.find("cached"), std::string::npos) << second.output;
+  Outcome ls = cli("jit ls", cache);
+  EXPECT_EQ(ls.exit_code, 0) << ls.output;
+  EXPECT_NE(ls.output.find("jitgrp.scale"), std::string::npos) << ls.output;
+  EXPECT_NE(ls.output.find("2 entries"), std::string::npos) << ls.output;
+  Outcome info = cli(m + " info jitgrp.scale", cache);
+  EXPECT_EQ(info.exit_code, 0) << info.output;
+  EXPECT_NE(info.output.find("specializes on H; cached: "), std::string::npos) << info.output;
+  EXPECT_NE(info.output.find("H=64 sm_90a"), std::string::npos) << info.output;
+  EXPECT_NE(info.output.find("H=65 sm_90a"), std::string::npos) << info.output;
+  Outcome clear = cli("jit clear", cache);
+  EXPECT_EQ(clear.exit_code, 0) << clear.output;
+  EXPECT_NE(clear.output.find("removed 2 entries"), std::string::npos) << clear.output;
+  EXPECT_NE(cli("jit ls", cache).output.find("0 entries"), std::string::npos);
 }
 
 }  // namespace
