@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "exchange_api.hpp"
@@ -251,6 +252,12 @@ struct OpState {
   uint64_t cached_device = 0;
   uint32_t cached_dtype = 0;
   KernelHandle handle;
+  // Other jit specializations of the op seen on this (device, dtype) (kreg/jit.hpp): a
+  // width the handle was not compiled for swaps in the one that was, without a resolve.
+  static constexpr int kMaxAlternates = 4;
+  KernelHandle alternates[kMaxAlternates];
+  int num_alternates = 0;
+  int next_alternate = 0;
 };
 
 struct OpObject {
@@ -632,6 +639,26 @@ PyObject* op_vectorcall(PyObject* self, PyObject* const* args, size_t nargsf, Py
     s.cached = true;
     s.cached_device = dev_word;
     s.cached_dtype = dtype_word;
+    s.num_alternates = 0;
+  } else if (s.handle.specialized() && !s.handle.accepts_tensors(tspan)) {
+    // A jit specialization for other extents: one seen before, else a new resolve.
+    int found = -1;
+    for (int i = 0; i < s.num_alternates && found < 0; ++i) {
+      if (s.alternates[i].accepts_tensors(tspan)) found = i;
+    }
+    if (found >= 0) {
+      std::swap(s.handle, s.alternates[found]);
+    } else {
+      auto h = op->registry->resolve(s.requested, tspan, options);
+      if (!h) return raise_status(h.status());
+      if (s.num_alternates < OpState::kMaxAlternates) {
+        s.alternates[s.num_alternates++] = s.handle;
+      } else {
+        s.alternates[s.next_alternate] = s.handle;
+        s.next_alternate = (s.next_alternate + 1) % OpState::kMaxAlternates;
+      }
+      s.handle = *h;
+    }
   }
   KernelHandle handle = s.handle;
   void* stream_ptr = reinterpret_cast<void*>(static_cast<intptr_t>(stream));

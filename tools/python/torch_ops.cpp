@@ -152,19 +152,28 @@ struct Entry {
     const uint32_t dt =
         tensors.empty() || tensors[0] == nullptr ? 0 : detail::pack_dtype(tensors[0]->dtype);
     std::lock_guard lock(mu);
+    // A jit specialization serves only the shapes it was compiled for: one entry per
+    // specialization, found by its own check, so alternating widths resolve once each.
     if (!again) {
       for (const Cached& c : cache) {
-        if (c.device == dev && c.dtype == dt) return c.handle;
+        if (c.device == dev && c.dtype == dt &&
+            (!c.handle.specialized() || c.handle.accepts_tensors(tensors))) {
+          return c.handle;
+        }
       }
     }
     auto h = registry->resolve(op, tensors, ResolveOptions{});
     if (!h) fail(h.status());
-    for (Cached& c : cache) {
-      if (c.device == dev && c.dtype == dt) {
-        c.handle = *h;
-        return *h;
+    if (!h->specialized()) {
+      for (Cached& c : cache) {
+        if (c.device == dev && c.dtype == dt && !c.handle.specialized()) {
+          c.handle = *h;
+          return *h;
+        }
       }
     }
+    constexpr size_t kMaxCached = 64;  // bounded: a model has a few widths, not thousands
+    if (cache.size() >= kMaxCached) cache.erase(cache.begin());
     cache.push_back({dev, dt, *h});
     return *h;
   }

@@ -447,6 +447,13 @@ class KernelHandle {
   KernelHandle() = default;
 
   bool valid() const { return impl_ != nullptr; }
+  // A jit specialization (kreg/jit.hpp): it accepts only the values it was compiled for
+  // (H = 4096, bf16), so a caller that caches handles keeps one per specialization.
+  bool specialized() const { return impl_->jit_kernel != nullptr; }
+  // Whether these tensors pass the handle's check: no message, no allocation.
+  bool accepts_tensors(std::span<DLTensor* const> tensors) const {
+    return impl_->plan.accepts_tensors(tensors);
+  }
   const KernelSpec& spec() const { return impl_->spec; }
   const std::string& op() const { return impl_->spec.op; }
   const std::string& backend() const { return impl_->spec.backend; }
