@@ -4,8 +4,10 @@
 // (NVRTC has no dependency output to read them back from; by construction there is nothing
 // else it could have read). Its built-in headers are covered by its version in the key.
 #include <dlfcn.h>
+#include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <mutex>
@@ -250,11 +252,26 @@ Result<Cache*> process_cache() {
   static Status error;
   std::call_once(once, [] {
     auto dir = Cache::default_dir();
-    if (!dir) {
-      error = dir.status();
+    if (dir) {
+      cache = new Cache(*dir);  // for the process's life: handles outlive registries
       return;
     }
-    cache = new Cache(*dir);  // for the process's life: handles outlive registries
+    if (dir.status().code() != KREG_FAILED_PRECONDITION) {
+      error = dir.status();  // a variable set wrong (relative): the user's to fix
+      return;
+    }
+    // No variable to place it (no HOME, no XDG_CACHE_HOME): a fresh private folder for
+    // this process (mkdtemp: ours, mode 0700; a shared, guessable /tmp path could hold
+    // another user's images), said once, rather than no JIT at all.
+    std::error_code ec;
+    std::filesystem::path tmp = std::filesystem::temp_directory_path(ec);
+    if (ec) tmp = "/tmp";
+    std::string pattern = (tmp / "kreg-jit-XXXXXX").string();
+    const bool made = ::mkdtemp(pattern.data()) != nullptr;
+    std::fprintf(
+        stderr, "kreg: jit: %s; %s\n", dir.status().message().c_str(),
+        made ? ("caching in " + pattern + " for this process").c_str() : "compiling in memory");
+    cache = new Cache(made ? std::filesystem::path(pattern) : tmp / "kreg-jit-unwritable/none");
   });
   if (cache == nullptr) return error;
   return cache;
