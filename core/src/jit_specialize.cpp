@@ -58,6 +58,17 @@ const Impl* Registry::specialize_jit(const Impl& generic, std::span<DLTensor* co
     return nullptr;
   };
   if (src == nullptr) return fail("no JIT source");
+  // The last specialization, when it is still current (same source and launcher: no hot
+  // swap since) and these tensors pass its check: no lock, no strings.
+  if (target == nullptr && !args.empty() && args[0] != nullptr) {
+    const Impl* last = generic.jit_last.load(std::memory_order_acquire);
+    if (last != nullptr && last->jit_origin == src &&
+        last->jit_device == args[0]->device.device_id &&
+        last->fn.load(std::memory_order_relaxed) == generic.fn.load(std::memory_order_acquire) &&
+        last->plan.accepts_tensors(args)) {
+      return last;
+    }
+  }
   // The values come from the tensors, or from the target's dimensions and dtype.
   Result<jit::Specialization> s = Status(KREG_INVALID_ARGUMENT, "no tensors to specialize on");
   DLDevice device{kDLCUDA, 0};
@@ -80,8 +91,9 @@ const Impl* Registry::specialize_jit(const Impl& generic, std::span<DLTensor* co
 
   std::lock_guard lock(jit_->mu);
   if (auto it = jit_->entries.find(id); it != jit_->entries.end()) {
-    if (it->second.impl) return it->second.impl.get();
-    return fail(it->second.error);
+    if (!it->second.impl) return fail(it->second.error);
+    generic.jit_last.store(it->second.impl.get(), std::memory_order_release);
+    return it->second.impl.get();
   }
   detail::JitState::Entry& entry = jit_->entries[id];
   auto made = [&]() -> Result<std::unique_ptr<Impl>> {
@@ -98,6 +110,8 @@ const Impl* Registry::specialize_jit(const Impl& generic, std::span<DLTensor* co
     impl->fn.store(fn, std::memory_order_relaxed);
     impl->op = generic.op;
     impl->jit_kernel = *kernel;
+    impl->jit_origin = src;
+    impl->jit_device = device.device_id;
     return impl;
   }();
   if (!made) {
@@ -107,6 +121,7 @@ const Impl* Registry::specialize_jit(const Impl& generic, std::span<DLTensor* co
     return fail(entry.error);
   }
   entry.impl = std::move(made).value();
+  generic.jit_last.store(entry.impl.get(), std::memory_order_release);
   return entry.impl.get();
 }
 

@@ -149,11 +149,20 @@ TEST(Metadata, LayernormFacts) {
        "gemma_fused_add_rmsnorm(Tensor(a!)[T,H] x, Tensor(b!)[T,H] residual, Tensor[H] weight, "
        "float eps=1e-6) -> ()"}};
   std::map<std::string, std::string> cpu;
-  size_t cuda = 0;
+  size_t cuda = 0, jit = 0;
   for (const KernelSpec& k : m->kernels) {
     if (k.backend == "cuda") {
       ++cuda;
       EXPECT_TRUE(k.flags & KREG_KERNEL_CAPS_FROM_BUILD) << k.op;
+      continue;
+    }
+    if (k.backend == "jit") {
+      // Listed from the metadata, which does not carry the source (the library does).
+      ++jit;
+      EXPECT_EQ(k.priority, 200) << k.op;
+      EXPECT_EQ(k.provenance.source_file, "rmsnorm_jit.cpp") << k.op;
+      EXPECT_EQ(k.flags, 0u) << k.op << ": a jit claim is not derived from the build";
+      EXPECT_FALSE(k.jit) << k.op;
       continue;
     }
     ASSERT_EQ(k.backend, "cpu") << k.op;
@@ -169,6 +178,7 @@ TEST(Metadata, LayernormFacts) {
   if (m->info.cuda_version == 0) {
     EXPECT_EQ(cuda, 0u) << "a CPU build has no CUDA kernels";
   }
+  EXPECT_EQ(jit, cuda) << "every CUDA RMSNorm has a jit implementation beside it";
 }
 
 // The reader opens the file and reads its headers, section table and one section: cheap

@@ -170,6 +170,12 @@ struct Impl {
   // the loaded kernel, passed in the call frame.
   std::atomic<const JitSource*> jit{nullptr};
   const void* jit_kernel = nullptr;
+  // On the op's record: the specialization chosen last, tried first (its own check says
+  // whether it fits), so steady-state by-name calls take no lock. On a specialization:
+  // the source it was compiled from and the device it was resolved for.
+  mutable std::atomic<const Impl*> jit_last{nullptr};
+  const JitSource* jit_origin = nullptr;
+  int32_t jit_device = -1;
 };
 
 struct OpEntry {
