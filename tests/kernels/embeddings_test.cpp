@@ -87,7 +87,10 @@ Oracle gather_oracle(const std::vector<int64_t>& ids, const std::vector<uint8_t>
                                            static_cast<uint64_t>(rows);
     const uint64_t local = static_cast<uint64_t>(id) - static_cast<uint64_t>(start);
     if (inside) {
-      std::memcpy(o.out.data() + t * row_bytes, table.data() + local * row_bytes, row_bytes);
+      // H = 0: empty rows, whose buffers may have null data (memcpy's pointers may not).
+      if (row_bytes > 0) {
+        std::memcpy(o.out.data() + t * row_bytes, table.data() + local * row_bytes, row_bytes);
+      }
     } else {
       ++o.outside;
     }

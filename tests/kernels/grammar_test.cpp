@@ -132,7 +132,7 @@ std::vector<double> oracle(const std::vector<double>& logits, const std::vector<
 std::vector<int32_t> mask_of(const Buffer& b) {
   const std::vector<uint8_t> bytes = bytes_of(b);
   std::vector<int32_t> m(bytes.size() / 4);
-  std::memcpy(m.data(), bytes.data(), bytes.size());
+  if (!bytes.empty()) std::memcpy(m.data(), bytes.data(), bytes.size());  // never null pointers
   return m;
 }
 
