@@ -247,7 +247,11 @@ TEST(EmbeddingsKernels, CpuVocabParallelMatchesTheOracle) {
         id = static_cast<int64_t>(static_cast<uint64_t>(id) + static_cast<uint64_t>(start));
       }
       if (!ids.empty()) ids.front() = start - 1;
-      if (ids.size() > 1) ids.back() = start + c.rows - 1;
+      // The shard's last id; past INT64_MAX (start near it) it wraps, as a value.
+      if (ids.size() > 1) {
+        ids.back() =
+            static_cast<int64_t>(static_cast<uint64_t>(start) + static_cast<uint64_t>(c.rows) - 1);
+      }
       if (c.id_dtype == DType::kI32) {
         for (int64_t& id : ids) id = static_cast<int32_t>(id);
       }
