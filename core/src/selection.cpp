@@ -188,8 +188,9 @@ const Impl* Registry::select(std::string_view op, const OpEntry& entry,
     }
     if (reason.empty() && impl->jit.load(std::memory_order_acquire) != nullptr) {
       if (target != nullptr && target->dims.empty()) {
-        reason = "a jit implementation is specialized for the call's shapes: resolve with the "
-                 "tensors (or a target with its dimensions)";
+        reason =
+            "a jit implementation is specialized for the call's shapes: resolve with the "
+            "tensors (or a target with its dimensions)";
       } else if (const Impl* s = specialize_jit(*impl, args, target, &reason)) {
         return s;
       }

@@ -73,7 +73,7 @@ void descriptor(std::string_view bytes) {
       kreg::parse_signature("k(Tensor[T,H] x, Tensor(a!)[T,2*H] out, float eps=1e-6) -> ()")
           .value();
   const kreg_jit_file header{f[4].c_str(), f[5].c_str()};
-  const kreg_jit_desc d{sizeof(kreg_jit_desc), "fuzz.cu", f[0].c_str(), &header, 1, 0,
+  const kreg_jit_desc d{sizeof(kreg_jit_desc), "fuzz.cu",    f[0].c_str(), &header, 1, 0,
                         f[1].c_str(),          f[2].c_str(), f[3].c_str()};
   auto src = kreg::read_jit_source(&d, sig);
   if (!src) {

@@ -7,8 +7,8 @@
  *   plugin whose major differs from its own, with a message naming both versions.
  * - A MINOR change (KREG_ABI_MINOR) only appends fields at the end of a struct that
  *   starts with `struct_size`, or adds a meaning an older peer refuses cleanly (1.1:
- *   optional tensors; 1.2: the fields marked "ABI 1.2" below; 1.3: JIT implementations). Any minor of the core's
- *   major is accepted, older or newer. Both directions work:
+ *   optional tensors; 1.2: the fields marked "ABI 1.2" below; 1.3: JIT implementations). Any minor
+ * of the core's major is accepted, older or newer. Both directions work:
  *     * an older plugin in a newer core: the core copies min(struct_size, sizeof(its
  *       struct)) bytes of each struct into a zeroed one, reads a field only when the
  *       plugin's `struct_size >= offsetof(field) + sizeof(field)` (KREG_STRUCT_HAS) and
