@@ -58,9 +58,15 @@ KernelStatus launch(Context& ctx, const DLTensor& x, DLTensor* residual, const D
       dim3(static_cast<unsigned>(cfg.threads), static_cast<unsigned>(cfg.rows)), 0, args);
 }
 
-// Rows read as 16-byte vectors need 16-byte aligned base pointers; views that are not
-// (an offset into a larger buffer) take the AOT kernel.
-bool jit_fits(std::initializer_list<const void*> ps) {
+// The JIT kernel serves the widths the AOT kernel reads in scalars: H not a multiple of
+// a 16-byte vector. Measured on an H200 (T = 32768 bf16, tools/bench/gpu_quick.sh):
+// rmsnorm H = 4097 533 -> 221 us, fused 630 -> 298 us; at H = 4096 and 7168 the AOT
+// kernel is as fast or faster (rmsnorm 7168: 256 vs 311 us), so it keeps those.
+// Rows read as 16-byte vectors also need 16-byte aligned base pointers; views that are
+// not (an offset into a larger buffer) take the AOT kernel.
+bool jit_fits(const DLTensor& x, std::initializer_list<const void*> ps) {
+  const int64_t vec = 16 / (x.dtype.bits / 8);
+  if (x.ndim == 2 && x.shape[1] % vec == 0) return false;
   for (const void* p : ps) {
     if (!aligned16(p)) return false;
   }
@@ -77,7 +83,7 @@ constexpr kreg_jit_desc kGemmaFusedAddRmsnormJit =
 
 KernelStatus rmsnorm_jit(Context& ctx, const DLTensor& x, const DLTensor& weight, DLTensor& out,
                          double eps) {
-  if (!jit_fits({data_ptr<const void>(x), data_ptr<const void>(weight), data_ptr<void>(out)})) {
+  if (!jit_fits(x, {data_ptr<const void>(x), data_ptr<const void>(weight), data_ptr<void>(out)})) {
     return rmsnorm_cuda(ctx, x, weight, out, eps);
   }
   return launch(ctx, x, nullptr, weight, out, eps, false);
@@ -85,7 +91,7 @@ KernelStatus rmsnorm_jit(Context& ctx, const DLTensor& x, const DLTensor& weight
 
 KernelStatus gemma_rmsnorm_jit(Context& ctx, const DLTensor& x, const DLTensor& weight,
                                DLTensor& out, double eps) {
-  if (!jit_fits({data_ptr<const void>(x), data_ptr<const void>(weight), data_ptr<void>(out)})) {
+  if (!jit_fits(x, {data_ptr<const void>(x), data_ptr<const void>(weight), data_ptr<void>(out)})) {
     return gemma_rmsnorm_cuda(ctx, x, weight, out, eps);
   }
   return launch(ctx, x, nullptr, weight, out, eps, false);
@@ -93,7 +99,7 @@ KernelStatus gemma_rmsnorm_jit(Context& ctx, const DLTensor& x, const DLTensor& 
 
 KernelStatus fused_add_rmsnorm_jit(Context& ctx, DLTensor& x, DLTensor& residual,
                                    const DLTensor& weight, double eps) {
-  if (!jit_fits({data_ptr<void>(x), data_ptr<void>(residual), data_ptr<const void>(weight)})) {
+  if (!jit_fits(x, {data_ptr<void>(x), data_ptr<void>(residual), data_ptr<const void>(weight)})) {
     return fused_add_rmsnorm_cuda(ctx, x, residual, weight, eps);
   }
   return launch(ctx, x, &residual, weight, x, eps, true);
@@ -101,7 +107,7 @@ KernelStatus fused_add_rmsnorm_jit(Context& ctx, DLTensor& x, DLTensor& residual
 
 KernelStatus gemma_fused_add_rmsnorm_jit(Context& ctx, DLTensor& x, DLTensor& residual,
                                          const DLTensor& weight, double eps) {
-  if (!jit_fits({data_ptr<void>(x), data_ptr<void>(residual), data_ptr<const void>(weight)})) {
+  if (!jit_fits(x, {data_ptr<void>(x), data_ptr<void>(residual), data_ptr<const void>(weight)})) {
     return gemma_fused_add_rmsnorm_cuda(ctx, x, residual, weight, eps);
   }
   return launch(ctx, x, &residual, weight, x, eps, true);
