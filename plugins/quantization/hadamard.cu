@@ -301,8 +301,10 @@ template <typename T, int kLogN, int kVec>
 cudaError_t launch(const T* x, T* out, int64_t rows, float scale, cudaStream_t stream, bool pdl) {
   constexpr Plan kPlan = make_plan(kLogN);
   const auto kernel = hadamard_kernel<T, kLogN, kVec>;
-  const size_t smem =
-      kPlan.exchange() ? static_cast<size_t>(kPlan.rows) * (size_t{1} << kLogN) * sizeof(float) : 0;
+  // The exchange's rows are padded (row_floats(): 33 floats for every 32), so a block needs
+  // rows * row_floats() floats, not rows * N: sizing it by N made every N >= 1024 write past
+  // the allocation (the illegal address GpuHadamard saw on the H200).
+  const size_t smem = static_cast<size_t>(kPlan.rows) * kPlan.row_floats() * sizeof(float);
   if (smem > 48 * 1024) {
     // Above the default dynamic limit (N >= 16384: 66 or 132 KiB for the one row).
     if (const cudaError_t err = cudaFuncSetAttribute(
@@ -350,15 +352,6 @@ KernelStatus hadamard_transform_cuda(Context& ctx, const DLTensor& x, DLTensor& 
   const int64_t rows = x.shape[0];
   const int64_t n = x.shape[1];
   if (const KernelStatus st = check_hadamard_n(ctx, n); !st.ok()) return st;
-  // Measured on an H200 (tools/bench/gpu_quick.sh): the shared-memory exchange that
-  // serves N >= 1024 reads out of bounds (an illegal address; GpuHadamard fails from
-  // N = 1024). Refused, naming the reason, until it is fixed, rather than launched.
-  if (n >= 1024) {
-    return ctx.fail(KREG_UNIMPLEMENTED,
-                    "%s: N = %lld is not supported by the CUDA kernel yet (N >= 1024 reads out "
-                    "of bounds on the H200); use the CPU implementation",
-                    op, static_cast<long long>(n));
-  }
   if (rows == 0) return kOk;
   if (rows > INT32_MAX) {
     return ctx.fail(KREG_INVALID_ARGUMENT, "%s: T = %lld rows is more than one launch takes", op,
