@@ -173,6 +173,45 @@ TEST_F(GpuKernels, MatchTheCpuReferenceOverAShapeSweep) {
   }
 }
 
+// The JIT norms (plugins/layernorm/rmsnorm_jit.cpp), specialized for each width through
+// Target::dims as kreg run does: odd widths take the JIT kernel, whose blocks walk rows of
+// one shift class (r mod V) with the weights read once; row counts below, at and above a
+// whole number of classes and steps (4099 rows at H = 4097 make five steps per block);
+// widths a multiple of the vector go to the AOT kernel through the same handle.
+TEST_F(GpuKernels, JitNormsMatchTheCpuReference) {
+  const DType dtypes[] = {DType::kBF16, DType::kF16, DType::kF32};
+  const std::pair<int64_t, int64_t> shapes[] = {{1, 1},     {3, 7},    {9, 33},      {64, 100},
+                                                {17, 1001}, {1, 4097}, {4099, 4097}, {130, 4099},
+                                                {31, 5121}, {8, 8191}, {5, 4096},    {20000, 33}};
+  uint64_t seed = 900;
+  int jit_calls = 0;
+  for (const OpCase& c : op_cases()) {
+    if (!c.norm) continue;
+    for (DType dt : dtypes) {
+      for (auto [rows, width] : shapes) {
+        const SymbolMap sym = symbols_for(true, rows, width);
+        Target target{DLDevice{kDLCUDA, 0}, dt};
+        for (const auto& [k, v] : sym) target.dims[k] = v;
+        auto h = registry().resolve(c.op, target, {std::string("jit")});
+        if (!h.ok()) GTEST_SKIP() << "no jit implementation here: " << h.status().message();
+        ASSERT_EQ(h->backend(), "jit") << c.op;
+        ++jit_calls;
+        auto attrs_or = h->attrs({});
+        ASSERT_TRUE(attrs_or.ok());
+        auto cmp = harness::check_against_reference(registry(), *h, sym, dt, *attrs_or, seed++);
+        ASSERT_TRUE(cmp.ok()) << c.op << " " << rows << "x" << width << ": "
+                              << cmp.status().message();
+        for (const auto& t : *cmp) {
+          EXPECT_TRUE(t.ok()) << c.op << " jit " << dtype_name(dt) << " " << rows << "x" << width
+                              << " '" << t.tensor << "': " << t.mismatches << "/" << t.count
+                              << " mismatches, max_abs " << t.max_abs;
+        }
+      }
+    }
+  }
+  EXPECT_GT(jit_calls, 0);
+}
+
 TEST_F(GpuKernels, MisalignedPointersAndZeroTokens) {
   // Views that start one element into their allocation defeat 16-byte vectors.
   for (const char* op : {"layernorm.rmsnorm", "activation.silu_and_mul"}) {
