@@ -2,6 +2,8 @@
 # The shortest GPU evidence for issues 15 and 16 (one device call): Release build, the
 # GPU tests of the JIT and the new groups, JIT vs AOT norms at odd and even widths, the
 # JIT resolve times, vs_torch.py on the new groups. Logs straight into $OUT.
+# Narrow it with CTEST_R (ctest -R pattern), JIT_H (widths), VS_ONLY (vs_torch.py --only)
+# NCU_ONLY (cases profiled by ncu through ncu_case.py; empty: none) and JIT_RESOLVE=0.
 set -uo pipefail
 L=${OUT:-/tmp/out}; mkdir -p $L
 PY=${PY:-/opt/torch/.venv/bin/python3}
@@ -10,13 +12,18 @@ cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTUR
 cmake --build build -j16 >$L/build.log 2>&1 || { grep -E "error" $L/build.log | head -40; exit 1; }
 echo "built at $SECONDS s"
 export PYTHONPATH=$PWD/build/python KREG_PLUGIN_DIR=$PWD/build/plugins KREG_MANIFEST=$PWD/registry.yaml KREG_JIT_CACHE=/tmp/jitc
-timeout 200 ctest --test-dir build -j8 --output-on-failure -R "Gpu|Jit|Quantization|Sampling|Hadamard|Embeddings|Grammar|Elementwise|Layernorm|GpuKernels" >$L/ctest.log 2>&1
+timeout 200 ctest --test-dir build -j8 --output-on-failure -R "${CTEST_R:-Gpu|Jit|Quantization|Sampling|Hadamard|Embeddings|Grammar|Elementwise|Layernorm|GpuKernels}" >$L/ctest.log 2>&1
 echo "ctest: $(grep -E 'tests passed' $L/ctest.log) at $SECONDS s"; grep -E "\((Failed|Timeout|SEGFAULT|Subprocess)" $L/ctest.log | head -30
 k=./build/tools/kreg
-for op in rmsnorm fused_add_rmsnorm; do for h in 4096 7168 4097 4099 5121; do for be in cuda jit; do
+for op in rmsnorm fused_add_rmsnorm; do for h in ${JIT_H:-4096 7168 4097 4099 5121}; do for be in cuda jit; do
   timeout 30 $k bench layernorm.$op --shape T=32768,H=$h --dtype bf16 --backend $be --reps 100 2>&1 | grep -E "median|rror|disagree" | sed "s/^/$op H=$h $be: /" | tee -a $L/jit_bench.log
 done; done; done
 echo "bench at $SECONDS s"
-timeout 60 $PY tools/bench/jit_resolve.py --runs 3 2>&1 | tee $L/jit_resolve.log
-timeout $((560 - SECONDS)) $PY tools/bench/vs_torch.py --reps 30 --out $L/vs --only quantization,sampling,elementwise,embeddings,grammar >$L/vs_torch.log 2>&1
+if [ -n "${NCU_ONLY:-}" ]; then
+  timeout 120 ncu --clock-control none --section SpeedOfLight --section LaunchStats --section Occupancy \
+    --section WarpStateStats --section MemoryWorkloadAnalysis $PY tools/bench/ncu_case.py --only "$NCU_ONLY" --calls 2 >$L/ncu.log 2>&1
+  echo "ncu rc=$?"; grep -E "^  [a-z_]+.*\(|Duration|Memory Throughput|Achieved Occupancy|Registers Per|Block Size|Grid Size|Stall" $L/ncu.log | head -60
+fi
+[ "${JIT_RESOLVE:-1}" = 1 ] && timeout 60 $PY tools/bench/jit_resolve.py --runs 3 2>&1 | tee $L/jit_resolve.log
+timeout $((560 - SECONDS)) $PY tools/bench/vs_torch.py --reps 30 --out $L/vs --only "${VS_ONLY:-quantization,sampling,elementwise,embeddings,grammar}" >$L/vs_torch.log 2>&1
 tail -n 45 $L/vs_torch.log
