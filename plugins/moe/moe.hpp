@@ -50,6 +50,13 @@ KernelStatus align_block_size_cuda(Context& ctx, const DLTensor& topk_ids,
                                    DLTensor& out_sorted_token_ids, DLTensor& out_expert_ids,
                                    DLTensor& out_num_tokens_post_pad, int64_t num_experts,
                                    int64_t block_size, bool ignore_invalid);
+// JIT (topk_softmax_jit.cpp; docs/jit.md): the source the core compiles for the call's E,
+// K and dtype, and its launcher (which hands the shapes it does not take to
+// topk_softmax_cuda).
+extern const kreg_jit_desc kTopkSoftmaxJit;
+KernelStatus topk_softmax_jit(Context& ctx, const DLTensor& gating, const DLTensor* correction_bias,
+                              DLTensor& out_weights, DLTensor& out_ids, bool renormalize,
+                              double softcapping);
 #endif
 
 }  // namespace kreg::moe

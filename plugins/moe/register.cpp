@@ -27,7 +27,13 @@ constexpr Op kOps[] = {
                     "weights by their fp32 sum; CPU: fp32; CUDA: one warp per token, logits in "
                     "registers",
      .impls = {cpu(bind<&topk_softmax_cpu>, "reference.cpp"),
-               KREG_IF_CUDA(cuda(bind<&topk_softmax_cuda>, "routing.cu"))}},
+               KREG_IF_CUDA(
+                   cuda(bind<&topk_softmax_cuda>, "routing.cu"),
+                   cuda_jit(bind<&topk_softmax_jit>, "topk_softmax_jit.cpp", &kTopkSoftmaxJit)
+                       .describe("JIT: compiled for the call's E, K and dtype; the CUDA kernel's "
+                                 "ids and weights bit for bit; E a power of two of at least one "
+                                 "16-byte vector and at most 512, K <= 32 and 16-byte aligned "
+                                 "gating and correction_bias, else the CUDA kernel runs"))}},
     {.signature = "grouped_topk(Tensor[T,E] gating, Tensor<f32>[E] correction_bias, "
                   "Tensor<f32>(a!)[T,K] out_weights, Tensor<i32>(b!)[T,K] out_ids, int n_group, "
                   "int topk_group, bool renormalize=true, float routed_scaling_factor=1.0) -> ()",
