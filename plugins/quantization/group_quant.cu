@@ -2,13 +2,20 @@
 // silu_and_mul form): the arithmetic of quant_math.hpp, so the bytes and scales equal the
 // CPU reference's.
 //
-// Fast path (group_size / kVec lanes per group, a power of two up to 32, where kVec =
-// 16 / sizeof(T) and the pointers allow 16-byte loads): every thread loads one 16-byte
-// vector of its group (two for the fused op: gate and up), the group's max travels by
-// butterfly shuffles inside its aligned lanes (no shared memory), and each thread stores
-// its kVec output bytes; lane 0 of the group stores the scale. One thread per vector and
-// short blocks, as the activation kernels (the best shape measured there). Loads and
-// stores carry an evict-first hint: every byte is touched once.
+// Fast path (group_size / kVec a power of two, kVec = 16 / sizeof(T), 16-byte aligned x
+// and kVec-aligned out): each thread holds kPer 16-byte vectors of one group (two loads
+// each for the fused op: gate and up), vector k * lanes + sub of the group for its lane
+// sub, so every load instruction of a warp reads runs of lanes * 16 contiguous bytes. All
+// loads are issued before any arithmetic; the group's max travels by butterfly shuffles
+// inside its lanes (no shared memory); lane 0 stores the scale. kPer = 4 on large
+// problems: 64 bytes in flight per thread and the per-thread work (index split, shuffles,
+// the scale and its reciprocal) spread over 32 elements, where one vector per thread left
+// the kernel issue-bound at 60% of copy bandwidth on an H200. kPer = 1 on decode-sized
+// problems, which are latency-bound: the most threads, the shortest chain per thread.
+// The e4m3 codes come from a multiplication by 1/s bracketed on both sides, which decides
+// all but about 2^-16 of them exactly; a thread with an undecided code redoes its codes
+// with the division (quant_math.hpp: e4m3_codes, with the proof). Loads and stores carry
+// an evict-first hint: every byte is touched once.
 //
 // Fallback (any other group size or alignment): one warp per group, scalar loads, the max
 // in a first pass and the quantization in a second one over the same (now cached) group.
@@ -21,6 +28,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "kreg/device/fast_divisor.cuh"
 #include "kreg/device/launch.cuh"
@@ -40,6 +48,10 @@ using device::vec_t;
 
 constexpr int kBlockThreads = 256;
 constexpr int64_t kMaxThreadsPerLaunch = INT32_MAX;
+// Threads an H200 holds at once (132 SMs x 2048). The fast path gives each thread 4
+// vectors once that still leaves two full waves of threads (2 vectors from two waves of 2),
+// so that the wider threads never leave SMs idle; decode-sized calls keep one vector.
+constexpr int64_t kWideFrom = 2 * 132 * 2048;
 
 struct Params {
   uint8_t* out;  // e4m3 or int8 bytes
@@ -74,49 +86,154 @@ __device__ __forceinline__ void store_scale(const Params& p, uint32_t t, uint32_
   }
 }
 
-template <typename T, GroupOp kOp, int kVec>
+// The int8 codes of v[0 .. N) (v[4w] in the low byte of codes[w]), by the division.
+template <int N>
+__device__ __forceinline__ void int8_codes(const float* v, float s, uint32_t* codes) {
+  static_assert(N % 4 == 0, "int8_codes: whole words of four codes");
+#pragma unroll
+  for (int w = 0; w < N / 4; ++w) {
+    uint32_t word = 0;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const auto b = static_cast<uint8_t>(
+          static_cast<int8_t>(__float2int_rn(scaled_clamped(v[4 * w + j], s, kInt8Max))));
+      word |= static_cast<uint32_t>(b) << (8 * j);
+    }
+    codes[w] = word;
+  }
+}
+
+// max(0, |v|) over the raw vectors, NaNs ignored (fmaxf's rule): on pairs of 16-bit
+// floats for bf16 and f16 (abs and max are exact, so this is the max of the fp32 values),
+// which needs no fp32 copy of the vectors.
+template <typename T, int kVec, int kPer>
+__device__ __forceinline__ float abs_max(const vec_t<T, kVec> (&raw)[kPer]) {
+  if constexpr (std::is_same_v<T, float>) {
+    float m = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) m = fmaxf(m, fabsf(raw[k][j]));
+    }
+    return m;
+  } else {
+    using Pair = typename device::detail::Pair<T>::type;
+    Pair m;
+    m.x = device::from_float<T>(0.0f);
+    m.y = m.x;
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+#pragma unroll
+      for (int j = 0; j < kVec; j += 2) {
+        m = __hmax2(m, __habs2(*reinterpret_cast<const Pair*>(&raw[k][j])));
+      }
+    }
+    return fmaxf(device::to_float(m.x), device::to_float(m.y));
+  }
+}
+
+template <typename T, GroupOp kOp, int kVec, int kPer>
 __global__ void __launch_bounds__(kBlockThreads)
     group_quant_vec_kernel(const T* __restrict__ x, Params p, int lanes_log2) {
   constexpr bool kSilu = is_silu(kOp);
+  constexpr int kElems = kPer * kVec;
+  static_assert(kVec % 4 == 0, "group_quant_vec_kernel: whole words of codes per vector");
   const uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
-  const int lanes = 1 << lanes_log2;
+  const uint32_t lanes = 1u << lanes_log2;
   const uint32_t gid = i >> lanes_log2;
-  const uint32_t sub = i & static_cast<uint32_t>(lanes - 1);
+  const uint32_t sub = i & (lanes - 1);
   // Out-of-range threads stay for the shuffles (whole groups are in or out together).
   const bool valid = gid < p.n_groups;
   const uint32_t t = p.groups.div(gid);
   const uint32_t g = gid - t * p.groups.divisor;
   const int64_t col = static_cast<int64_t>(g) * p.group_size + static_cast<int64_t>(sub) * kVec;
+  const int64_t stride = static_cast<int64_t>(lanes) * kVec;  // between a thread's vectors
   const T* src = x + static_cast<int64_t>(t) * p.x_row + col;
   device::pdl_wait();
-  vec_t<T, kVec> a_raw;
-  vec_t<T, kVec> b_raw;
-  if (valid) {
-    a_raw.load_stream(src);
-    if constexpr (kSilu) b_raw.load_stream(src + p.hidden);
-  } else {
-    a_raw.fill(T{});
-    b_raw.fill(T{});
+  vec_t<T, kVec> a_raw[kPer];
+  vec_t<T, kVec> b_raw[kSilu ? kPer : 1];
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) {
+    if (valid) {
+      a_raw[k].load_stream(src + k * stride);
+      if constexpr (kSilu) b_raw[k].load_stream(src + k * stride + p.hidden);
+    } else {
+      a_raw[k].fill(T{});
+      if constexpr (kSilu) b_raw[k].fill(T{});
+    }
   }
   device::pdl_launch_dependents();
-  vec_t<float, kVec> v;
-  v.cast_from(a_raw);
-  if constexpr (kSilu) {
-    vec_t<float, kVec> up;
-    up.cast_from(b_raw);
-#pragma unroll
-    for (int j = 0; j < kVec; ++j) v[j] = silu_mul_f(v[j], up[j]);
-  }
+  // The values: for the fused op computed once and kept (silu is the costly part); else
+  // converted from the raw vectors each time they are needed, which keeps half the
+  // registers live (the raw vectors) and so more threads, and more loads, per SM.
+  float y[kSilu ? kElems : 1];
   float amax = 0.0f;
+  if constexpr (kSilu) {
 #pragma unroll
-  for (int j = 0; j < kVec; ++j) amax = fmaxf(amax, fabsf(v[j]));
-  amax = device::warp_max(amax, lanes);
+    for (int k = 0; k < kPer; ++k) {
+      vec_t<float, kVec> gate;
+      vec_t<float, kVec> up;
+      gate.cast_from(a_raw[k]);
+      up.cast_from(b_raw[k]);
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+        y[k * kVec + j] = silu_mul_f(gate[j], up[j]);
+        amax = fmaxf(amax, fabsf(y[k * kVec + j]));
+      }
+    }
+  } else {
+    amax = abs_max(a_raw);
+  }
+  amax = device::warp_max(amax, static_cast<int>(lanes));
   if (!valid) return;
   const float s = quant_scale(amax, p.eps, is_int8(kOp) ? kInt8Max : kFp8Max, p.ue8m0);
-  vec_t<uint8_t, kVec> q;
+  auto values = [&](int k, float* f) {
+    if constexpr (kSilu) {
 #pragma unroll
-  for (int j = 0; j < kVec; ++j) q[j] = quantize<kOp>(v[j], s);
-  q.store_stream(p.out + static_cast<int64_t>(t) * p.hidden + col);
+      for (int j = 0; j < kVec; ++j) f[j] = y[k * kVec + j];
+    } else {
+      vec_t<float, kVec> v;
+      v.cast_from(a_raw[k]);
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) f[j] = v[j];
+    }
+  };
+  constexpr int kWords = kVec / 4;  // words of four codes per vector
+  uint32_t codes[kPer * kWords];
+  bool decided = false;
+  if constexpr (!is_int8(kOp)) {
+    if (e4m3_recip_ok(s)) {
+      const float r = __frcp_rn(s);
+      uint32_t differ = 0;
+#pragma unroll
+      for (int k = 0; k < kPer; ++k) {
+        float f[kVec];
+        values(k, f);
+        differ |= e4m3_codes_recip<kVec>(f, r, codes + k * kWords);
+      }
+      decided = differ == 0;
+    }
+  }
+  if (!decided) {
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      float f[kVec];
+      values(k, f);
+      if constexpr (is_int8(kOp)) {
+        int8_codes<kVec>(f, s, codes + k * kWords);
+      } else {
+        e4m3_codes_div<kVec>(f, s, codes + k * kWords);
+      }
+    }
+  }
+  uint8_t* dst = p.out + static_cast<int64_t>(t) * p.hidden + col;
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) {
+    vec_t<uint32_t, kVec / 4> w;
+#pragma unroll
+    for (int j = 0; j < kWords; ++j) w[j] = codes[k * kWords + j];
+    w.store_stream(reinterpret_cast<uint32_t*>(dst + k * stride));
+  }
   if (sub == 0) store_scale<kOp>(p, t, g, s);
 }
 
@@ -164,11 +281,18 @@ cudaError_t launch_typed(Context& ctx, const DLTensor& x, DLTensor& out, DLTenso
   float* sp = data_ptr<float>(out_scales);
   const int64_t x_row = is_silu(kOp) ? 2 * shape.hidden : shape.hidden;
 
-  // Lanes per group on the fast path; 0: the scalar fallback (a warp per group).
+  // The fast path's vectors per thread (kPer) and lanes per group (a power of two up to
+  // 32); lanes_log2 < 0: the scalar fallback (a warp per group).
+  int per = 1;
   int lanes_log2 = -1;
-  if (shape.group_size % kVec == 0 && device::aligned16(xp) &&
-      reinterpret_cast<uintptr_t>(outp) % kVec == 0) {
-    const int64_t lanes = shape.group_size / kVec;
+  const int64_t vecs_per_group = shape.group_size / kVec;
+  if (shape.group_size % kVec == 0 && (vecs_per_group & (vecs_per_group - 1)) == 0 &&
+      device::aligned16(xp) && reinterpret_cast<uintptr_t>(outp) % kVec == 0) {
+    const int64_t vecs = shape.tokens * shape.groups * vecs_per_group;
+    per = vecs >= 4 * kWideFrom ? 4 : vecs >= 2 * kWideFrom ? 2 : 1;
+    per = static_cast<int>(std::min<int64_t>(per, vecs_per_group));  // one group per thread
+    while (vecs_per_group / per > 32 && per < 4) per *= 2;
+    const int64_t lanes = vecs_per_group / per;
     for (int l = 0; l <= 5; ++l) {
       if ((int64_t{1} << l) == lanes) lanes_log2 = l;
     }
@@ -194,8 +318,11 @@ cudaError_t launch_typed(Context& ctx, const DLTensor& x, DLTensor& out, DLTenso
     const T* xr = xp + row * x_row;
     cudaError_t err;
     if (lanes_log2 >= 0) {
-      err = device::launch(group_quant_vec_kernel<T, kOp, kVec>, dim3(blocks), dim3(kBlockThreads),
-                           0, stream, ctx.pdl(), xr, p, lanes_log2);
+      auto* kernel = per == 4   ? group_quant_vec_kernel<T, kOp, kVec, 4>
+                     : per == 2 ? group_quant_vec_kernel<T, kOp, kVec, 2>
+                                : group_quant_vec_kernel<T, kOp, kVec, 1>;
+      err = device::launch(kernel, dim3(blocks), dim3(kBlockThreads), 0, stream, ctx.pdl(), xr, p,
+                           lanes_log2);
     } else {
       err = device::launch(group_quant_scalar_kernel<T, kOp>, dim3(blocks), dim3(kBlockThreads), 0,
                            stream, ctx.pdl(), xr, p);

@@ -150,6 +150,88 @@ KREG_QUANT_HD float exp_f(float x) {
   return q_mul(p, bits_float(static_cast<uint32_t>(b + 127) << 23));
 }
 
+#if defined(__CUDACC__)
+// ---- Device: the e4m3 codes of x / s without a division per element ----
+//
+// A correctly rounded division costs about ten instructions, the largest part of the
+// quantize kernels' work, and the contract needs its exact result only where it decides
+// the code. The code c(q) = e4m3_satfinite(max(q, -448)) is a monotone step function of q
+// (the satfinite conversion already clamps at +448 and the max sends NaN to -448, as
+// scaled_clamped does), so it is enough to bracket RN(x / s):
+//
+//   r  = RN(1 / s), p = max(RN(x r), -448)
+//   lo = RN(p (1 - 2^-21)), hi = RN(p (1 + 2^-21))
+//   c(lo) == c(hi)  =>  c(RN(x / s)) == c(lo).
+//
+// Proof. Let u = 2^-24. With s and 1/s normal (e4m3_recip_ok), r = (1/s)(1 + e1) and,
+// for |x r| >= 2^-126, RN(x r) = x r (1 + e2), |e1|, |e2| <= u, so RN(x / s) / RN(x r) =
+// (1 + e3) / ((1 + e1)(1 + e2)) lies in [1 - 3.01u, 1 + 3.01u]; |lo| <= |p| (1 - 8u)(1 + u)
+// < |p| (1 - 3.01u) and |hi| >= |p| (1 + 8u)(1 - u) > |p| (1 + 3.01u), so (same signs) lo
+// and hi bracket RN(x / s), and c, monotone, is c(lo) on the whole bracket. That needs
+// x / s, x r and lo normal, true for |x / s| >= 2^-100; below it, RN(x / s), lo and hi are
+// all of x's sign and below 2^-10 in magnitude: each has the code of a zero of that sign
+// (fmaxf keeps -0). If p was clamped (x r < -448 or NaN), lo and hi give -448's code, as does
+// RN(x / s) (<= -448 (1 - 3.01u), or NaN, which the contract sends to -448). An overflow
+// of x r (static per-tensor scales) gives +-inf, whose code is +-448's, as is that of
+// every |RN(x / s)| >= 464.
+//
+// Where c(lo) != c(hi) (RN(x / s) within 2^-21 of a rounding boundary: about 2^-16 of the
+// codes), or s is outside the range, the caller falls back to the division.
+inline constexpr float kBracketLo = 1.0f - 0x1p-21f;
+inline constexpr float kBracketHi = 1.0f + 0x1p-21f;
+
+// Whether s is in [2^-125, 2^126): s and 1/s are then normal and finite (so is r).
+// Excludes 0, subnormals, infinity, NaN and negative s (the sign bit fails the test).
+__device__ __forceinline__ bool e4m3_recip_ok(float s) {
+  return (float_bits(s) >> 23) - 2u <= 250u;
+}
+
+// Two e4m3 codes (a in the low byte), one cvt instruction; the conversion
+// __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3) performs on each.
+__device__ __forceinline__ uint32_t e4m3x2(float a, float b) {
+  uint16_t d;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(d) : "f"(b), "f"(a));
+  return d;
+}
+
+// codes[w] = the e4m3 codes of v[4w .. 4w + 3] (v[4w] in the low byte) by the bracket
+// above, for r = RN(1 / s) with e4m3_recip_ok(s). Returns 0 if every code is decided;
+// otherwise the codes are unusable (the caller redoes them with e4m3_codes_div).
+template <int N>
+__device__ __forceinline__ uint32_t e4m3_codes_recip(const float* v, float r, uint32_t* codes) {
+  static_assert(N % 4 == 0, "e4m3_codes_recip: whole words of four codes");
+  uint32_t differ = 0;
+#pragma unroll
+  for (int w = 0; w < N / 4; ++w) {
+    float lo[4], hi[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float p = fmaxf(q_mul(v[4 * w + j], r), -kFp8Max);
+      lo[j] = q_mul(p, kBracketLo);
+      hi[j] = q_mul(p, kBracketHi);
+    }
+    const uint32_t a = e4m3x2(lo[0], lo[1]) | (e4m3x2(lo[2], lo[3]) << 16);
+    const uint32_t b = e4m3x2(hi[0], hi[1]) | (e4m3x2(hi[2], hi[3]) << 16);
+    differ |= a ^ b;
+    codes[w] = a;
+  }
+  return differ;
+}
+
+// The same codes by the contract's division (exact everywhere).
+template <int N>
+__device__ __forceinline__ void e4m3_codes_div(const float* v, float s, uint32_t* codes) {
+  static_assert(N % 4 == 0, "e4m3_codes_div: whole words of four codes");
+#pragma unroll
+  for (int w = 0; w < N / 4; ++w) {
+    float q[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) q[j] = scaled_clamped(v[4 * w + j], s, kFp8Max);
+    codes[w] = e4m3x2(q[0], q[1]) | (e4m3x2(q[2], q[3]) << 16);
+  }
+}
+#endif  // __CUDACC__
+
 // silu(a) = a / (1 + exp(-a)).
 KREG_QUANT_HD float silu_f(float a) { return q_div(a, q_add(1.0f, exp_f(-a))); }
 

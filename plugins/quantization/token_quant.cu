@@ -1,6 +1,10 @@
 // CUDA per-token and per-tensor FP8 quantization, with quant_math.hpp's arithmetic (bytes
 // and scales equal the CPU reference's).
 //
+// Both quantize with quant_math.hpp's e4m3_codes_recip (a bracketed multiplication by 1/s,
+// exact, with the division where it cannot decide a code) rather than a division per
+// element.
+//
 // per_token_quant_fp8: one block per row. Each thread keeps its (at most kRegs) vectors of
 // the row in registers between the max and the quantization, so every byte is read once;
 // rows too long for that (more than 8 * 1024 vectors) are read a second time (kRegs = 0).
@@ -35,19 +39,34 @@ __device__ __forceinline__ uint8_t e4m3(float v, float s) {
       __nv_cvt_float_to_fp8(scaled_clamped(v, s, kFp8Max), __NV_SATFINITE, __NV_E4M3));
 }
 
+// The codes of v under scale s, stored at dst; r = RN(1 / s). Whole words of four codes
+// by quant_math.hpp's bracketed reciprocal (exact; the division where it cannot decide),
+// single codes by the division.
 template <int kVec>
-__device__ __forceinline__ void quantize_store(const vec_t<float, kVec>& v, float s, uint8_t* dst) {
-  vec_t<uint8_t, kVec> q;
+__device__ __forceinline__ void quantize_store(const vec_t<float, kVec>& v, float s, float r,
+                                               uint8_t* dst) {
+  if constexpr (kVec % 4 == 0) {
+    vec_t<uint32_t, kVec / 4> w;
+    if (!e4m3_recip_ok(s) || e4m3_codes_recip<kVec>(v.data, r, w.data) != 0) {
+      e4m3_codes_div<kVec>(v.data, s, w.data);
+    }
+    w.store_stream(reinterpret_cast<uint32_t*>(dst));
+  } else {
+    vec_t<uint8_t, kVec> q;
 #pragma unroll
-  for (int j = 0; j < kVec; ++j) q[j] = e4m3(v[j], s);
-  q.store_stream(dst);
+    for (int j = 0; j < kVec; ++j) q[j] = e4m3(v[j], s);
+    q.store_stream(dst);
+  }
 }
 
 // ---- per_token_quant_fp8 ----
 
+// Launched with up to 1024 threads: the bound keeps the registers within an SM's 64K for
+// that many (kRegs = 8 of bf16 took 72 without it, and a launch of over 896 threads failed).
 template <typename T, int kVec, int kRegs>
-__global__ void token_quant_kernel(const T* __restrict__ x, uint8_t* __restrict__ out,
-                                   float* __restrict__ scales, int64_t h) {
+__global__ void __launch_bounds__(1024)
+    token_quant_kernel(const T* __restrict__ x, uint8_t* __restrict__ out,
+                       float* __restrict__ scales, int64_t h) {
   __shared__ float scratch[device::kWarpSize];
   const int64_t row = blockIdx.x;
   const int64_t nvec = h / kVec;
@@ -81,6 +100,7 @@ __global__ void token_quant_kernel(const T* __restrict__ x, uint8_t* __restrict_
   device::pdl_launch_dependents();
   amax = device::block_row_max(amax, scratch);
   const float s = group_scale(amax, kDefaultEps, kFp8Max);
+  const float r = __frcp_rn(s);
   if (tid == 0) scales[row] = s;
   if constexpr (kRegs > 0) {
 #pragma unroll
@@ -89,14 +109,14 @@ __global__ void token_quant_kernel(const T* __restrict__ x, uint8_t* __restrict_
       if (i < nvec) {
         vec_t<float, kVec> v;
         v.cast_from(regs[k]);
-        quantize_store(v, s, dst + i * kVec);
+        quantize_store(v, s, r, dst + i * kVec);
       }
     }
   } else {
     for (int64_t i = tid; i < nvec; i += stride) {
       vec_t<float, kVec> v;
       v.cast_load(src + i * kVec);
-      quantize_store(v, s, dst + i * kVec);
+      quantize_store(v, s, r, dst + i * kVec);
     }
   }
 }
@@ -154,11 +174,12 @@ __global__ void tensor_quant_kernel(const T* __restrict__ x, uint8_t* __restrict
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= nvec) return;
   const float s = *scale;
+  const float r = __frcp_rn(s);
   vec_t<T, kVec> raw;
   raw.load_stream(x + i * kVec);
   vec_t<float, kVec> v;
   v.cast_from(raw);
-  quantize_store(v, s, out + i * kVec);
+  quantize_store(v, s, r, out + i * kVec);
 }
 
 constexpr int kFlatThreads = 256;

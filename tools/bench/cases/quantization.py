@@ -5,8 +5,21 @@ ops; the fused silu form at its MoE intermediate 2048 and dense 18432), decode-s
 
 The torch side is the contract written in torch: s = max(amax, eps) / 448 in fp32, q =
 clamp(x / s, +-448) rounded to e4m3 (torch's float8 conversion rounds to nearest even);
-codes compare as floats (the fused form's fp32 silu may differ from torch's by an ulp,
-which can move a code by one step: rtol 1/8 there).
+codes compare as floats. Two things in it are spelled to stay exact:
+
+- every division is by a CUDA tensor (_div). torch turns `tensor / python_float` into a
+  multiplication by the rounded reciprocal (its "CPU scalar" fast path), so s was
+  max(amax, eps) * RN(1/448), an ulp off the contract's correctly rounded quotient for
+  some amax; the codes then moved by one e4m3 step wherever x / s sat next to a rounding
+  boundary (the MISMATCH rows of one step, e.g. 352 vs 320). Tensor / tensor is IEEE
+  division.
+- the UE8M0 scale is taken on the bits (_pow2_at_least), as quant_math.hpp does: exp2(
+  ceil(log2(s))) gives the power below s when log2 rounds a value just above a power of
+  two down to the integer.
+
+The fused form stays approximate: torch's fp32 silu (its own exp) may differ from the
+op's exp_f by an ulp, which can move a code by one step; FUSED allows exactly one step
+(rtol 1/8 covers a step of a normal code, atol 2^-9 that of a subnormal one).
 """
 
 import torch
@@ -18,20 +31,40 @@ TOKENS = [1, 64, 32768]
 SMALL_MAX_T = 64
 FP8_MAX = 448.0
 EPS = 1e-10
-EXACT = (1e-6, 1e-6)
-FUSED = (1e-6, 0.13)
+EXACT = (0.0, 0.0)
+FUSED = (2.0 ** -9, 0.13)
+
+_CONSTANTS = {}
 
 
 def _fp8():
     return torch.float8_e4m3fn
 
 
+def _div(a, d):
+    """a / d with IEEE division: d as a 0-d CUDA tensor, made once (not a python float,
+    which torch replaces by a multiplication by 1/d)."""
+    c = _CONSTANTS.get((d, a.device))
+    if c is None:
+        c = _CONSTANTS[(d, a.device)] = torch.tensor(d, dtype=torch.float32, device=a.device)
+    return a / c
+
+
+def _pow2_at_least(s):
+    """The smallest power of two >= s (s > 0 finite), on the bits: quant_math.hpp's
+    round_up_pow2 for normal s (eps keeps s normal here)."""
+    u = s.view(torch.int32)
+    exp = u & 0x7F800000
+    man = u & 0x007FFFFF
+    return torch.where(man == 0, u, exp + 0x00800000).view(torch.float32)
+
+
 def _group_ref(y, gs, ue8m0):
     t, h = y.shape
     g = y.view(t, h // gs, gs)
-    s = g.abs().amax(dim=-1).clamp_min(EPS) / FP8_MAX
+    s = _div(g.abs().amax(dim=-1).clamp_min(EPS), FP8_MAX)
     if ue8m0:
-        s = torch.exp2(torch.ceil(torch.log2(s)))
+        s = _pow2_at_least(s)
     q = (g / s.unsqueeze(-1)).clamp(-FP8_MAX, FP8_MAX).to(_fp8()).view(t, h)
     return q, s
 
@@ -83,7 +116,7 @@ def _int8_case(t, h):
 
     def reference(tensors):
         g = tensors["x"].float().view(t, h // gs, gs)
-        s = g.abs().amax(dim=-1).clamp_min(EPS) / 127.0
+        s = _div(g.abs().amax(dim=-1).clamp_min(EPS), 127.0)
         q = torch.round((g / s.unsqueeze(-1)).clamp(-127, 127)).to(torch.int8).view(t, h)
         return q, s
 
@@ -109,7 +142,7 @@ def _token_case(t, h):
 
     def reference(tensors):
         xf = tensors["x"].float()
-        s = xf.abs().amax(dim=-1).clamp_min(EPS) / FP8_MAX
+        s = _div(xf.abs().amax(dim=-1).clamp_min(EPS), FP8_MAX)
         return (xf / s.unsqueeze(-1)).clamp(-FP8_MAX, FP8_MAX).to(_fp8()).float(), s
 
     return dict(
@@ -134,7 +167,7 @@ def _tensor_case(t, h, is_static):
     def reference(tensors):
         xf = tensors["x"].float()
         s = (tensors["scale"].clone() if is_static
-             else (xf.abs().amax().clamp_min(EPS) / FP8_MAX).reshape(1))
+             else _div(xf.abs().amax().clamp_min(EPS), FP8_MAX).reshape(1))
         return (xf / s).clamp(-FP8_MAX, FP8_MAX).to(_fp8()).float(), s
 
     return dict(
