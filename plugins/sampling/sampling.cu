@@ -268,12 +268,32 @@ __global__ void __launch_bounds__(1024) sampling_kernel(Params p) {
     }
     __syncthreads();
     const uint32_t mask = (1u << width) - 1;
-    for (int i = tid; i < n; i += nthreads) {
-      const uint32_t k = key_at(i);
-      if ((k >> pshift) == pfx) {
-        const uint32_t d = (k >> shift) & mask;
-        atomicAdd(&sh.cnt[buf][d], 1u);
-        atomicAdd(&sh.qs[buf][d], static_cast<u64>(weight_of(k, max_key)));
+    // Warp-aggregated: a row's keys crowd into a few digits (probabilities share their top
+    // exponent bits), so one shared-memory atomic per key would serialize on those bins.
+    // The lanes holding the same digit (__match_any_sync) add their count and weights in
+    // registers and one of them adds the sums. Weights are < 2^33 (weight_of), so their
+    // 16-bit halves summed over 32 lanes stay below 2^22: __reduce_add_sync is exact. The
+    // loop runs whole warps (base is uniform) so every lane takes part in the match.
+    constexpr uint32_t kNoDigit = 0xffffffffu;
+    for (int base = 0; base < n; base += nthreads) {
+      const int i = base + tid;
+      uint32_t d = kNoDigit;
+      u64 w = 0;
+      if (i < n) {
+        const uint32_t k = key_at(i);
+        if ((k >> pshift) == pfx) {
+          d = (k >> shift) & mask;
+          w = weight_of(k, max_key);
+        }
+      }
+      const unsigned peers = __match_any_sync(0xffffffffu, d);
+      if (d != kNoDigit) {
+        const uint32_t lo = __reduce_add_sync(peers, static_cast<uint32_t>(w & 0xffffu));
+        const uint32_t hi = __reduce_add_sync(peers, static_cast<uint32_t>(w >> 16));
+        if ((tid & 31) == __ffs(static_cast<int>(peers)) - 1) {
+          atomicAdd(&sh.cnt[buf][d], static_cast<uint32_t>(__popc(peers)));
+          atomicAdd(&sh.qs[buf][d], (static_cast<u64>(hi) << 16) + lo);
+        }
       }
     }
     // The buffer was last read by the other blocks two levels ago, before the barrier
