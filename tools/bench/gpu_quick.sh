@@ -3,7 +3,8 @@
 # GPU tests of the JIT and the new groups, JIT vs AOT norms at odd and even widths, the
 # JIT resolve times, vs_torch.py on the new groups. Logs straight into $OUT.
 # Narrow it with CTEST_R (ctest -R pattern), JIT_H (widths), VS_ONLY (vs_torch.py --only)
-# NCU_ONLY (cases profiled by ncu through ncu_case.py; empty: none) and JIT_RESOLVE=0.
+# NCU_ONLY (cases profiled by ncu through ncu_case.py; empty: none), JIT_RESOLVE=0 and
+# EXTRA (more shell commands after the JIT benches; $k is the kreg CLI).
 set -uo pipefail
 L=${OUT:-/tmp/out}; mkdir -p $L
 PY=${PY:-/opt/torch/.venv/bin/python3}
@@ -18,6 +19,7 @@ k=./build/tools/kreg
 for op in rmsnorm fused_add_rmsnorm; do for h in ${JIT_H:-4096 7168 4097 4099 5121}; do for be in cuda jit; do
   timeout 30 $k bench layernorm.$op --shape T=32768,H=$h --dtype bf16 --backend $be --reps 100 2>&1 | grep -E "median|rror|disagree" | sed "s/^/$op H=$h $be: /" | tee -a $L/jit_bench.log
 done; done; done
+[ -n "${EXTRA:-}" ] && eval "$EXTRA" 2>&1 | tee $L/extra.log  # more commands, with $k = kreg
 echo "bench at $SECONDS s"
 if [ -n "${NCU_ONLY:-}" ]; then
   timeout 120 ncu --clock-control none --section SpeedOfLight --section LaunchStats --section Occupancy \
