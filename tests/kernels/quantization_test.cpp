@@ -614,11 +614,125 @@ TEST_F(QuantizationGpu, ManyTokens) {
   }
 }
 
+// The fast path's wider threads (group_quant.cu: 4 vectors a thread from ~2.2M vectors,
+// 2 from ~1.1M, 1 below): odd T at each width, f32's 4-element vectors, a lane per group
+// (gs = 32 of bf16: 4 vectors, one thread), gs = 1024 (128 vectors: 4 a thread over 32
+// lanes), T = 131072 at 4 a thread, UE8M0 and col-major scales with P > T.
+TEST_F(QuantizationGpu, WideThreadPaths) {
+  struct Wide {
+    DType dt;
+    int64_t T, H, gs;
+  };
+  const Wide shapes[] = {
+      {DType::kBF16, 2501, 7168, 128},  // 2.24M vectors: 4 a thread
+      {DType::kBF16, 1301, 7168, 128},  // 1.17M: 2 a thread
+      {DType::kF32, 1301, 7168, 128},   // 2.33M 4-element vectors: 4 a thread
+      {DType::kF16, 2501, 7168, 32},    // 4 a thread, one lane per group
+      {DType::kBF16, 3, 8192, 1024},    // 1 wanted, 4 needed for 32 lanes
+      {DType::kBF16, 131073, 256, 128}  // 4.19M: 4 a thread, T > 2^17
+  };
+  uint64_t seed = 7000;
+  for (const GroupCase& c : kGroupCases) {
+    for (size_t i = 0; i < std::size(shapes); ++i) {
+      const Wide& w = shapes[i];
+      run_group_gpu(c, w.dt, w.T, w.H, w.gs, !c.int8 && i % 2 == 1, seed++, 0);
+    }
+  }
+}
+
+// Values next to the e4m3 rounding boundaries of their scale: the kernels' codes come from
+// a bracketed multiplication by 1/s, which must hand exactly these (about a third here) to
+// the division. Each run of `run` values gets an amax A (first value, either sign), s =
+// RN(A / 448), and values RN(m s) moved by up to 4 ulps, for midpoints and codes m; some
+// runs get specials (NaN, +-inf, -0, subnormals, 3e38). f32 keeps them as made; bf16
+// rounds them (then s = a power of two times 448 / 448 gives exact ties).
+std::vector<double> boundary_values(std::mt19937_64& rng, int64_t n, int64_t run, bool specials) {
+  std::vector<double> v(static_cast<size_t>(n));
+  std::uniform_int_distribution<int> code(0, 0x7d), ulps(-4, 4), ex(-20, 20), man(0, 255);
+  float s = 1.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    if (i % run == 0) {
+      const float a = std::ldexp(1.0f + static_cast<float>(man(rng)) / 256.0f, ex(rng));
+      s = a / 448.0f;
+      v[static_cast<size_t>(i)] = (rng() & 1) ? a : -a;
+      continue;
+    }
+    if (specials && (i / run) % 7 == 3 && i % 11 == 0) {
+      const double sp[] = {NAN, INFINITY, -INFINITY, -0.0, 0.0, 1e-40, -1e-40, 3e38, -3e38};
+      v[static_cast<size_t>(i)] = sp[static_cast<size_t>(i / 11) % 9];
+      continue;
+    }
+    const int k = code(rng);
+    const double lo = device::e4m3_to_float(static_cast<uint8_t>(k));
+    const double hi = device::e4m3_to_float(static_cast<uint8_t>(k + 1));
+    auto x = static_cast<float>(((rng() & 1) ? (lo + hi) / 2 : hi) * s);
+    for (int d = ulps(rng); d != 0; d += d > 0 ? -1 : 1) {
+      x = std::nextafter(x, d > 0 ? INFINITY : -INFINITY);
+    }
+    v[static_cast<size_t>(i)] = (rng() & 1) ? x : -x;
+  }
+  return v;
+}
+
+TEST_F(QuantizationGpu, CodesNextToRoundingBoundariesEqualTheReference) {
+  uint64_t seed = 8000;
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    for (const GroupCase& c : {kGroupCases[0], kGroupCases[1]}) {
+      // T = 64 (1 vector a thread) and T = 2501 (4 a thread: f32 from 2.2M vectors too).
+      for (int64_t T : {int64_t{64}, int64_t{2501}}) {
+        for (bool ue8m0 : {false, true}) {
+          const int64_t H = 7168, gs = 128;
+          std::mt19937_64 rng(seed++);
+          const auto xv = boundary_values(rng, T * H, gs, true);
+          const std::string what = std::string(c.op) + " boundaries " +
+                                   std::string(dtype_name(dt)) + " T=" + std::to_string(T) +
+                                   (ue8m0 ? " ue8m0" : "");
+          GroupCall cpu = make_group_call(c, kCpu, dt, xv, T, H, gs);
+          GroupCall gpu = make_group_call(c, kGpu, dt, xv, T, H, gs);
+          ASSERT_TRUE(cpu.call(handle(c.op, "cpu"), gs, 1e-10, ue8m0, false).ok()) << what;
+          const Status st = gpu.call(handle(c.op, "cuda"), gs, 1e-10, ue8m0, false);
+          ASSERT_TRUE(st.ok()) << what << ": " << st.message();
+          expect_same(gpu.out, cpu.out, what + " out");
+          expect_same(gpu.scales, cpu.scales, what + " scales");
+        }
+      }
+    }
+    // per_token_quant_fp8: one scale a row, so the runs are rows (no specials: an inf
+    // would make the whole row's scale infinite).
+    for (auto [T, H] : std::vector<std::pair<int64_t, int64_t>>{{64, 7168}, {33, 4096}}) {
+      std::mt19937_64 rng(seed++);
+      const auto xv = boundary_values(rng, T * H, H, false);
+      Arg xs[2] = {make_arg(kCpu, dt, {T, H}, xv), make_arg(kGpu, dt, {T, H}, xv)};
+      Arg outs[2] = {make_out(kCpu, DType::kF8E4M3, {T, H}, 0x7f),
+                     make_out(kGpu, DType::kF8E4M3, {T, H}, 0x7f)};
+      Arg scs[2] = {make_out(kCpu, DType::kF32, {T}, NAN), make_out(kGpu, DType::kF32, {T}, NAN)};
+      for (int i = 0; i < 2; ++i) {
+        DLTensor v[] = {xs[i].view(), outs[i].view(), scs[i].view()};
+        DLTensor* args[] = {&v[0], &v[1], &v[2]};
+        const Status st = handle(kTokenFp8, i == 0 ? "cpu" : "cuda").call(args);
+        ASSERT_TRUE(st.ok()) << st.message();
+      }
+      const std::string what = "per_token boundaries " + std::string(dtype_name(dt)) +
+                               " T=" + std::to_string(T) + " H=" + std::to_string(H);
+      expect_same(outs[1], outs[0], what + " out");
+      expect_same(scs[1], scs[0], what + " scales");
+    }
+  }
+}
+
 TEST_F(QuantizationGpu, PerTokenAndPerTensorEqualTheReference) {
   uint64_t seed = 5000;
   for (DType dt : kFloatDtypes) {
     for (auto [T, H] : std::vector<std::pair<int64_t, int64_t>>{
-             {1, 7}, {5, 100}, {3, 4104}, {64, 7168}, {2, 1}, {4, 70000}, {7, 2048}, {1, 128}}) {
+             {1, 7},
+             {5, 100},
+             {3, 4104},
+             {64, 7168},
+             {2, 1},
+             {4, 70000},
+             {7, 2048},
+             {1, 128},
+             {3, 65536}}) {  // 8192 vectors: 1024 threads holding 8 each (bf16, f16)
       for (int64_t offset : {int64_t{0}, int64_t{1}}) {
         std::mt19937_64 rng(seed++);
         auto xv = random_values(rng, T * H, 64);
