@@ -3,7 +3,6 @@
 // the kernel the core compiled for the call's H and dtype (ctx.jit_kernel()).
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cstdint>
 
 #include "jit/rmsnorm_config.h"
@@ -46,25 +45,14 @@ KernelStatus launch(Context& ctx, const DLTensor& x, DLTensor* residual, const D
   const void* w = data_ptr<const void>(weight);
   void* o = data_ptr<void>(out);
   const auto cfg = kreg_jit::rms_config(static_cast<int>(h), x.dtype.bits / 8, fused);
-  // The kernel's blocks each take rows of one shift class (r mod V; rmsnorm.cu.jit): V
-  // classes, each cut into blocks of `iters` steps of cfg.rows rows. About 1024 blocks in
-  // all (several waves on 132 SMs) at large T, and at most 32 steps, so the weights a block
-  // reads once are amortized over up to 32 rows; at decode sizes one step, every row its
-  // own block.
-  const int64_t vec = cfg.vec;
-  const int64_t steps = ((rows + vec - 1) / vec + cfg.rows - 1) / cfg.rows;  // per class
-  const int64_t target_per_class = std::max<int64_t>(1, 1024 / vec);
-  const int64_t iters =
-      std::clamp<int64_t>((steps + target_per_class - 1) / target_per_class, 1, 32);
-  const int64_t blocks = vec * ((steps + iters - 1) / iters);
+  const int64_t blocks = (rows + cfg.rows - 1) / cfg.rows;
   if (blocks > INT32_MAX) {
     return ctx.fail(KREG_INVALID_ARGUMENT, "%s: T = %lld rows is too many for one launch", ctx.op(),
                     static_cast<long long>(rows));
   }
   long long n = rows;
   float e = static_cast<float>(eps);
-  int it = static_cast<int>(iters);
-  void* args[] = {&in, &res, &w, &o, &n, &e, &it};
+  void* args[] = {&in, &res, &w, &o, &n, &e};
   return device::jit_launch(
       ctx, dim3(static_cast<unsigned>(blocks)),
       dim3(static_cast<unsigned>(cfg.threads), static_cast<unsigned>(cfg.rows)), 0, args);
@@ -72,9 +60,10 @@ KernelStatus launch(Context& ctx, const DLTensor& x, DLTensor* residual, const D
 
 // The JIT kernel serves the widths the AOT kernel reads in scalars: H not a multiple of
 // a 16-byte vector. Measured on an H200 (T = 32768 bf16, tools/bench/gpu_quick.sh), with
-// the first JIT kernel (weights read per row): rmsnorm H = 4097 533 -> 221 us, fused
-// 630 -> 298 us; at H = 4096 and 7168 the AOT kernel was as fast or faster (rmsnorm 7168:
-// 256 vs 311 us), so it keeps those.
+// the weights read as scalars: rmsnorm H = 4097 533 -> 221 us, fused 630 -> 298 us; at
+// H = 4096 and 7168 the AOT kernel is as fast or faster (rmsnorm 7168: 256 vs 311 us), so
+// it keeps those. (Blocks walking 32 rows of one shift class with the weights held in
+// registers were slower: 256 and 446 us at H = 4097; one row per block stays.)
 // Rows read as 16-byte vectors also need 16-byte aligned base pointers; views that are
 // not (an offset into a larger buffer) take the AOT kernel.
 bool jit_fits(const DLTensor& x, std::initializer_list<const void*> ps) {
