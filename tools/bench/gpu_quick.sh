@@ -4,7 +4,8 @@
 # JIT resolve times, vs_torch.py on the new groups. Logs straight into $OUT.
 # Narrow it with CTEST_R (ctest -R pattern), JIT_H (widths), VS_ONLY (vs_torch.py --only)
 # NCU_ONLY (cases profiled by ncu through ncu_case.py; empty: none), JIT_RESOLVE=0 and
-# EXTRA (more shell commands after the JIT benches; $k is the kreg CLI).
+# EXTRA (more shell commands after the JIT benches; $k is the kreg CLI), VS_UNTIL (second
+# by which vs_torch.py is stopped, default 560).
 set -uo pipefail
 L=${OUT:-/tmp/out}; mkdir -p $L
 PY=${PY:-/opt/torch/.venv/bin/python3}
@@ -21,11 +22,15 @@ for op in rmsnorm fused_add_rmsnorm; do for h in ${JIT_H:-4096 7168 4097 4099 51
 done; done; done
 [ -n "${EXTRA:-}" ] && eval "$EXTRA" 2>&1 | tee $L/extra.log  # more commands, with $k = kreg
 echo "bench at $SECONDS s"
-if [ -n "${NCU_ONLY:-}" ]; then
-  timeout 120 ncu --clock-control none --section SpeedOfLight --section LaunchStats --section Occupancy \
-    --section WarpStateStats --section MemoryWorkloadAnalysis $PY tools/bench/ncu_case.py --only "$NCU_ONLY" --calls 2 >$L/ncu.log 2>&1
-  echo "ncu rc=$?"; grep -E "^  [a-z_]+.*\(|Duration|Memory Throughput|Achieved Occupancy|Registers Per|Block Size|Grid Size|Stall" $L/ncu.log | head -60
-fi
 [ "${JIT_RESOLVE:-1}" = 1 ] && timeout 60 $PY tools/bench/jit_resolve.py --runs 3 2>&1 | tee $L/jit_resolve.log
-timeout $((560 - SECONDS)) $PY tools/bench/vs_torch.py --reps 30 --out $L/vs --only "${VS_ONLY:-quantization,sampling,elementwise,embeddings,grammar}" >$L/vs_torch.log 2>&1
+timeout $((${VS_UNTIL:-560} - SECONDS)) $PY tools/bench/vs_torch.py --reps 30 --out $L/vs --only "${VS_ONLY:-quantization,sampling,elementwise,embeddings,grammar}" >$L/vs_torch.log 2>&1
 tail -n 45 $L/vs_torch.log
+if [ -n "${NCU_ONLY:-}" ]; then
+  # One profile per matching launch (kernels named by NCU_K); the whole report is in ncu.log.
+  t=$((590 - SECONDS)); [ $t -gt 150 ] && t=150
+  timeout $t ncu --clock-control none -k "regex:${NCU_K:-.}" --section SpeedOfLight \
+    --section LaunchStats --section Occupancy --section ComputeWorkloadAnalysis --section WarpStateStats \
+    --section MemoryWorkloadAnalysis $PY tools/bench/ncu_case.py --only "$NCU_ONLY" --calls 1 >$L/ncu.log 2>&1
+  echo "ncu rc=$? at $SECONDS s"
+  grep -E "^  [a-zA-Z_].*\(|Duration|DRAM Throughput|Compute \(SM\) Throughput|Issue Slots Busy|Achieved Occupancy|Theoretical Occupancy|Registers Per|Waves Per SM|stalled" $L/ncu.log | cut -c1-220 | head -80
+fi
