@@ -2,7 +2,8 @@
 # The shortest GPU evidence for issues 15 and 16 (one device call): Release build, the
 # GPU tests of the JIT and the new groups, JIT vs AOT norms at odd and even widths, the
 # JIT resolve times, vs_torch.py on the new groups. Logs straight into $OUT.
-# Narrow it with CTEST_R (ctest -R pattern), JIT_H (widths), VS_ONLY (vs_torch.py --only)
+# Narrow it with CTEST_R (ctest -R pattern), JIT_H (widths), JIT_BE (backends), VS_ONLY
+# (vs_torch.py --only),
 # NCU_ONLY (cases profiled by ncu through ncu_case.py; empty: none), JIT_RESOLVE=0 and
 # EXTRA (more shell commands after the JIT benches; $k is the kreg CLI), VS_UNTIL (second
 # by which vs_torch.py is stopped, default 560).
@@ -17,7 +18,7 @@ export PYTHONPATH=$PWD/build/python KREG_PLUGIN_DIR=$PWD/build/plugins KREG_MANI
 timeout 200 ctest --test-dir build -j8 --output-on-failure -R "${CTEST_R:-Gpu|Jit|Quantization|Sampling|Hadamard|Embeddings|Grammar|Elementwise|Layernorm|GpuKernels}" >$L/ctest.log 2>&1
 echo "ctest: $(grep -E 'tests passed' $L/ctest.log) at $SECONDS s"; grep -E "\((Failed|Timeout|SEGFAULT|Subprocess)" $L/ctest.log | head -30
 k=./build/tools/kreg
-for op in rmsnorm fused_add_rmsnorm; do for h in ${JIT_H:-4096 7168 4097 4099 5121}; do for be in cuda jit; do
+for op in rmsnorm fused_add_rmsnorm; do for h in ${JIT_H:-4096 7168 4097 4099 5121}; do for be in ${JIT_BE:-cuda jit}; do
   timeout 30 $k bench layernorm.$op --shape T=32768,H=$h --dtype bf16 --backend $be --reps 100 2>&1 | grep -E "median|rror|disagree" | sed "s/^/$op H=$h $be: /" | tee -a $L/jit_bench.log
 done; done; done
 [ -n "${EXTRA:-}" ] && eval "$EXTRA" 2>&1 | tee $L/extra.log  # more commands, with $k = kreg
