@@ -256,10 +256,11 @@ __global__ void __launch_bounds__(1024) sampling_kernel(Params p) {
   }
 
   int parity = 0;
-  // One histogram level over the keys whose bits above `pshift` equal `pfx`, digits of
-  // `width` bits at `shift`, reduced over the cluster into (dst_cnt, dst_qs).
-  auto histogram = [&](int pshift, uint32_t pfx, int shift, int width, uint32_t* dst_cnt,
-                       u64* dst_qs) {
+  // One histogram level over the keys at or above `lo_key` whose bits above `pshift` equal
+  // `pfx`, digits of `width` bits at `shift`, reduced over the cluster into (dst_cnt,
+  // dst_qs).
+  auto histogram = [&](int pshift, uint32_t pfx, uint32_t lo_key, int shift, int width,
+                       uint32_t* dst_cnt, u64* dst_qs) {
     const int buf = parity;
     parity ^= 1;
     for (int d = tid; d < kBins; d += nthreads) {
@@ -274,6 +275,9 @@ __global__ void __launch_bounds__(1024) sampling_kernel(Params p) {
     // registers and one of them adds the sums. Weights are < 2^33 (weight_of), so their
     // 16-bit halves summed over 32 lanes stay below 2^22: __reduce_add_sync is exact. The
     // loop runs whole warps (base is uniform) so every lane takes part in the match.
+    // Below level 0 only the few keys of the chosen prefix count: a warp holding none of
+    // them skips the match and the reductions (one ballot), which makes those levels a
+    // plain scan of shared memory.
     constexpr uint32_t kNoDigit = 0xffffffffu;
     for (int base = 0; base < n; base += nthreads) {
       const int i = base + tid;
@@ -281,11 +285,12 @@ __global__ void __launch_bounds__(1024) sampling_kernel(Params p) {
       u64 w = 0;
       if (i < n) {
         const uint32_t k = key_at(i);
-        if ((k >> pshift) == pfx) {
+        if ((k >> pshift) == pfx && k >= lo_key) {
           d = (k >> shift) & mask;
           w = weight_of(k, max_key);
         }
       }
+      if (__ballot_sync(0xffffffffu, d != kNoDigit) == 0) continue;  // uniform in the warp
       const unsigned peers = __match_any_sync(0xffffffffu, d);
       if (d != kNoDigit) {
         const uint32_t lo = __reduce_add_sync(peers, static_cast<uint32_t>(w & 0xffffu));
@@ -313,8 +318,10 @@ __global__ void __launch_bounds__(1024) sampling_kernel(Params p) {
   };
 
   // A radix descent for the largest key t with pred(count(key >= t), weight(key >= t));
-  // false when no key qualifies (level 0 found no digit).
-  auto search = [&](auto pred, Cut& cut) -> bool {
+  // false when no key qualifies (level 0 found no digit). Levels 1..3 count only keys at
+  // or above lo_key: exact when the answer is known to be >= lo_key, as the top-p cut
+  // over a top-k set is (see the caller); level 0 reuses the all-keys histogram.
+  auto search = [&](auto pred, uint32_t lo_key, Cut& cut) -> bool {
     constexpr int kShift[4] = {23, 15, 7, 0};
     constexpr int kWidth[4] = {8, 8, 8, 7};
     uint32_t pfx = 0, above_c = 0;
@@ -323,7 +330,8 @@ __global__ void __launch_bounds__(1024) sampling_kernel(Params p) {
       const uint32_t* cnt = sh.l0_cnt;
       const u64* qs = sh.l0_qs;
       if (level > 0) {
-        histogram(kShift[level - 1], pfx, kShift[level], kWidth[level], sh.red_cnt, sh.red_qs);
+        histogram(kShift[level - 1], pfx, lo_key, kShift[level], kWidth[level], sh.red_cnt,
+                  sh.red_qs);
         cnt = sh.red_cnt;
         qs = sh.red_qs;
       }
@@ -348,14 +356,14 @@ __global__ void __launch_bounds__(1024) sampling_kernel(Params p) {
   if constexpr (M == Mode::kMinPSample) {
     cut.key = min_p_threshold(__ldg(p.min_p + row), max_key);
   } else {
-    histogram(31, 0, 23, 8, sh.l0_cnt, sh.l0_qs);
+    histogram(31, 0, 0, 23, 8, sh.l0_cnt, sh.l0_qs);
     Cut kcut;  // top-k (or everything)
     u64 kept_total;
     if constexpr (M == Mode::kTopKRenorm || M == Mode::kTopKTopPSample) {
       const int32_t k = __ldg(p.top_k + row);
       if (k > 0 && k < p.V) {
         const uint32_t ku = static_cast<uint32_t>(k);
-        search([ku](uint32_t c, u64) { return c >= ku; }, kcut);
+        search([ku](uint32_t c, u64) { return c >= ku; }, 0, kcut);
         kcut.ties = ku - kcut.c_gt;
       }
     }
@@ -376,13 +384,20 @@ __global__ void __launch_bounds__(1024) sampling_kernel(Params p) {
       const float top_p = __ldg(p.top_p + row);
       if (!top_p_keeps_all(top_p)) {
         const double target = top_p_target(top_p, kept_total);
+        // After a top-k cut the top-p cut is at or above it: the keys >= kcut.key (all
+        // its ties) weigh at least kept_total >= target, so the largest t reaching the
+        // target is >= kcut.key, and a descent counting only the keys >= kcut.key (at
+        // most k plus ties: a few per block) finds the same t, ties and weights. When
+        // this t is kcut.key, ties_needed keeps at most kcut.ties of its ties (their
+        // weight kept_total reaches the target), so the choice below is unchanged.
+        const uint32_t lo_key = kcut.ties == kAllTies ? 0 : kcut.key;
         Cut pcut;
         bool found = true;
         if (!(target > 0)) {
           pcut.key = max_key;  // the first max only: rank the ties of the max
           pcut.ties = 1;
           pcut.c_eq = kAllTies;
-        } else if (search([target](uint32_t, u64 s) { return reaches(s, target); }, pcut)) {
+        } else if (search([target](uint32_t, u64 s) { return reaches(s, target); }, lo_key, pcut)) {
           pcut.ties = ties_needed(pcut.s_gt, weight_of(pcut.key, max_key), pcut.c_eq, target);
         } else {
           found = false;
@@ -506,8 +521,12 @@ __global__ void __launch_bounds__(1024) sampling_kernel(Params p) {
 }
 
 // rng[1] += 1 after the sampling kernel read it (same stream, so a captured graph draws
-// fresh numbers on every replay).
+// fresh numbers on every replay). Launched as a programmatic dependent of the sampling
+// kernel where the device has PDL, so its launch overlaps the sampling kernel:
+// griddepcontrol.wait returns once that kernel has completed (every row has read the
+// offset) and its writes are visible.
 __global__ void advance_rng_kernel(int64_t* rng) {
+  kreg::device::pdl_wait();
   rng[1] = static_cast<int64_t>(static_cast<uint64_t>(rng[1]) + 1);
 }
 
@@ -558,7 +577,12 @@ KernelStatus launch(Context& ctx, const char* op, const DLTensor& probs, Params 
   }
   err = cudaLaunchKernelEx(&config, kernel, prm);
   if (err != cudaSuccess) return device::launch_status(ctx, op, err);
-  if (rng != nullptr) advance_rng_kernel<<<1, 1, 0, config.stream>>>(rng);
+  if (rng != nullptr) {
+    // PDL here whatever ctx.pdl() says: the only kernel this one overlaps is ours, and
+    // the kernel after it starts once it has completed (it never signals early).
+    err = device::launch(advance_rng_kernel, dim3(1), dim3(1), 0, config.stream, true, rng);
+    if (err != cudaSuccess) return device::launch_status(ctx, op, err);
+  }
   return device::launch_status(ctx, op);
 }
 
