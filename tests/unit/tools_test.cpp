@@ -160,6 +160,41 @@ TEST(Tools, RunRefusesEveryBadNumberNamingTheArgument) {
       << reps.output;
 }
 
+// An optional tensor without a named shape (grammar's indices) is passed absent and the
+// report says so; a required one (memory.copy_rows's src) is still a usage error.
+TEST(Tools, RunLeavesAnOptionalRankFreeTensorAbsent) {
+  Outcome r = run(kCli +
+                  " run grammar.apply_token_bitmask --shape B=4,V=1000,W=32 --dtype f32 "
+                  "--backend cpu");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("indices    absent (optional, no named shape to build it from)"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("logits"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("mismatches 0/4000  OK"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("no named shape, so"), std::string::npos) << r.output;
+  // bench checks the same arguments: it times on a GPU, and without one says only that.
+  Outcome b = run(kCli +
+                  " bench grammar.apply_token_bitmask --shape B=4,V=1000,W=32 --dtype f32 "
+                  "--reps 5");
+  EXPECT_TRUE(b.exit_code == 0 ||
+              (b.exit_code == 1 && b.output.find("no CUDA device") != std::string::npos))
+      << b.output;
+  if (b.exit_code == 0) {
+    EXPECT_NE(b.output.find("indices    absent"), std::string::npos) << b.output;
+    EXPECT_NE(b.output.find("checked vs cpu reference"), std::string::npos) << b.output;
+  }
+
+  for (const char* cmd : {" run --backend cpu", " bench"}) {
+    Outcome req = run(kCli + cmd + " memory.copy_rows --shape N=4 --dtype f32");
+    EXPECT_EQ(req.exit_code, 2) << cmd << "\n" << req.output;
+    EXPECT_NE(req.output.find("tensor 'src' has no named shape, so run and bench cannot build it"),
+              std::string::npos)
+        << cmd << "\n"
+        << req.output;
+  }
+}
+
 TEST(Tools, BrokenManifestIsAUsageError) {
   Outcome r =
       run(kCli + " list --manifest " KREG_TEST_FIXTURES "/manifests/bad/duplicate_group.yaml");

@@ -425,11 +425,36 @@ Status check_shape_names(const KernelSpec& spec, const SymbolMap& symbols) {
   return needs_every_symbol(spec, symbols);
 }
 
+bool left_absent(const Param& p) { return p.is_tensor() && p.optional && !p.ranked; }
+
+std::vector<std::string> absent_tensors(const KernelSpec& spec) {
+  std::vector<std::string> names;
+  for (const Param& p : spec.signature.params) {
+    if (left_absent(p)) names.push_back(p.name);
+  }
+  return names;
+}
+
+Buffer* ExampleArgs::buffer(size_t n) {
+  return const_cast<Buffer*>(static_cast<const ExampleArgs*>(this)->buffer(n));
+}
+
+const Buffer* ExampleArgs::buffer(size_t n) const {
+  if (n >= tensors.size() || tensors[n] == nullptr) return nullptr;
+  // Buffers hold the present tensors in order: this one's index is how many come before.
+  const size_t b = static_cast<size_t>(
+      std::count_if(tensors.begin(), tensors.begin() + static_cast<std::ptrdiff_t>(n),
+                    [](const DLTensor* t) { return t != nullptr; }));
+  return b < buffers.size() ? &buffers[b] : nullptr;
+}
+
 namespace {
 
-// One tensor of an example, sized and checked before anything is allocated.
+// One tensor of an example, sized and checked before anything is allocated; an absent one
+// (left_absent) takes no memory.
 struct PlannedTensor {
   const Param* param = nullptr;
+  bool absent = false;
   std::vector<int64_t> shape;
   DType dtype = DType::kF32;
   int64_t numel = 0;
@@ -443,12 +468,17 @@ Result<std::vector<PlannedTensor>> plan_example(const KernelSpec& spec, const Sy
   std::vector<PlannedTensor> out;
   for (const Param& p : sig.params) {
     if (!p.is_tensor()) continue;
+    PlannedTensor t;
+    t.param = &p;
+    if (left_absent(p)) {  // nothing to size it from: passed as null, as a caller may
+      t.absent = true;
+      out.push_back(std::move(t));
+      continue;
+    }
     if (!p.ranked) {
       return Status(KREG_INVALID_ARGUMENT,
                     spec.op + ": tensor '" + p.name + "' has no named shape to build it from");
     }
-    PlannedTensor t;
-    t.param = &p;
     // "tensor 'x' [T,2*D] with T=4, D=8": what a message about this tensor starts with.
     auto where = [&] {
       std::string w = spec.op + ": tensor '" + p.name + "' " + sig.shape_name(p);
@@ -503,9 +533,12 @@ Result<std::vector<PlannedTensor>> plan_example(const KernelSpec& spec, const Sy
 // "x [T=99999999999,H=8] 1.6 TB, out ..." for the message when an example does not fit.
 std::string planned_text(const KernelSpec& spec, const std::vector<PlannedTensor>& plan) {
   std::string s = spec.op + "'s example tensors (";
-  for (size_t i = 0; i < plan.size(); ++i) {
-    s += (i ? ", " : "") + plan[i].param->name + " " + shape_text(plan[i].shape) + " " +
-         std::string(dtype_name(plan[i].dtype));
+  bool first = true;
+  for (const PlannedTensor& t : plan) {
+    if (t.absent) continue;
+    s += (first ? "" : ", ") + t.param->name + " " + shape_text(t.shape) + " " +
+         std::string(dtype_name(t.dtype));
+    first = false;
   }
   return s + ")";
 }
@@ -561,14 +594,19 @@ Result<ExampleArgs> make_example(const KernelSpec& spec, const SymbolMap& symbol
   if (Status st = plan_fits(spec, *plan, device); !st.ok()) return st;
   std::mt19937_64 rng(seed);
   ExampleArgs args;
+  std::vector<bool> present;
   for (PlannedTensor& t : *plan) {
+    present.push_back(!t.absent);
+    if (t.absent) continue;
     auto buf = Buffer::make(device, t.dtype, std::move(t.shape));
     if (!buf) return buf.status();
     Status st = t.param->read() ? buf->fill_random(rng) : buf->poison();
     if (!st.ok()) return st;
     args.buffers.push_back(std::move(buf).value());
   }
-  for (Buffer& b : args.buffers) args.tensors.push_back(b.tensor());
+  // The views once every buffer is in place (a growing vector moves its Buffers).
+  size_t b = 0;
+  for (bool here : present) args.tensors.push_back(here ? args.buffers[b++].tensor() : nullptr);
   return args;
 }
 
@@ -580,18 +618,24 @@ Result<ExampleArgs> copy_example(const ExampleArgs& src, DLDevice device) {
     if (Status st = nb->copy_from(b); !st.ok()) return st;
     out.buffers.push_back(std::move(nb).value());
   }
-  for (Buffer& b : out.buffers) out.tensors.push_back(b.tensor());
+  // src's absent tensors stay absent; the others are its buffers in order.
+  size_t b = 0;
+  for (const DLTensor* t : src.tensors) {
+    out.tensors.push_back(t != nullptr && b < out.buffers.size() ? out.buffers[b++].tensor()
+                                                                 : nullptr);
+  }
   return out;
 }
 
 size_t bytes_moved(const KernelSpec& spec, const ExampleArgs& args) {
   size_t total = 0;
-  int i = 0;
+  size_t i = 0;
   for (const Param& p : spec.signature.params) {
     if (!p.is_tensor()) continue;
-    const size_t b = args.buffers[static_cast<size_t>(i++)].bytes();
-    if (p.read()) total += b;
-    if (p.written()) total += b;
+    const Buffer* buf = args.buffer(i++);
+    if (buf == nullptr) continue;  // absent: nothing moved
+    if (p.read()) total += buf->bytes();
+    if (p.written()) total += buf->bytes();
   }
   return total;
 }
@@ -654,16 +698,18 @@ Result<std::vector<Comparison>> check_against_reference(Registry& registry,
   if (!ref) return ref.status();
   if (Status st = ref->call(host->tensors, attrs.view()); !st.ok()) return st;
   std::vector<Comparison> out;
-  int i = 0;
+  size_t i = 0;
   for (const Param& p : spec.signature.params) {
     if (!p.is_tensor()) continue;
-    const size_t idx = static_cast<size_t>(i++);
-    if (!p.written()) continue;
-    auto got = dev->buffers[idx].to_doubles();
+    const Buffer* got_buf = dev->buffer(i);
+    const Buffer* want_buf = host->buffer(i);
+    ++i;
+    if (!p.written() || want_buf == nullptr || got_buf == nullptr) continue;  // absent: unwritten
+    auto got = got_buf->to_doubles();
     if (!got) return got.status();
-    auto want = host->buffers[idx].to_doubles();
+    auto want = want_buf->to_doubles();
     if (!want) return want.status();
-    out.push_back(compare_values(p.name, *got, *want, tolerance_for(host->buffers[idx].dtype())));
+    out.push_back(compare_values(p.name, *got, *want, tolerance_for(want_buf->dtype())));
   }
   return out;
 }

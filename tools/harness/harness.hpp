@@ -67,16 +67,31 @@ Result<SymbolMap> parse_shape_spec(const std::string& text);
 Status check_shape_names(const KernelSpec& spec, const SymbolMap& symbols);
 
 // One buffer per tensor parameter of `spec`, shaped from `symbols`: inputs random,
-// write-only outputs poisoned. Tensors without an explicit dtype take `dtype`. Every
+// write-only outputs poisoned. Tensors without an explicit dtype take `dtype`. An optional
+// tensor without a named shape ('Tensor?' with no [...]: nothing to size it from) is left
+// absent, passed as null, as a caller omitting it would; a required one is an error. Every
 // extent (coef * size) and byte count is overflow-checked and the total compared with the
 // device's free memory (memory.hpp) before anything is allocated; errors name the tensor,
 // its dimensions and the limit.
 struct ExampleArgs {
-  std::vector<Buffer> buffers;
-  std::vector<DLTensor*> tensors;  // views, in signature order
+  std::vector<Buffer> buffers;     // the built tensors only, in signature order
+  std::vector<DLTensor*> tensors;  // one per tensor parameter, in signature order; null: absent
+  // The buffer behind tensor parameter `n` (its position among the signature's tensors),
+  // null when that tensor is absent or there is no such tensor. Walk parameters with this,
+  // never buffers[n]: an absent tensor has no buffer, so the two do not line up.
+  Buffer* buffer(size_t n);
+  const Buffer* buffer(size_t n) const;
 };
+
+// True for a tensor parameter make_example leaves absent: optional and rank-free.
+bool left_absent(const Param& p);
+// The names of `spec`'s tensors make_example leaves absent, in signature order (for a
+// report to say what was not passed).
+std::vector<std::string> absent_tensors(const KernelSpec& spec);
+
 Result<ExampleArgs> make_example(const KernelSpec& spec, const SymbolMap& symbols, DType dtype,
                                  DLDevice device, uint64_t seed);
+// A copy on `device`: every buffer copied, absent tensors absent.
 Result<ExampleArgs> copy_example(const ExampleArgs& src, DLDevice device);
 
 // The checks make_example (with_reference false) or check_against_reference (true: the
@@ -85,7 +100,8 @@ Result<ExampleArgs> copy_example(const ExampleArgs& src, DLDevice device);
 Status check_example_fits(const KernelSpec& spec, const SymbolMap& symbols, DType dtype,
                           DLDevice device, bool with_reference);
 
-// Bytes a call moves at minimum: each read tensor once, each written tensor once.
+// Bytes a call moves at minimum: each read tensor once, each written tensor once (an
+// absent tensor moves none).
 size_t bytes_moved(const KernelSpec& spec, const ExampleArgs& args);
 
 struct Tolerance {
@@ -104,7 +120,7 @@ struct Comparison {
 };
 
 // Runs `handle` on example inputs and the op's CPU reference on copies of the same
-// inputs, then compares every written tensor. Synchronizes the device.
+// inputs, then compares every written tensor that is not absent. Synchronizes the device.
 Result<std::vector<Comparison>> check_against_reference(Registry& registry,
                                                         const KernelHandle& handle,
                                                         const SymbolMap& symbols, DType dtype,

@@ -437,14 +437,15 @@ int parse_run_numbers(RunArgs* a) {
 }
 
 // --shape against the signature before anything runs: a dimension it lacks or one it does
-// not have is the user's to fix (exit 2), not a failed run; so is an op whose tensors have
-// no named shape to build example inputs from.
+// not have is the user's to fix (exit 2), not a failed run; so is an op with a required
+// tensor that has no named shape to build example inputs from (an optional one is left
+// absent: harness::left_absent).
 int check_dimensions(const kreg::KernelSpec& spec, const kreg::harness::SymbolMap& symbols) {
   const kreg::Signature& sig = spec.signature;
   std::string all;
   for (const std::string& s : sig.symbols) all += (all.empty() ? "" : ",") + s + "=N";
   for (const kreg::Param& p : sig.params) {
-    if (p.is_tensor() && !p.ranked) {
+    if (p.is_tensor() && !p.ranked && !kreg::harness::left_absent(p)) {
       return fail(kExitUsage, "kreg: ", spec.op, ": tensor '", p.name,
                   "' has no named shape, so run and bench cannot build it (signature ", sig.text,
                   ")");
@@ -557,6 +558,14 @@ int prepare(const std::string& manifest, const RunArgs& a, Opened* o, kreg::Kern
   return kExitOk;
 }
 
+// "  indices    absent (optional, no named shape to build it from)": one line per tensor
+// the example leaves out, so a report never hides what was not passed.
+void print_absent(const kreg::KernelSpec& spec) {
+  for (const std::string& name : kreg::harness::absent_tensors(spec)) {
+    out << "  " << pad(name, 10) << " absent (optional, no named shape to build it from)\n";
+  }
+}
+
 int cmd_run(const std::string& manifest, const RunArgs& a) {
   Opened o;
   kreg::KernelHandle h;
@@ -570,6 +579,7 @@ int cmd_run(const std::string& manifest, const RunArgs& a) {
   bool ok = true;
   out << h.op() << " [" << h.backend() << "] " << a.shape << " " << kreg::dtype_name(dtype)
       << ", seed " << a.seed << ", vs cpu reference\n";
+  print_absent(h.spec());
   for (const auto& c : *result) {
     ok = ok && c.ok();
     out << "  " << pad(c.tensor, 10) << " max_abs_err " << num("%.3g", c.max_abs)
@@ -632,6 +642,7 @@ int cmd_bench(const std::string& manifest, const RunArgs& a) {
       << " GB/s = " << num("%.1f", 100.0 * t->gbps / *copy) << "% of copy " << num("%.0f", *copy)
       << " GB/s [" << t->buffer_sets << " buffer sets" << (t->graph ? ", CUDA graph" : "") << ", "
       << a.reps << " reps" << (a.pdl ? ", PDL" : "") << "]\n";
+  print_absent(h.spec());
   out << "  " << checked << ": OK\n";
   return kExitOk;
 }

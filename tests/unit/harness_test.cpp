@@ -1,0 +1,181 @@
+// The harness's example builder on ops with an optional rank-free tensor ('Tensor?' with no
+// named shape): make_example leaves it absent (a null DLTensor*, no buffer), and every walk
+// over the parameters (copy_example, bytes_moved, check_against_reference) skips it and
+// still finds the right buffer for the tensors after it. A required rank-free tensor stays
+// an error. CPU only: ops registered in-process.
+#include "harness.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "kreg/plugin.hpp"
+#include "kreg/registry.hpp"
+
+namespace kreg {
+namespace {
+
+// What the last kernel call received, so a test sees what the harness passed.
+thread_local bool g_saw_rows = true;
+thread_local bool g_saw_scale = true;
+
+// x[r, :] = -x[r, :] for the listed rows, every row without `rows`.
+KernelStatus negate_rows(Context& ctx, DLTensor& x, const DLTensor* rows) {
+  g_saw_rows = rows != nullptr;
+  if (rows != nullptr && rows->ndim != 1) {
+    return ctx.fail(KREG_INVALID_ARGUMENT, "rows must be one-dimensional");
+  }
+  const int64_t n = x.shape[0], width = x.shape[1];
+  const int64_t count = rows ? rows->shape[0] : n;
+  float* base = data_ptr<float>(x);
+  for (int64_t r = 0; r < count; ++r) {
+    const int64_t row = rows ? data_ptr<const int32_t>(*rows)[r] : r;
+    if (row < 0 || row >= n) return ctx.fail(KREG_INVALID_ARGUMENT, "row %lld", (long long)row);
+    for (int64_t v = 0; v < width; ++v) base[row * width + v] = -base[row * width + v];
+  }
+  return kOk;
+}
+
+// out = x * (scale ? scale[0] : 3): the absent tensor sits between two built ones.
+KernelStatus scaled(Context&, const DLTensor& x, const DLTensor* scale, DLTensor& out) {
+  g_saw_scale = scale != nullptr;
+  const float s = scale ? data_ptr<const float>(*scale)[0] : 3.0f;
+  for (int64_t i = 0; i < numel(x); ++i) data_ptr<float>(out)[i] = s * data_ptr<const float>(x)[i];
+  return kOk;
+}
+
+KernelStatus needs_y(Context&, const DLTensor&, const DLTensor&, DLTensor&) { return kOk; }
+
+KernelSpec spec(const char* op, const char* sig, Binding b) {
+  kreg_kernel_desc d{};
+  d.struct_size = sizeof d;
+  d.op = op;
+  d.backend = "cpu";
+  d.caps = kCpu;
+  d.num_caps = 1;
+  d.signature = sig;
+  d.dtypes = "f32";
+  d.arg_kinds = b.arg_kinds;
+  d.description = "test";
+  d.source_file = "harness_test.cpp";
+  d.fn = b.fn;
+  auto s = make_kernel_spec(d, Provenance{"h", "0.1.0", "", ""});
+  EXPECT_TRUE(s.ok()) << s.status().message();
+  return std::move(s).value();
+}
+
+const char* kMaskSig = "negate_rows(Tensor(a!)[B,V] x, Tensor?<i32> rows) -> ()";
+const char* kScaledSig = "scaled(Tensor[N] x, Tensor? scale, Tensor(a!)[N] out) -> ()";
+const DLDevice kCpuDev{kDLCPU, 0};
+
+TEST(Harness, OptionalRankFreeTensorIsLeftAbsent) {
+  const KernelSpec s = spec("h.negate_rows", kMaskSig, bind<&negate_rows>);
+  EXPECT_EQ(harness::absent_tensors(s), std::vector<std::string>{"rows"});
+  auto a = harness::make_example(s, {{"B", 3}, {"V", 5}}, DType::kF32, kCpuDev, 1);
+  ASSERT_TRUE(a.ok()) << a.status().message();
+  ASSERT_EQ(a->tensors.size(), 2u);
+  ASSERT_EQ(a->buffers.size(), 1u);
+  EXPECT_EQ(a->tensors[0], a->buffers[0].tensor());
+  EXPECT_EQ(a->tensors[1], nullptr);
+  EXPECT_EQ(a->buffer(0), &a->buffers[0]);
+  EXPECT_EQ(a->buffer(1), nullptr);
+  EXPECT_EQ(a->buffer(2), nullptr);
+  EXPECT_EQ(a->buffers[0].shape(), (std::vector<int64_t>{3, 5}));
+  // x is read and written in place: 2 * 15 floats; the absent rows move nothing.
+  EXPECT_EQ(harness::bytes_moved(s, *a), 2u * 15 * sizeof(float));
+
+  auto c = harness::copy_example(*a, kCpuDev);
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  ASSERT_EQ(c->tensors.size(), 2u);
+  ASSERT_EQ(c->buffers.size(), 1u);
+  EXPECT_EQ(c->tensors[0], c->buffers[0].tensor());
+  EXPECT_NE(c->tensors[0], a->tensors[0]);
+  EXPECT_EQ(c->tensors[1], nullptr);
+  EXPECT_EQ(*c->buffers[0].to_doubles(), *a->buffers[0].to_doubles());
+}
+
+// The absent tensor in the middle: the tensors after it find their own buffers.
+TEST(Harness, TensorsAfterAnAbsentOneKeepTheirBuffers) {
+  const KernelSpec s = spec("h.scaled", kScaledSig, bind<&scaled>);
+  auto a = harness::make_example(s, {{"N", 7}}, DType::kF32, kCpuDev, 2);
+  ASSERT_TRUE(a.ok()) << a.status().message();
+  ASSERT_EQ(a->tensors.size(), 3u);
+  ASSERT_EQ(a->buffers.size(), 2u);
+  EXPECT_EQ(a->tensors[1], nullptr);
+  EXPECT_EQ(a->buffer(0), &a->buffers[0]);
+  EXPECT_EQ(a->buffer(1), nullptr);
+  EXPECT_EQ(a->buffer(2), &a->buffers[1]);
+  EXPECT_EQ(a->tensors[2], a->buffers[1].tensor());
+  // x read (7 floats), out written only (7 floats).
+  EXPECT_EQ(harness::bytes_moved(s, *a), 14u * sizeof(float));
+  // out is poisoned (write-only), x random: the builder treated each by its own param.
+  const std::vector<double> out0 = *a->buffers[1].to_doubles(), x0 = *a->buffers[0].to_doubles();
+  for (double v : out0) EXPECT_TRUE(std::isnan(v));
+  for (double v : x0) EXPECT_FALSE(std::isnan(v));
+
+  Registry reg;
+  ASSERT_TRUE(reg.add(s).ok());
+  auto h = reg.resolve("h.scaled", Target{kCpuDev, DType::kF32});
+  ASSERT_TRUE(h.ok()) << h.status().message();
+  g_saw_scale = true;
+  auto cmp = harness::check_against_reference(reg, *h, {{"N", 7}}, DType::kF32, {}, 3);
+  ASSERT_TRUE(cmp.ok()) << cmp.status().message();
+  EXPECT_FALSE(g_saw_scale) << "the kernel was given a scale tensor";
+  ASSERT_EQ(cmp->size(), 1u);
+  EXPECT_EQ((*cmp)[0].tensor, "out");
+  EXPECT_EQ((*cmp)[0].count, 7u);
+  EXPECT_TRUE((*cmp)[0].ok());
+}
+
+TEST(Harness, CheckAgainstReferenceRunsWithTheTensorAbsent) {
+  Registry reg;
+  ASSERT_TRUE(reg.add(spec("h.negate_rows", kMaskSig, bind<&negate_rows>)).ok());
+  auto h = reg.resolve("h.negate_rows", Target{kCpuDev, DType::kF32});
+  ASSERT_TRUE(h.ok()) << h.status().message();
+  g_saw_rows = true;
+  auto cmp = harness::check_against_reference(reg, *h, {{"B", 4}, {"V", 9}}, DType::kF32, {}, 5);
+  ASSERT_TRUE(cmp.ok()) << cmp.status().message();
+  EXPECT_FALSE(g_saw_rows);
+  ASSERT_EQ(cmp->size(), 1u);
+  EXPECT_EQ((*cmp)[0].tensor, "x");
+  EXPECT_EQ((*cmp)[0].count, 36u);
+  EXPECT_TRUE((*cmp)[0].ok());
+  // The kernel ran on every row: x built from the same seed, negated.
+  auto before = harness::make_example(h->spec(), {{"B", 4}, {"V", 9}}, DType::kF32, kCpuDev, 5);
+  ASSERT_TRUE(before.ok());
+  const std::vector<double> x0 = *before->buffers[0].to_doubles();
+  ASSERT_TRUE(h->call(before->tensors).ok());
+  const std::vector<double> x1 = *before->buffers[0].to_doubles();
+  for (size_t i = 0; i < x0.size(); ++i) EXPECT_EQ(x1[i], -x0[i]) << i;
+}
+
+// A ranked optional tensor is still built (it has a shape to build from).
+TEST(Harness, RankedOptionalTensorIsStillBuilt) {
+  const KernelSpec s =
+      spec("h.scaled2", "scaled2(Tensor[N] x, Tensor?[1] scale, Tensor(a!)[N] out) -> ()",
+           bind<&scaled>);
+  EXPECT_TRUE(harness::absent_tensors(s).empty());
+  auto a = harness::make_example(s, {{"N", 4}}, DType::kF32, kCpuDev, 1);
+  ASSERT_TRUE(a.ok()) << a.status().message();
+  ASSERT_EQ(a->buffers.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(a->tensors[i], a->buffers[i].tensor()) << i;
+  EXPECT_EQ(harness::bytes_moved(s, *a), (4u + 1u + 4u) * sizeof(float));
+}
+
+TEST(Harness, RequiredRankFreeTensorIsAnError) {
+  const KernelSpec s =
+      spec("h.needs_y", "needs_y(Tensor[N] x, Tensor y, Tensor(a!)[N] out) -> ()", bind<&needs_y>);
+  EXPECT_TRUE(harness::absent_tensors(s).empty());
+  auto a = harness::make_example(s, {{"N", 4}}, DType::kF32, kCpuDev, 1);
+  ASSERT_FALSE(a.ok());
+  EXPECT_EQ(a.status().code(), KREG_INVALID_ARGUMENT);
+  EXPECT_NE(a.status().message().find("h.needs_y: tensor 'y' has no named shape"),
+            std::string::npos)
+      << a.status().message();
+  const Status fits = harness::check_example_fits(s, {{"N", 4}}, DType::kF32, kCpuDev, true);
+  EXPECT_FALSE(fits.ok());
+  EXPECT_NE(fits.message().find("tensor 'y'"), std::string::npos) << fits.message();
+}
+
+}  // namespace
+}  // namespace kreg
