@@ -1,10 +1,11 @@
-// CUDA kernels of the sampling group. One thread-block cluster of kCluster blocks per
-// row: block r holds the r-th slice of the row in shared memory (read from HBM once, as
-// keys: filter_math.hpp's key_of), and every search pass runs over shared memory, the
-// blocks combining their histograms and partial sums through distributed shared memory
-// (DSMEM) behind cluster barriers. At B = 1 a row is read by kCluster SMs at once; at
-// large B the clusters fill the GPU. Rows too long for shared memory (more than
-// kCluster * kMaxRowSmem bytes) are re-read from global memory (L2) by each pass.
+// CUDA kernels of the sampling group. One thread-block cluster of C blocks per row (8,
+// the portable size, or 16 on sm_90 when few long rows would leave SMs idle): block r
+// holds the r-th slice of the row in shared memory (read from HBM once, as keys:
+// filter_math.hpp's key_of), and every search pass runs over shared memory, the blocks
+// combining their histograms and partial sums through distributed shared memory (DSMEM)
+// behind cluster barriers. At B = 1 a row is read by 16 SMs at once; at large B the
+// clusters of 8 fill the GPU. Rows too long for shared memory (more than
+// C * kMaxRowSmem bytes) are re-read from global memory (L2) by each pass.
 //
 // The cut searches are radix descents over the 31-bit keys (8, 8, 8, 7 bits), each level
 // a histogram of counts and fixed-point weights (filter_math.hpp's weight_of) of the keys
@@ -16,6 +17,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <mutex>
 
 #include "filter_math.hpp"
 #include "kreg/device/launch.cuh"
@@ -27,7 +29,9 @@ namespace {
 
 namespace cg = cooperative_groups;
 
-constexpr int kCluster = 8;                 // blocks per row (portable cluster size)
+constexpr int kCluster = 8;                 // blocks per row: the portable cluster size
+constexpr int kWideCluster = 16;            // sm_90's non-portable maximum, for a few rows (launch)
+constexpr int64_t kWideMinV = 32768;        // shorter rows: the passes are short, barriers dominate
 constexpr int kBins = 256;                  // radix digit of 8 bits
 constexpr int64_t kMaxRowSmem = 200 << 10;  // bytes of a slice kept in shared memory
 constexpr uint32_t kAllTies = 0xffffffffu;  // a cut keeping every tie of its key
@@ -179,7 +183,8 @@ struct Cut {
   u64 s_gt = 0;
 };
 
-template <Mode M>
+// C blocks per row (a cluster): kCluster, or kWideCluster when few rows leave SMs idle.
+template <Mode M, int C>
 __global__ void __launch_bounds__(1024) sampling_kernel(Params p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ uint4 s_row4[];
@@ -188,7 +193,7 @@ __global__ void __launch_bounds__(1024) sampling_kernel(Params p) {
   cg::cluster_group cluster = cg::this_cluster();
   const unsigned rank = cluster.block_rank();
   const int tid = threadIdx.x, nthreads = blockDim.x;
-  const int64_t row = blockIdx.x / kCluster;
+  const int64_t row = blockIdx.x / C;
   const int64_t begin = static_cast<int64_t>(rank) * p.slice;
   const int n = static_cast<int>(begin < p.V ? (p.V - begin < p.slice ? p.V - begin : p.slice) : 0);
   const float* g = p.probs + row * p.V + (begin < p.V ? begin : 0);
@@ -232,7 +237,7 @@ __global__ void __launch_bounds__(1024) sampling_kernel(Params p) {
   cluster.sync();
   if (tid == 0) {
     uint32_t m = 0, b = 0;
-    for (int r = 0; r < kCluster; ++r) {
+    for (int r = 0; r < C; ++r) {
       m = max(m, *cluster.map_shared_rank(&sh.max_key, r));
       b |= *cluster.map_shared_rank(&sh.bad, r);
     }
@@ -307,7 +312,7 @@ __global__ void __launch_bounds__(1024) sampling_kernel(Params p) {
     for (int d = tid; d < kBins; d += nthreads) {
       uint32_t c = 0;
       u64 s = 0;
-      for (int r = 0; r < kCluster; ++r) {
+      for (int r = 0; r < C; ++r) {
         c += *cluster.map_shared_rank(&sh.cnt[buf][d], r);
         s += *cluster.map_shared_rank(&sh.qs[buf][d], r);
       }
@@ -442,7 +447,7 @@ __global__ void __launch_bounds__(1024) sampling_kernel(Params p) {
     cluster.sync();
     if (tid == 0) {
       long long col = -1;
-      for (int r = 0; r < kCluster; ++r) col = max(col, *cluster.map_shared_rank(&sh.tie_col, r));
+      for (int r = 0; r < C; ++r) col = max(col, *cluster.map_shared_rank(&sh.tie_col, r));
       sh.col = col;
     }
     __syncthreads();
@@ -463,7 +468,7 @@ __global__ void __launch_bounds__(1024) sampling_kernel(Params p) {
     cluster.sync();
     if (tid == 0) {
       double all = 0;
-      for (int r = 0; r < kCluster; ++r) all += *cluster.map_shared_rank(&sh.kept_sum, r);
+      for (int r = 0; r < C; ++r) all += *cluster.map_shared_rank(&sh.kept_sum, r);
       sh.sum = all;
     }
     __syncthreads();
@@ -489,7 +494,7 @@ __global__ void __launch_bounds__(1024) sampling_kernel(Params p) {
     cluster.sync();
     if (tid == 0) {
       u64 before = 0, total = 0;
-      for (int r = 0; r < kCluster; ++r) {
+      for (int r = 0; r < C; ++r) {
         const u64 q = *cluster.map_shared_rank(&sh.kept_q, r);
         if (static_cast<unsigned>(r) < rank) before += q;
         total += q;
@@ -530,6 +535,105 @@ __global__ void advance_rng_kernel(int64_t* rng) {
   rng[1] = static_cast<int64_t>(static_cast<uint64_t>(rng[1]) + 1);
 }
 
+// The shape of one launch for rows of V columns, C blocks a row.
+struct Geometry {
+  int64_t slice = 0;  // columns per block, a multiple of 4
+  bool smem_row = false;
+  size_t smem = 0;
+  int threads = 0;
+};
+
+Geometry geometry(int64_t V, int C) {
+  Geometry g;
+  g.slice = ((V + C - 1) / C + 3) / 4 * 4;
+  g.smem_row = g.slice * 4 <= kMaxRowSmem;
+  g.smem = g.smem_row ? static_cast<size_t>(g.slice) * 4 : 0;
+  // About 16 keys a thread with kCluster blocks, 8 with kWideCluster: at V = 128256 both
+  // run 1024 threads, the wide cluster halving each thread's share of every pass.
+  const int64_t per = C == kWideCluster ? 8 : 16;
+  const int64_t t = ((g.slice + per - 1) / per + 31) / 32 * 32;
+  g.threads = static_cast<int>(t < kBins ? kBins : (t > 1024 ? 1024 : t));
+  return g;
+}
+
+template <Mode M, int C>
+cudaError_t launch_clusters(const Geometry& g, int64_t B, const Params& prm, cudaStream_t stream,
+                            bool pdl) {
+  auto* kernel = &sampling_kernel<M, C>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(g.smem));
+  if (err != cudaSuccess) return err;
+  if constexpr (C > kCluster) {
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+    if (err != cudaSuccess) return err;
+  }
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(B * C));
+  config.blockDim = dim3(static_cast<unsigned>(g.threads));
+  config.dynamicSmemBytes = g.smem;
+  config.stream = stream;
+  cudaLaunchAttribute attrs[2];
+  attrs[0].id = cudaLaunchAttributeClusterDimension;
+  attrs[0].val.clusterDim.x = C;
+  attrs[0].val.clusterDim.y = 1;
+  attrs[0].val.clusterDim.z = 1;
+  config.attrs = attrs;
+  config.numAttrs = 1;
+  if (pdl) {
+    attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[1].val.programmaticStreamSerializationAllowed = 1;
+    config.numAttrs = 2;
+  }
+  return cudaLaunchKernelEx(&config, kernel, prm);
+}
+
+// How many kWideCluster clusters of this geometry the device runs at once (0 when it
+// cannot, or when asking fails: then the portable size is used). Asked once per device
+// and geometry: the last answer per mode is kept (benign under the mutex).
+template <Mode M>
+int wide_clusters_at_once(const Geometry& g) {
+  struct Known {
+    int dev = -1;
+    size_t smem = 0;
+    int threads = 0;
+    int clusters = 0;
+  };
+  static std::mutex mu;
+  static Known known;
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  const std::lock_guard<std::mutex> lock(mu);
+  if (known.dev == dev && known.smem == g.smem && known.threads == g.threads) {
+    return known.clusters;
+  }
+  auto* kernel = &sampling_kernel<M, kWideCluster>;
+  int clusters = 0;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(kWideCluster);
+  config.blockDim = dim3(static_cast<unsigned>(g.threads));
+  config.dynamicSmemBytes = g.smem;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = kWideCluster;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  config.attrs = attr;
+  config.numAttrs = 1;
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) !=
+          cudaSuccess ||
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(g.smem)) != cudaSuccess ||
+      cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess) {
+    cudaGetLastError();  // not an error of the call: the portable size serves
+    clusters = 0;
+  }
+  known = Known{dev, g.smem, g.threads, clusters};
+  return clusters;
+}
+
 template <Mode M>
 KernelStatus launch(Context& ctx, const char* op, const DLTensor& probs, Params prm, int64_t* rng) {
   const int64_t B = probs.shape[0], V = probs.shape[1];
@@ -545,42 +649,33 @@ KernelStatus launch(Context& ctx, const char* op, const DLTensor& probs, Params 
   const device::DeviceGuard guard(probs);
   if (!guard.ok()) return guard.fail(ctx, op);
 
-  const int64_t slice = ((V + kCluster - 1) / kCluster + 3) / 4 * 4;
+  // Few rows (B = 1: one decode token) leave most SMs idle and each row's time is one
+  // block's passes: 16 blocks a row halve them, when the device runs all B clusters of 16
+  // at once (one wave; else the portable 8, whose clusters fill the GPU).
+  const cudaStream_t stream = static_cast<cudaStream_t>(ctx.stream());
+  const bool pdl = ctx.pdl() && device::pdl_supported();
+  const Geometry wide = geometry(V, kWideCluster);
+  const bool use_wide = V >= kWideMinV && B <= wide_clusters_at_once<M>(wide);
+  const Geometry g = use_wide ? wide : geometry(V, kCluster);
   prm.V = V;
-  prm.slice = static_cast<int32_t>(slice);
-  prm.smem_row = slice * 4 <= kMaxRowSmem;
-  const size_t smem = prm.smem_row ? static_cast<size_t>(slice) * 4 : 0;
-  int threads = static_cast<int>(((slice + 15) / 16 + 31) / 32 * 32);
-  threads = threads < kBins ? kBins : (threads > 1024 ? 1024 : threads);
-
-  auto* kernel = &sampling_kernel<M>;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(smem));
-  if (err != cudaSuccess) return device::launch_status(ctx, op, err);
-
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(B * kCluster));
-  config.blockDim = dim3(static_cast<unsigned>(threads));
-  config.dynamicSmemBytes = smem;
-  config.stream = static_cast<cudaStream_t>(ctx.stream());
-  cudaLaunchAttribute attrs[2];
-  attrs[0].id = cudaLaunchAttributeClusterDimension;
-  attrs[0].val.clusterDim.x = kCluster;
-  attrs[0].val.clusterDim.y = 1;
-  attrs[0].val.clusterDim.z = 1;
-  config.attrs = attrs;
-  config.numAttrs = 1;
-  if (ctx.pdl() && device::pdl_supported()) {
-    attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attrs[1].val.programmaticStreamSerializationAllowed = 1;
-    config.numAttrs = 2;
+  prm.slice = static_cast<int32_t>(g.slice);
+  prm.smem_row = g.smem_row;
+  cudaError_t err = cudaErrorNotReady;
+  if (use_wide) {
+    err = launch_clusters<M, kWideCluster>(g, B, prm, stream, pdl);
+    if (err != cudaSuccess) cudaGetLastError();  // refused after all: the portable size
   }
-  err = cudaLaunchKernelEx(&config, kernel, prm);
+  if (err != cudaSuccess) {
+    const Geometry p8 = geometry(V, kCluster);
+    prm.slice = static_cast<int32_t>(p8.slice);
+    prm.smem_row = p8.smem_row;
+    err = launch_clusters<M, kCluster>(p8, B, prm, stream, pdl);
+  }
   if (err != cudaSuccess) return device::launch_status(ctx, op, err);
   if (rng != nullptr) {
     // PDL here whatever ctx.pdl() says: the only kernel this one overlaps is ours, and
     // the kernel after it starts once it has completed (it never signals early).
-    err = device::launch(advance_rng_kernel, dim3(1), dim3(1), 0, config.stream, true, rng);
+    err = device::launch(advance_rng_kernel, dim3(1), dim3(1), 0, stream, true, rng);
     if (err != cudaSuccess) return device::launch_status(ctx, op, err);
   }
   return device::launch_status(ctx, op);

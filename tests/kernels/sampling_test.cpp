@@ -577,6 +577,113 @@ TEST_F(GpuSampling, MatchTheCpuReference) {
   }
 }
 
+// The GPU result of one call equals the CPU reference's: the same kept set and values
+// within 2.5e-7 relative (renorm), the same ids and rng (sampling).
+void expect_gpu_matches_cpu(const char* op, const std::vector<Arg>& args) {
+  SCOPED_TRACE(op);
+  auto cpu = run_op(op, "cpu", args);
+  ASSERT_TRUE(cpu.ok()) << cpu.status().message();
+  auto gpu = run_op(op, "cuda", args);
+  ASSERT_TRUE(gpu.ok()) << gpu.status().message();
+  const bool renorm = std::string(op).find("renorm") != std::string::npos;
+  const size_t out = renorm ? 2 : args.size() - 2;
+  const std::vector<double>& c = (*cpu)[out];
+  const std::vector<double>& g = (*gpu)[out];
+  ASSERT_EQ(c.size(), g.size());
+  size_t bad = 0;
+  for (size_t i = 0; i < c.size(); ++i) {
+    const bool same =
+        (c[i] == 0) == (g[i] == 0) && std::abs(c[i] - g[i]) <= 2.5e-7 * std::abs(c[i]);
+    if (!same && bad++ < 5)
+      ADD_FAILURE() << "element " << i << ": cpu " << c[i] << ", gpu " << g[i];
+  }
+  EXPECT_EQ(bad, 0u);
+  if (!renorm) {
+    EXPECT_EQ((*gpu).back(), (*cpu).back()) << "rng advanced alike (offset + 1)";
+  }
+}
+
+// Rows whose cuts fall inside runs of tied values, at B = 1 .. 4 (long rows of few
+// clusters: 16 blocks a row where the device runs them) and B = 16 (8 blocks a row): the
+// top-p descent after a top-k cut counts only the keys at or above that cut, so the cases
+// put the top-p cut at the top-k cut's key (part of its ties, or all), above it, in the
+// ties of the max, and top-k cuts splitting a tie run; many draws each.
+TEST_F(GpuSampling, TopKTopPWithTiesAtTheCuts) {
+  std::mt19937_64 rng(31);
+  for (int64_t B : {1, 3, 16}) {
+    for (int64_t V : {int64_t{128256}, int64_t{40000}, int64_t{600000}}) {
+      if (B == 16 && V == 600000) continue;  // ~10^7 entries: slow on the CPU side
+      SCOPED_TRACE("B=" + std::to_string(B) + " V=" + std::to_string(V));
+      // Values on a few levels: level j (j = 0..7) holds 2^j entries of weight 2^-j times
+      // a base, the rest a small tail; positions shuffled, so every cut below the first
+      // levels lands in a run of ties, spread over the blocks.
+      std::vector<double> p(static_cast<size_t>(B * V));
+      for (int64_t b = 0; b < B; ++b) {
+        std::vector<double> row(static_cast<size_t>(V), 1e-7);
+        int64_t at = 0;
+        for (int j = 0; j < 8; ++j) {
+          for (int64_t n = 0; n < (int64_t{1} << j) * (1 + b % 3); ++n) {
+            row[static_cast<size_t>(at++)] = 0.01 / static_cast<double>(1 << j);
+          }
+        }
+        std::shuffle(row.begin(), row.end(), rng);
+        std::copy(row.begin(), row.end(), p.begin() + b * V);
+      }
+      const std::vector<std::pair<int, float>> kp = {
+          {1, 0.5f},  {3, 0.9f},    {7, 0.3f},  {50, 0.9f},     {100, 0.99f},
+          {5, 0.05f}, {200, 0.75f}, {20, 0.0f}, {1000, 0.999f}, {0, 0.9f}};
+      for (const auto& [k, tp] : kp) {
+        SCOPED_TRACE("top_k=" + std::to_string(k) + " top_p=" + std::to_string(tp));
+        std::vector<double> ks, ps;
+        for (int64_t b = 0; b < B; ++b) {
+          ks.push_back(k + static_cast<int>(b % 2));
+          ps.push_back(tp);
+        }
+        for (int64_t offset : {0, 12345}) {
+          expect_gpu_matches_cpu(kTopKTopP,
+                                 {{DType::kF32, {B, V}, p},
+                                  {DType::kI32, {B}, ks},
+                                  {DType::kF32, {B}, ps},
+                                  {DType::kI32, {B}, {}},
+                                  {DType::kI64, {2}, {99, static_cast<double>(offset)}}});
+        }
+        expect_gpu_matches_cpu(
+            kTopK, {{DType::kF32, {B, V}, p}, {DType::kI32, {B}, ks}, {DType::kF32, {B, V}, {}}});
+        expect_gpu_matches_cpu(
+            kTopP, {{DType::kF32, {B, V}, p}, {DType::kF32, {B}, ps}, {DType::kF32, {B, V}, {}}});
+      }
+    }
+  }
+}
+
+// The benchmark's case: softmax rows of V = 128256, top_k = 50, top_p = 0.9, at B = 1 and
+// 4 (16 blocks a row where the device runs them) and 64 (8), ids equal over many draws.
+TEST_F(GpuSampling, DecodeCaseMatchesOverManyDraws) {
+  std::mt19937_64 rng(37);
+  const int64_t V = 128256;
+  for (int64_t B : {1, 4, 64}) {
+    SCOPED_TRACE("B=" + std::to_string(B));
+    const std::vector<double> p = random_probs(B, V, rng);
+    for (int64_t offset = 0; offset < (B > 4 ? 4 : 16); ++offset) {
+      expect_gpu_matches_cpu(kTopKTopP, {{DType::kF32, {B, V}, p},
+                                         {DType::kI32, {B}, std::vector<double>(B, 50)},
+                                         {DType::kF32, {B}, std::vector<double>(B, 0.9)},
+                                         {DType::kI32, {B}, {}},
+                                         {DType::kI64, {2}, {2024, static_cast<double>(offset)}}});
+    }
+    expect_gpu_matches_cpu(kTopK, {{DType::kF32, {B, V}, p},
+                                   {DType::kI32, {B}, std::vector<double>(B, 50)},
+                                   {DType::kF32, {B, V}, {}}});
+    expect_gpu_matches_cpu(kTopP, {{DType::kF32, {B, V}, p},
+                                   {DType::kF32, {B}, std::vector<double>(B, 0.9)},
+                                   {DType::kF32, {B, V}, {}}});
+    expect_gpu_matches_cpu(kMinP, {{DType::kF32, {B, V}, p},
+                                   {DType::kF32, {B}, std::vector<double>(B, 0.05)},
+                                   {DType::kI32, {B}, {}},
+                                   {DType::kI64, {2}, {7, 3}}});
+  }
+}
+
 TEST_F(GpuSampling, BadRowsGiveMinusOneOrNaN) {
   std::vector<double> p(3 * 300, 1.0 / 300);
   p[300 + 17] = NAN;
