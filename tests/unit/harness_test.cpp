@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 
 #include "kreg/plugin.hpp"
 #include "kreg/registry.hpp"
@@ -175,6 +176,28 @@ TEST(Harness, RequiredRankFreeTensorIsAnError) {
   const Status fits = harness::check_example_fits(s, {{"N", 4}}, DType::kF32, kCpuDev, true);
   EXPECT_FALSE(fits.ok());
   EXPECT_NE(fits.message().find("tensor 'y'"), std::string::npos) << fits.message();
+}
+
+// Equal infinities match (a masked logit is -inf in both); an infinity against anything
+// else, or NaN anywhere, does not, however loose the tolerance.
+TEST(Harness, CompareValuesTreatsInfinitiesExactly) {
+  const double inf = std::numeric_limits<double>::infinity();
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const harness::Tolerance tol{1e-5, 1e-4};
+  auto same = harness::compare_values("x", {-inf, 1.0, inf}, {-inf, 1.0, inf}, tol);
+  EXPECT_TRUE(same.ok());
+  EXPECT_EQ(same.max_abs, 0.0);
+  EXPECT_EQ(same.max_rel, 0.0);
+  EXPECT_EQ(harness::compare_values("x", {1.0}, {-inf}, tol).mismatches, 1u);
+  EXPECT_EQ(harness::compare_values("x", {-inf}, {1.0}, tol).mismatches, 1u);
+  EXPECT_EQ(harness::compare_values("x", {inf}, {-inf}, tol).mismatches, 1u);
+  auto n = harness::compare_values("x", {nan, 2.0}, {nan, 2.0}, tol);
+  EXPECT_EQ(n.mismatches, 1u);
+  EXPECT_TRUE(std::isnan(n.max_abs));
+  // Finite values as before: within atol + rtol * |want| matches.
+  auto close = harness::compare_values("x", {1.00005, 3.0}, {1.0, 3.1}, tol);
+  EXPECT_EQ(close.mismatches, 1u);
+  EXPECT_NEAR(close.max_abs, 0.1, 1e-12);
 }
 
 }  // namespace

@@ -666,14 +666,19 @@ Comparison compare_values(const std::string& name, const std::vector<double>& go
   }
   for (size_t i = 0; i < want.size(); ++i) {
     const double a = got[i], b = want[i];
+    // Equal values match, infinities included (-inf is a result: a masked logit), where
+    // inf - inf would be NaN.
+    if (a == b) continue;
     const double diff = std::fabs(a - b);
-    if (!(diff <= tol.atol + tol.rtol * std::fabs(b))) ++c.mismatches;  // NaN fails
+    // Otherwise an infinity matches nothing: rtol * inf would accept any finite value.
+    const bool finite = std::isfinite(a) && std::isfinite(b);
+    if (!finite || !(diff <= tol.atol + tol.rtol * std::fabs(b))) ++c.mismatches;  // NaN fails
     if (std::isnan(diff)) {
       c.max_abs = std::numeric_limits<double>::quiet_NaN();
       continue;
     }
     if (!std::isnan(c.max_abs)) c.max_abs = std::max(c.max_abs, diff);
-    if (std::fabs(b) > 1e-3) c.max_rel = std::max(c.max_rel, diff / std::fabs(b));
+    if (finite && std::fabs(b) > 1e-3) c.max_rel = std::max(c.max_rel, diff / std::fabs(b));
   }
   return c;
 }
