@@ -35,6 +35,10 @@ constexpr int64_t kWideMinV = 32768;        // shorter rows: the passes are shor
 constexpr int kBins = 256;                  // radix digit of 8 bits
 constexpr int64_t kMaxRowSmem = 200 << 10;  // bytes of a slice kept in shared memory
 constexpr uint32_t kAllTies = 0xffffffffu;  // a cut keeping every tie of its key
+// Top-k sets of at most this many keys (k plus ties, and at most the block's threads) are
+// gathered whole into every block of the row's cluster by top_k_top_p sampling, which
+// then finds its top-p cut and draws from the list (Shared's cand_*), without more passes.
+constexpr int kMaxCand = 512;
 using u64 = unsigned long long;
 
 enum class Mode { kTopKRenorm, kTopPRenorm, kTopKTopPSample, kMinPSample };
@@ -77,6 +81,15 @@ struct Shared {
   uint32_t max_all, bad_all;
   long long col;
   double sum;
+  // The candidate list (kMaxCand): this block's keys >= the top-k cut and their columns
+  // (read by the cluster), then the cluster's whole list, with weights.
+  uint32_t loc_n;
+  uint32_t loc_key[kMaxCand];
+  int32_t loc_col[kMaxCand];
+  uint32_t goff[kWideCluster + 1];
+  uint32_t cand_key[kMaxCand];
+  int32_t cand_col[kMaxCand];
+  u64 cand_w[kMaxCand];
 };
 
 // ---- Block helpers (blockDim.x a multiple of 32, at least kBins) ----
@@ -356,6 +369,148 @@ __global__ void __launch_bounds__(1024) sampling_kernel(Params p) {
     return true;
   };
 
+  // The largest v over the block (v of every thread; ends with every thread holding it).
+  auto block_max = [&](uint32_t v) -> uint32_t {
+    v = __reduce_max_sync(0xffffffffu, v);
+    __syncthreads();  // the previous readers of sh.ured are done
+    if ((tid & 31) == 0) sh.ured[tid >> 5] = v;
+    __syncthreads();
+    uint32_t m = 0;
+    for (int w = 0; w < nthreads / 32; ++w) m = max(m, sh.ured[w]);
+    return m;
+  };
+
+  // top_k_top_p sampling after a top-k cut keeping few keys (kcut.c_gt + kcut.c_eq <=
+  // min(threads, kMaxCand)): every key the top-p cut and the draw can touch is >= the
+  // top-k cut (see the lo_key comment below), so each block gathers the cluster's keys >=
+  // kcut.key with their columns (one pass, one cluster barrier) and finds, on this list of
+  // one entry a thread, what the descents, the tie pass and the draw pass would: the same
+  // integer sums over the same keys, so the same cut, ties and id. It replaces 3 histogram
+  // levels, up to 2 tie barriers and the draw barrier by one.
+  auto draw_from_candidates = [&](const Cut& kcut, u64 kept_total) {
+    if (tid == 0) sh.loc_n = 0;
+    __syncthreads();
+    const int lane = tid & 31;
+    for (int base = 0; base < n; base += nthreads) {  // whole warps: base is uniform
+      const int i = base + tid;
+      const uint32_t k = i < n ? key_at(i) : 0;
+      const bool cand = i < n && k >= kcut.key;
+      const unsigned ball = __ballot_sync(0xffffffffu, cand);
+      if (ball == 0) continue;
+      const int leader = __ffs(static_cast<int>(ball)) - 1;
+      uint32_t at = 0;
+      if (lane == leader) at = atomicAdd(&sh.loc_n, static_cast<uint32_t>(__popc(ball)));
+      at = __shfl_sync(0xffffffffu, at, leader) +
+           static_cast<uint32_t>(__popc(ball & ((1u << lane) - 1)));
+      if (cand && at < kMaxCand) {  // the cluster's count bounds it; the test guards memory
+        sh.loc_key[at] = k;
+        sh.loc_col[at] = static_cast<int32_t>(begin + i);
+      }
+    }
+    cluster.sync();
+    if (tid == 0) {
+      uint32_t off = 0;
+      for (int r = 0; r < C; ++r) {
+        sh.goff[r] = off;
+        off += min(*cluster.map_shared_rank(&sh.loc_n, r), static_cast<uint32_t>(kMaxCand));
+      }
+      sh.goff[C] = min(off, static_cast<uint32_t>(kMaxCand));
+    }
+    __syncthreads();
+    const int total = static_cast<int>(sh.goff[C]);  // kcut.c_gt + kcut.c_eq
+    for (int r = 0; r < C; ++r) {
+      const int o = static_cast<int>(sh.goff[r]);
+      const int m = min(static_cast<int>(sh.goff[r + 1]), total) - o;
+      const uint32_t* rk = cluster.map_shared_rank(sh.loc_key, r);
+      const int32_t* rc = cluster.map_shared_rank(sh.loc_col, r);
+      for (int j = tid; j < m; j += nthreads) {
+        sh.cand_key[o + j] = rk[j];
+        sh.cand_col[o + j] = rc[j];
+        sh.cand_w[o + j] = weight_of(rk[j], max_key);
+      }
+    }
+    __syncthreads();
+    const bool mine = tid < total;  // thread i holds entry i
+    const uint32_t my_key = mine ? sh.cand_key[tid] : 0;
+    const int32_t my_col = mine ? sh.cand_col[tid] : 0;
+    const u64 my_w = mine ? sh.cand_w[tid] : 0;
+
+    // Top-p over the top-k set: the largest key t whose weight(key >= t) reaches the
+    // target, as search() finds it (weight(key >= my_key) = s_gt + c_eq * q: ties weigh
+    // alike); then how many of its ties, and the shorter cut of the two.
+    Cut cut = kcut;
+    const float top_p = __ldg(p.top_p + row);
+    if (!top_p_keeps_all(top_p)) {
+      const double target = top_p_target(top_p, kept_total);
+      Cut pcut;
+      bool found = true;
+      if (!(target > 0)) {
+        pcut.key = max_key;  // the first max only: rank the ties of the max
+        pcut.ties = 1;
+        pcut.c_eq = kAllTies;
+      } else {
+        u64 gt = 0;
+        uint32_t eq = 0;
+        if (mine) {
+          for (int j = 0; j < total; ++j) {
+            const uint32_t kj = sh.cand_key[j];
+            if (kj > my_key) gt += sh.cand_w[j];
+            eq += kj == my_key;
+          }
+        }
+        const bool ok = mine && reaches(gt + static_cast<u64>(eq) * my_w, target);
+        const uint32_t best = block_max(ok ? my_key + 1 : 0);  // keys < 2^31: no wrap
+        found = best != 0;  // always (the keys >= kcut.key weigh >= the target)
+        if (found && mine && my_key == best - 1) {
+          sh.add_s = gt;  // every thread of this key writes the same values
+          sh.eq_c = eq;
+        }
+        __syncthreads();
+        if (found) {
+          pcut.key = best - 1;
+          pcut.s_gt = sh.add_s;
+          pcut.c_eq = sh.eq_c;
+          pcut.ties = ties_needed(pcut.s_gt, weight_of(pcut.key, max_key), pcut.c_eq, target);
+        }
+      }
+      if (found && (pcut.key > cut.key || (pcut.key == cut.key && pcut.ties < cut.ties))) {
+        cut = pcut;
+      }
+    }
+
+    // Kept: above the cut, or one of its first cut.ties ties in column order.
+    bool kept = false;
+    if (mine && my_key > cut.key) {
+      kept = true;
+    } else if (mine && my_key == cut.key) {
+      uint32_t before = 0;
+      for (int j = 0; j < total; ++j)
+        before += sh.cand_key[j] == cut.key && sh.cand_col[j] < my_col;
+      kept = cut.ties == kAllTies || before < cut.ties;
+    }
+    __syncthreads();  // every thread is done reading cand_w
+    if (mine) sh.cand_w[tid] = kept ? my_w : 0;
+    __syncthreads();
+
+    // The draw: the kept entry of smallest column whose inclusive prefix weight (kept
+    // entries in column order) exceeds the point.
+    u64 all = 0, incl = 0;
+    for (int j = 0; j < total; ++j) {
+      const u64 w = sh.cand_w[j];
+      all += w;
+      if (sh.cand_col[j] <= my_col) incl += w;
+    }
+    const uint64_t seed = static_cast<uint64_t>(p.rng[0]);
+    const uint64_t offset = static_cast<uint64_t>(p.rng[1]);
+    const u64 point = draw_point(philox_draw(seed, offset, static_cast<uint32_t>(row)), all);
+    const bool hit = kept && incl > point;
+    // The smallest hit column, as the largest 2^31 - col (columns < 2^31; 0: none).
+    const uint32_t m = block_max(hit ? 0x80000000u - static_cast<uint32_t>(my_col) : 0);
+    if (rank == 0 && tid == 0) {
+      p.out_ids[row] = m != 0 ? static_cast<int32_t>(0x80000000u - m) : -1;
+    }
+  };
+
   // ---- The cut ----
   Cut cut;
   if constexpr (M == Mode::kMinPSample) {
@@ -383,6 +538,15 @@ __global__ void __launch_bounds__(1024) sampling_kernel(Params p) {
       kept_total = sh.total;
     } else {
       kept_total = kcut.s_gt + static_cast<u64>(kcut.ties) * weight_of(kcut.key, max_key);
+    }
+    if constexpr (M == Mode::kTopKTopPSample) {
+      // Uniform over the cluster: kcut comes from the cluster-reduced histograms.
+      if (kcut.ties != kAllTies &&
+          kcut.c_gt + kcut.c_eq <= static_cast<uint32_t>(min(nthreads, kMaxCand))) {
+        draw_from_candidates(kcut, kept_total);
+        cluster.sync();  // no block leaves while another may read its shared memory
+        return;
+      }
     }
     cut = kcut;
     if constexpr (M == Mode::kTopPRenorm || M == Mode::kTopKTopPSample) {
