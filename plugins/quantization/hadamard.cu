@@ -29,6 +29,7 @@
 // alias x (neither pointer is __restrict__).
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 #include <utility>
@@ -81,6 +82,10 @@ struct Plan {
   int w[kMaxBits] = {};
 
   __host__ __device__ constexpr bool exchange() const { return l > k; }
+  // Whether a block keeps the next group's loads in flight (hadamard_kernel): the exchanged
+  // sizes up to 8192; above, the 32 more registers would cost resident blocks (N = 32768
+  // already has 128 registers per thread, 512 threads).
+  __host__ __device__ constexpr bool pipelined() const { return exchange() && log_n <= 13; }
   __host__ __device__ constexpr int threads() const { return rows << l; }
   // Floats of shared memory per row.
   __host__ __device__ constexpr int row_floats() const {
@@ -203,47 +208,45 @@ __device__ __forceinline__ void butterflies(float (&v)[kE]) {
   }
 }
 
-template <typename T, int kLogN, int kVec>
-__global__ void __launch_bounds__(make_plan(kLogN).threads())
-    hadamard_kernel(const T* x, T* out, int64_t rows, float scale) {
-  constexpr Plan kPlan = make_plan(kLogN);
-  constexpr int kN = 1 << kLogN;
-  constexpr int kChunk = 1 << kPlan.a;
-  constexpr int kE = 1 << kPlan.p;
-  constexpr int kChunks = kE / kChunk;
-  static_assert(kVec <= kChunk && kChunk % kVec == 0);
-  extern __shared__ float smem[];
-
-  const int t = static_cast<int>(threadIdx.x) & ((1 << kPlan.l) - 1);
-  const int row_in_block = static_cast<int>(threadIdx.x) >> kPlan.l;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kPlan.rows + row_in_block;
-  // Threads of rows past the end still shuffle and synchronize with the others.
-  const bool valid = row < rows;
-  const int64_t row_offset = row * kN;
-
-  float v[kE];
-  // With PDL: x may be the previous kernel's output.
-  device::pdl_wait();
-  if (valid) {
-#pragma unroll
-    for (int c = 0; c < kChunks; ++c) {
-      const T* src = x + row_offset + ((c << (kPlan.a + kPlan.l)) | (t << kPlan.a));
-#pragma unroll
-      for (int j = 0; j < kChunk; j += kVec) {
-        vec_t<T, kVec> raw;
-        raw.load_stream(src + j);
-        vec_t<float, kVec> f;
-        f.cast_from(raw);
-#pragma unroll
-        for (int e = 0; e < kVec; ++e) v[c * kChunk + j + e] = f[e];
-      }
+// Thread t's shared-memory bases in layouts P and X: smem_index is a sum over the set bits,
+// so each is a sum over t's bits of compile-time weights. (Calling smem_index with a runtime
+// t put the whole Plan, 216 bytes, in local memory and walked it per thread.)
+template <int kLogN>
+__device__ __forceinline__ void smem_bases(int t, int& p_base, int& x_base) {
+  p_base = 0;
+  x_base = 0;
+  static_for<make_plan(kLogN).l>([&](auto j) {
+    constexpr Plan kPl = make_plan(kLogN);
+    constexpr int kP = smem_index(kPl, 1 << (kPl.a + j));
+    constexpr int kX = smem_index(kPl, x_thread(kPl, 1 << j));
+    if ((t >> j) & 1) {
+      p_base += kP;
+      x_base += kX;
     }
-  } else {
-#pragma unroll
-    for (int k = 0; k < kE; ++k) v[k] = 0.0f;
-  }
-  device::pdl_launch_dependents();
+  });
+}
 
+// Loads row `row` of thread t's layout-P chunks, raw (not yet converted).
+template <typename T, int kLogN, int kVec, int kLoads>
+__device__ __forceinline__ void load_raw(vec_t<T, kVec> (&raw)[kLoads], const T* x, int64_t row,
+                                         int t) {
+  constexpr Plan kPlan = make_plan(kLogN);
+  constexpr int kChunk = 1 << kPlan.a;
+  const T* src = x + row * (int64_t{1} << kLogN) + (t << kPlan.a);
+#pragma unroll
+  for (int i = 0; i < kLoads; ++i) {
+    const int c = i * kVec / kChunk;
+    const int j = i * kVec % kChunk;
+    raw[i].load_stream(src + (c << (kPlan.a + kPlan.l)) + j);
+  }
+}
+
+// The transform of the values a thread holds in layout P (v), in place: private bits in
+// registers, K thread bits by shuffles, the others through the shared-memory exchange (s: the
+// row's shared memory; p_base, x_base from smem_bases).
+template <int kLogN, int kE>
+__device__ __forceinline__ void transform(float (&v)[kE], int t, float* s, int p_base, int x_base) {
+  constexpr Plan kPlan = make_plan(kLogN);
   butterflies<0, kPlan.p>(v);
   // Thread bits 0..K-1: the partner lane holds the other half of each pair; the lower lane
   // keeps u + v, the upper one u - v, i.e. v * (+-1) + partner.
@@ -255,10 +258,9 @@ __global__ void __launch_bounds__(make_plan(kLogN).threads())
       v[k] = fmaf(v[k], sign, __shfl_xor_sync(device::kFullWarpMask, v[k], 1 << j));
     }
   }
-  if constexpr (make_plan(kLogN).exchange()) {
-    float* s = smem + row_in_block * kPlan.row_floats();
-    const int p_base = smem_index(kPlan, t << kPlan.a);
-    const int x_base = smem_index(kPlan, x_thread(kPlan, t));
+  if constexpr (kPlan.exchange()) {
+    // Each thread first writes the layout-P places it read last (for the previous group of a
+    // pipelined block), so no barrier is needed before.
     static_for<kE>([&](auto k) {
       constexpr int kOff = smem_index(make_plan(kLogN), p_slot(make_plan(kLogN), k));
       s[p_base + kOff] = v[k];
@@ -281,18 +283,92 @@ __global__ void __launch_bounds__(make_plan(kLogN).threads())
       v[k] = s[p_base + kOff];
     });
   }
-  if (!valid) return;
+}
+
+template <typename T, int kVec, int kLoads, int kE>
+__device__ __forceinline__ void convert(const vec_t<T, kVec> (&raw)[kLoads], float (&v)[kE]) {
 #pragma unroll
-  for (int c = 0; c < kChunks; ++c) {
-    T* dst = out + row_offset + ((c << (kPlan.a + kPlan.l)) | (t << kPlan.a));
+  for (int i = 0; i < kLoads; ++i) {
+    vec_t<float, kVec> f;
+    f.cast_from(raw[i]);
 #pragma unroll
-    for (int j = 0; j < kChunk; j += kVec) {
-      vec_t<float, kVec> f;
+    for (int e = 0; e < kVec; ++e) v[i * kVec + e] = f[e];
+  }
+}
+
+// Stores scale * v, thread t's layout-P values of row `row`, rounded once.
+template <typename T, int kLogN, int kVec, int kE>
+__device__ __forceinline__ void store_row(const float (&v)[kE], T* out, int64_t row, int t,
+                                          float scale) {
+  constexpr Plan kPlan = make_plan(kLogN);
+  constexpr int kChunk = 1 << kPlan.a;
+  T* dst = out + row * (int64_t{1} << kLogN) + (t << kPlan.a);
 #pragma unroll
-      for (int e = 0; e < kVec; ++e) f[e] = v[c * kChunk + j + e] * scale;
-      vec_t<T, kVec> raw;
-      raw.cast_from(f);
-      raw.store_stream(dst + j);
+  for (int i = 0; i < kE / kVec; ++i) {
+    const int c = i * kVec / kChunk;
+    const int j = i * kVec % kChunk;
+    vec_t<float, kVec> f;
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) f[e] = v[i * kVec + e] * scale;
+    vec_t<T, kVec> r;
+    r.cast_from(f);
+    r.store_stream(dst + (c << (kPlan.a + kPlan.l)) + j);
+  }
+}
+
+// One block per group of kPlan.rows rows, except for the pipelined sizes (Plan::pipelined:
+// N = 1024..8192) at large T: there the grid is what the SMs hold at once and a block does
+// the groups blockIdx.x, + gridDim.x, ..., keeping the next group's loads in flight, raw in
+// registers, while it transforms and stores the current one. The exchanged rows need 33 KiB
+// of shared memory each, which caps an SM at six of them, and with one row per block an SM's
+// loads idled while its blocks computed (57-60% of copy at N = 4096, 8192).
+template <typename T, int kLogN, int kVec>
+__global__ void __launch_bounds__(make_plan(kLogN).threads())
+    hadamard_kernel(const T* x, T* out, int64_t rows, float scale) {
+  constexpr Plan kPlan = make_plan(kLogN);
+  constexpr int kChunk = 1 << kPlan.a;
+  constexpr int kE = 1 << kPlan.p;
+  constexpr int kLoads = kE / kVec;
+  static_assert(kVec <= kChunk && kChunk % kVec == 0);
+  extern __shared__ float smem[];
+
+  const int t = static_cast<int>(threadIdx.x) & ((1 << kPlan.l) - 1);
+  const int row_in_block = static_cast<int>(threadIdx.x) >> kPlan.l;
+  int p_base = 0;
+  int x_base = 0;
+  if constexpr (kPlan.exchange()) smem_bases<kLogN>(t, p_base, x_base);
+  float* s = smem + row_in_block * kPlan.row_floats();
+
+  // Rows past the end (in the last group) transform zeros and store nothing: their threads
+  // still shuffle and synchronize with the others.
+  vec_t<T, kVec> raw[kLoads];
+#pragma unroll
+  for (int i = 0; i < kLoads; ++i) raw[i].fill(T{});
+  float v[kE];
+  int64_t row = static_cast<int64_t>(blockIdx.x) * kPlan.rows + row_in_block;
+  // With PDL: x may be the previous kernel's output.
+  device::pdl_wait();
+  if (row < rows) load_raw<T, kLogN>(raw, x, row, t);
+  device::pdl_launch_dependents();
+
+  if constexpr (!kPlan.pipelined()) {
+    convert(raw, v);
+    transform<kLogN>(v, t, s, p_base, x_base);
+    if (row < rows) store_row<T, kLogN, kVec>(v, out, row, t, scale);
+  } else {
+    const int64_t stride = static_cast<int64_t>(gridDim.x) * kPlan.rows;
+    // The group loop's condition is the same for the whole block (row - row_in_block is).
+    for (;;) {
+      convert(raw, v);
+      const int64_t next = row + stride;
+      const bool more = next - row_in_block < rows;
+      // Another row than the one this thread writes below (out may alias x), read whole by
+      // this block before any of it is written.
+      if (next < rows) load_raw<T, kLogN>(raw, x, next, t);
+      transform<kLogN>(v, t, s, p_base, x_base);
+      if (row < rows) store_row<T, kLogN, kVec>(v, out, row, t, scale);
+      if (!more) break;
+      row = next;
     }
   }
 }
@@ -314,9 +390,27 @@ cudaError_t launch(const T* x, T* out, int64_t rows, float scale, cudaStream_t s
       return err;
     }
   }
-  const auto blocks = static_cast<unsigned>((rows + kPlan.rows - 1) / kPlan.rows);
-  const cudaError_t err = device::launch(kernel, dim3(blocks), dim3(kPlan.threads()), smem, stream,
-                                         pdl, x, out, rows, scale);
+  const int64_t groups = (rows + kPlan.rows - 1) / kPlan.rows;
+  int64_t blocks = groups;
+  // The exchanged sizes pipeline groups in a block: a grid of what the SMs hold at once, when
+  // there are more groups than that (decode sizes keep one group per block).
+  if (kPlan.pipelined() && groups > 1024) {
+    int dev = 0;
+    int sms = 0;
+    int per_sm = 0;
+    if (cudaGetDevice(&dev) == cudaSuccess &&
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kPlan.threads(), smem) ==
+            cudaSuccess &&
+        sms > 0 && per_sm > 0) {
+      blocks = std::min<int64_t>(groups, int64_t{sms} * per_sm);
+    } else {
+      cudaGetLastError();  // one group per block still works
+    }
+  }
+  const cudaError_t err =
+      device::launch(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kPlan.threads()), smem,
+                     stream, pdl, x, out, rows, scale);
   if (err != cudaSuccess) cudaGetLastError();  // returned, not left for a later check
   return err;
 }

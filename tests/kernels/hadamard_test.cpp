@@ -7,6 +7,7 @@
 #include <cmath>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "harness.hpp"
@@ -294,6 +295,66 @@ TEST_F(GpuHadamard, MisalignedViewsAndInPlace) {
   Buffer out = poisoned(kGpu, DType::kBF16, 0, 4096);
   EXPECT_TRUE(call(gpu, x, out, 1.0).ok()) << "zero rows";
   EXPECT_TRUE(harness::device_synchronize().ok());
+}
+
+// At large T the sizes of 1024..8192 run a grid of what the SMs hold, each block doing group
+// after group with the next one's loads in flight: row counts just past the pipelined
+// threshold (more than 1024 groups of 8, 4, 2, 1 rows) and not a multiple of the group, so
+// blocks do different numbers of groups and the last group is partial; against the CPU
+// reference, in place (a block reads the next rows while writing its own), and through the
+// one-element path of a misaligned view.
+TEST_F(GpuHadamard, PipelinedLargeTMatchesTheCpuReferenceInPlaceAndMisaligned) {
+  auto gpu = handle(kOp, "cuda");
+  auto cpu = handle(kOp, "cpu");
+  const std::pair<int64_t, int64_t> sizes[] = {
+      {1024, 8203}, {2048, 4099}, {4096, 2601}, {8192, 1500}};
+  uint64_t seed = 3000;
+  for (const auto& [n, rows] : sizes) {
+    for (DType dt : {DType::kBF16, DType::kF32}) {
+      const double scale = 1.0 / std::sqrt(static_cast<double>(n));
+      SCOPED_TRACE("N=" + std::to_string(n) + " T=" + std::to_string(rows) + " " +
+                   std::string(dtype_name(dt)));
+      Buffer x_host = random_buffer(kCpu, dt, rows, n, seed++);
+      Buffer want = poisoned(kCpu, dt, rows, n);
+      ASSERT_TRUE(call(cpu, x_host, want, scale).ok());
+      auto x = Buffer::make(kGpu, dt, {rows, n});
+      ASSERT_TRUE(x.ok());
+      ASSERT_TRUE(x->copy_from(x_host).ok());
+      Buffer out = poisoned(kGpu, dt, rows, n);
+      const Status st = call(gpu, *x, out, scale);
+      ASSERT_TRUE(st.ok()) << st.message();
+      ASSERT_TRUE(harness::device_synchronize().ok());
+      const std::vector<double> xv = values(x_host);
+      std::string first;
+      EXPECT_EQ(mismatches(values(out), values(want), xv, n, scale, dt, 1.0, 64.0, &first), 0u)
+          << first;
+      EXPECT_EQ(bytes_of(*x), bytes_of(x_host)) << "the input is left alone";
+      // Misaligned copies of x and out: the one-element loads and stores.
+      auto xp = Buffer::make(kGpu, dt, {rows * n + 1});
+      auto op = Buffer::make(kGpu, dt, {rows * n + 1});
+      ASSERT_TRUE(xp.ok() && op.ok());
+      std::vector<double> shifted = xv;
+      shifted.insert(shifted.begin(), 0.5);
+      ASSERT_TRUE(xp->from_doubles(shifted).ok());
+      ASSERT_TRUE(op->poison().ok());
+      DLTensor xt = *x->tensor(), ot = *out.tensor();
+      xt.data = xp->tensor()->data;
+      ot.data = op->tensor()->data;
+      xt.byte_offset = ot.byte_offset = dtype_size(dt);
+      DLTensor* t[] = {&xt, &ot};
+      const kreg_attr a[] = {float_attr(scale)};
+      ASSERT_TRUE(gpu.call(t, a).ok());
+      ASSERT_TRUE(harness::device_synchronize().ok());
+      auto got = values(*op);
+      got.erase(got.begin());
+      EXPECT_TRUE(got == values(out)) << "misaligned views differ from aligned ones";
+      // In place.
+      DLTensor* same[] = {x->tensor(), x->tensor()};
+      ASSERT_TRUE(gpu.call(same, a).ok());
+      ASSERT_TRUE(harness::device_synchronize().ok());
+      EXPECT_TRUE(bytes_of(*x) == bytes_of(out)) << "in place differs from out of place";
+    }
+  }
 }
 
 // With KREG_LAUNCH_PDL each transform may start before the one before it ends, and must
