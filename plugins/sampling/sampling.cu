@@ -29,9 +29,11 @@ namespace {
 
 namespace cg = cooperative_groups;
 
-constexpr int kCluster = 8;                 // blocks per row: the portable cluster size
-constexpr int kWideCluster = 16;            // sm_90's non-portable maximum, for a few rows (launch)
-constexpr int64_t kWideMinV = 32768;        // shorter rows: the passes are short, barriers dominate
+constexpr int kCluster = 8;  // blocks per row: the portable cluster size
+// Blocks per row for a few long rows (launch): sm_90's non-portable maximum, from
+// kWideMinV columns (shorter rows make short passes, where the barriers dominate).
+constexpr int kWideCluster = 16;
+constexpr int64_t kWideMinV = 32768;
 constexpr int kBins = 256;                  // radix digit of 8 bits
 constexpr int64_t kMaxRowSmem = 200 << 10;  // bytes of a slice kept in shared memory
 constexpr uint32_t kAllTies = 0xffffffffu;  // a cut keeping every tie of its key
@@ -91,6 +93,8 @@ struct Shared {
   int32_t cand_col[kMaxCand];
   u64 cand_w[kMaxCand];
 };
+// A slice of kMaxRowSmem bytes and Shared fit one block's 227 KB of sm_90 shared memory.
+static_assert(kMaxRowSmem + sizeof(Shared) <= 227 * 1024, "shared memory of a block");
 
 // ---- Block helpers (blockDim.x a multiple of 32, at least kBins) ----
 
