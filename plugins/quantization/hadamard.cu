@@ -82,10 +82,6 @@ struct Plan {
   int w[kMaxBits] = {};
 
   __host__ __device__ constexpr bool exchange() const { return l > k; }
-  // Whether a block keeps the next group's loads in flight (hadamard_kernel): the exchanged
-  // sizes up to 8192; above, the 32 more registers would cost resident blocks (N = 32768
-  // already has 128 registers per thread, 512 threads).
-  __host__ __device__ constexpr bool pipelined() const { return exchange() && log_n <= 13; }
   __host__ __device__ constexpr int threads() const { return rows << l; }
   // Floats of shared memory per row.
   __host__ __device__ constexpr int row_floats() const {
@@ -316,7 +312,17 @@ __device__ __forceinline__ void store_row(const float (&v)[kE], T* out, int64_t 
   }
 }
 
-// One block per group of kPlan.rows rows, except for the pipelined sizes (Plan::pipelined:
+// Whether a block keeps the next group's loads in flight (hadamard_kernel): the exchanged
+// sizes up to 8192 in 16-bit types with 16-byte vectors, where they cost 32 registers (128 in
+// all: 4 blocks of 128 threads per SM). Not above 8192 (N = 32768 already has 128 registers
+// per thread, 512 threads), nor for f32 or the one-element path, whose 64 more registers
+// (168 in all) would leave 3 blocks per SM.
+template <typename T, int kLogN, int kVec>
+constexpr bool pipelined() {
+  return make_plan(kLogN).exchange() && kLogN <= 13 && sizeof(T) == 2 && kVec * sizeof(T) == 16;
+}
+
+// One block per group of kPlan.rows rows, except for the pipelined sizes (pipelined():
 // N = 1024..8192) at large T: there the grid is what the SMs hold at once and a block does
 // the groups blockIdx.x, + gridDim.x, ..., keeping the next group's loads in flight, raw in
 // registers, while it transforms and stores the current one. The exchanged rows need 33 KiB
@@ -351,7 +357,7 @@ __global__ void __launch_bounds__(make_plan(kLogN).threads())
   if (row < rows) load_raw<T, kLogN>(raw, x, row, t);
   device::pdl_launch_dependents();
 
-  if constexpr (!kPlan.pipelined()) {
+  if constexpr (!pipelined<T, kLogN, kVec>()) {
     convert(raw, v);
     transform<kLogN>(v, t, s, p_base, x_base);
     if (row < rows) store_row<T, kLogN, kVec>(v, out, row, t, scale);
@@ -394,7 +400,7 @@ cudaError_t launch(const T* x, T* out, int64_t rows, float scale, cudaStream_t s
   int64_t blocks = groups;
   // The exchanged sizes pipeline groups in a block: a grid of what the SMs hold at once, when
   // there are more groups than that (decode sizes keep one group per block).
-  if (kPlan.pipelined() && groups > 1024) {
+  if (pipelined<T, kLogN, kVec>() && groups > 1024) {
     int dev = 0;
     int sms = 0;
     int per_sm = 0;

@@ -297,12 +297,13 @@ TEST_F(GpuHadamard, MisalignedViewsAndInPlace) {
   EXPECT_TRUE(harness::device_synchronize().ok());
 }
 
-// At large T the sizes of 1024..8192 run a grid of what the SMs hold, each block doing group
-// after group with the next one's loads in flight: row counts just past the pipelined
-// threshold (more than 1024 groups of 8, 4, 2, 1 rows) and not a multiple of the group, so
-// blocks do different numbers of groups and the last group is partial; against the CPU
-// reference, in place (a block reads the next rows while writing its own), and through the
-// one-element path of a misaligned view.
+// At large T the 16-bit sizes of 1024..8192 with 16-byte vectors run a grid of what the SMs
+// hold, each block doing group after group with the next one's loads in flight: row counts
+// just past that threshold (more than 1024 groups of 8, 4, 2, 1 rows) and not a multiple of
+// the group, so blocks do different numbers of groups and the last group is partial; bf16
+// (pipelined) and f32 (one group per block) against the CPU reference, in place (a block
+// reads its next rows while writing its own), and through the one-element path of a
+// misaligned view (not pipelined: the same values).
 TEST_F(GpuHadamard, PipelinedLargeTMatchesTheCpuReferenceInPlaceAndMisaligned) {
   auto gpu = handle(kOp, "cuda");
   auto cpu = handle(kOp, "cpu");
