@@ -230,6 +230,70 @@ __device__ __forceinline__ void e4m3_codes_div(const float* v, float s, uint32_t
     codes[w] = e4m3x2(q[0], q[1]) | (e4m3x2(q[2], q[3]) << 16);
   }
 }
+
+// ---- Device: the same bracket with one multiplication per side ----
+//
+// The group kernel's form (group_quant.cu), cheaper per element than e4m3_codes_recip:
+//
+//   r = RN(1 / s), rlo = RN(r (1 - 2^-21)), rhi = RN(r (1 + 2^-21))
+//   lo = RN(x rlo), hi = RN(x rhi),  x with NaN replaced by -inf
+//   c(lo) == c(hi)  =>  c(RN(x / s)) == c(lo).
+//
+// Proof. With s in [2^-125, 2^125) (e4m3_bracket_ok), 1/s, r, rlo and rhi are normal and
+// each rounding is within (1 +- u). For |x / s| >= 2^-100, lo / (x / s) <= (1 + u)^3
+// (1 - 8u) < 1 - 4u and hi / (x / s) >= (1 - u)^3 (1 + 8u) > 1 + 4u, while RN(x / s) / (x
+// / s) is in [1 - u, 1 + u]: lo, RN(x / s) and hi have one sign and strictly increasing
+// magnitudes, so the monotone c is c(lo) on the bracket. An overflow of x rhi (or x rlo) is
+// +-inf, whose code (satfinite) is +-448's, as is that of RN(x / s) there (|x / s| > 448
+// (1 + 3u)). Below 2^-100, RN(x / s), lo and hi are of x's sign and below 2^-10 in
+// magnitude: the code of a zero of that sign (-0 stays -0). x = -inf: lo = hi = -inf,
+// code -448, as the contract's clamp of -inf. A NaN x (sent to -inf by the caller, since
+// the conversion would make it the NaN code 0x7f on both sides) is -448 in the contract.
+// Unlike e4m3_codes_recip, there is no clamp per element: the satfinite conversion clamps
+// both sides, and NaN is the caller's one max on the packed 16-bit input.
+//
+// Returns 0 if every code is decided; otherwise the caller uses e4m3_codes_div.
+__device__ __forceinline__ bool e4m3_bracket_ok(float s) {
+  return (float_bits(s) >> 23) - 2u <= 249u;  // biased exponent in [2, 251]
+}
+
+template <int N>
+__device__ __forceinline__ uint32_t e4m3_codes_bracket(const float* v, float rlo, float rhi,
+                                                       uint32_t* codes) {
+  static_assert(N % 4 == 0, "e4m3_codes_bracket: whole words of four codes");
+  uint32_t differ = 0;
+#pragma unroll
+  for (int w = 0; w < N / 4; ++w) {
+    const float* q = v + 4 * w;
+    const uint32_t a = e4m3x2(q_mul(q[0], rlo), q_mul(q[1], rlo)) |
+                       (e4m3x2(q_mul(q[2], rlo), q_mul(q[3], rlo)) << 16);
+    const uint32_t b = e4m3x2(q_mul(q[0], rhi), q_mul(q[1], rhi)) |
+                       (e4m3x2(q_mul(q[2], rhi), q_mul(q[3], rhi)) << 16);
+    differ |= a ^ b;
+    codes[w] = a;
+  }
+  return differ;
+}
+
+// When s is a power of two in e4m3_bracket_ok's range (every UE8M0 scale there), r = RN(1 /
+// s) = 1 / s exactly, so x r and x / s are the same real number and RN(x r) == RN(x / s)
+// bit for bit (underflow and overflow included): the codes need no bracket. The caller
+// sends NaN to -inf first (as for e4m3_codes_bracket); the satfinite conversion is the
+// contract's clamp at +-448.
+__device__ __forceinline__ bool is_pow2_normal(float s) {
+  return (float_bits(s) & 0x007fffffu) == 0;
+}
+
+template <int N>
+__device__ __forceinline__ void e4m3_codes_pow2(const float* v, float r, uint32_t* codes) {
+  static_assert(N % 4 == 0, "e4m3_codes_pow2: whole words of four codes");
+#pragma unroll
+  for (int w = 0; w < N / 4; ++w) {
+    const float* q = v + 4 * w;
+    codes[w] =
+        e4m3x2(q_mul(q[0], r), q_mul(q[1], r)) | (e4m3x2(q_mul(q[2], r), q_mul(q[3], r)) << 16);
+  }
+}
 #endif  // __CUDACC__
 
 // silu(a) = a / (1 + exp(-a)).
