@@ -384,21 +384,24 @@ __global__ void __launch_bounds__(1024) sampling_kernel(Params p) {
     return m;
   };
 
-  // top_k_top_p sampling after a top-k cut keeping few keys (kcut.c_gt + kcut.c_eq <=
-  // min(threads, kMaxCand)): every key the top-p cut and the draw can touch is >= the
-  // top-k cut (see the lo_key comment below), so each block gathers the cluster's keys >=
-  // kcut.key with their columns (one pass, one cluster barrier) and finds, on this list of
-  // one entry a thread, what the descents, the tie pass and the draw pass would: the same
-  // integer sums over the same keys, so the same cut, ties and id. It replaces 3 histogram
-  // levels, up to 2 tie barriers and the draw barrier by one.
-  auto draw_from_candidates = [&](const Cut& kcut, u64 kept_total) {
+  // top_k_top_p sampling with top_k = k in (0, V) when the keys >= lo, lo at or below the
+  // top-k cut, are few (at most min(threads, kMaxCand)): every key the top-k cut, the
+  // top-p cut and the draw can touch is >= the top-k cut (see the lo_key comment below),
+  // so each block gathers the cluster's keys >= lo with their columns (one pass, one
+  // cluster barrier) and finds, on this list of one entry a thread, what the descents, the
+  // tie pass and the draw pass would: the same integer sums over the same keys (a key
+  // below the top-k cut on the list is never kept, and the counts and weights of the keys
+  // at or above any t >= lo are those of the whole row), so the same cuts, ties and id.
+  // With lo the top digit's floor of the top-k cut it replaces 6 histogram levels, up to
+  // 2 tie barriers and the draw barrier by one; with lo the top-k cut, 3 levels.
+  auto draw_from_candidates = [&](uint32_t lo, uint32_t k) {
     if (tid == 0) sh.loc_n = 0;
     __syncthreads();
     const int lane = tid & 31;
     for (int base = 0; base < n; base += nthreads) {  // whole warps: base is uniform
       const int i = base + tid;
-      const uint32_t k = i < n ? key_at(i) : 0;
-      const bool cand = i < n && k >= kcut.key;
+      const uint32_t key = i < n ? key_at(i) : 0;
+      const bool cand = i < n && key >= lo;
       const unsigned ball = __ballot_sync(0xffffffffu, cand);
       if (ball == 0) continue;
       const int leader = __ffs(static_cast<int>(ball)) - 1;
@@ -407,7 +410,7 @@ __global__ void __launch_bounds__(1024) sampling_kernel(Params p) {
       at = __shfl_sync(0xffffffffu, at, leader) +
            static_cast<uint32_t>(__popc(ball & ((1u << lane) - 1)));
       if (cand && at < kMaxCand) {  // the cluster's count bounds it; the test guards memory
-        sh.loc_key[at] = k;
+        sh.loc_key[at] = key;
         sh.loc_col[at] = static_cast<int32_t>(begin + i);
       }
     }
@@ -421,7 +424,7 @@ __global__ void __launch_bounds__(1024) sampling_kernel(Params p) {
       sh.goff[C] = min(off, static_cast<uint32_t>(kMaxCand));
     }
     __syncthreads();
-    const int total = static_cast<int>(sh.goff[C]);  // kcut.c_gt + kcut.c_eq
+    const int total = static_cast<int>(sh.goff[C]);  // the keys >= lo
     for (int r = 0; r < C; ++r) {
       const int o = static_cast<int>(sh.goff[r]);
       const int m = min(static_cast<int>(sh.goff[r + 1]), total) - o;
@@ -438,10 +441,43 @@ __global__ void __launch_bounds__(1024) sampling_kernel(Params p) {
     const uint32_t my_key = mine ? sh.cand_key[tid] : 0;
     const int32_t my_col = mine ? sh.cand_col[tid] : 0;
     const u64 my_w = mine ? sh.cand_w[tid] : 0;
+    // Above my key: the count and weight; at it: the count (ties weigh alike).
+    uint32_t gt_c = 0, eq = 0;
+    u64 gt = 0;
+    if (mine) {
+      for (int j = 0; j < total; ++j) {
+        const uint32_t kj = sh.cand_key[j];
+        if (kj > my_key) {
+          ++gt_c;
+          gt += sh.cand_w[j];
+        }
+        eq += kj == my_key;
+      }
+    }
+
+    // Top-k: the largest key t with count(key >= t) >= k (some: the list holds the top-k
+    // cut and every key above it), as search() finds it.
+    Cut kcut;
+    {
+      const uint32_t best = block_max(mine && gt_c + eq >= k ? my_key + 1 : 0);  // < 2^31
+      if (mine && my_key == best - 1) {
+        sh.add_c = gt_c;  // every thread of this key writes the same values
+        sh.add_s = gt;
+        sh.eq_c = eq;
+      }
+      __syncthreads();
+      kcut.key = best - 1;
+      kcut.c_gt = sh.add_c;
+      kcut.s_gt = sh.add_s;
+      kcut.c_eq = sh.eq_c;
+      kcut.ties = k - kcut.c_gt;
+      __syncthreads();  // sh.add_s, sh.eq_c are rewritten below
+    }
+    const u64 kept_total = kcut.s_gt + static_cast<u64>(kcut.ties) * weight_of(kcut.key, max_key);
 
     // Top-p over the top-k set: the largest key t whose weight(key >= t) reaches the
-    // target, as search() finds it (weight(key >= my_key) = s_gt + c_eq * q: ties weigh
-    // alike); then how many of its ties, and the shorter cut of the two.
+    // target, as search() finds it (weight(key >= my_key) = s_gt + c_eq * q); then how
+    // many of its ties, and the shorter cut of the two.
     Cut cut = kcut;
     const float top_p = __ldg(p.top_p + row);
     if (!top_p_keeps_all(top_p)) {
@@ -453,15 +489,6 @@ __global__ void __launch_bounds__(1024) sampling_kernel(Params p) {
         pcut.ties = 1;
         pcut.c_eq = kAllTies;
       } else {
-        u64 gt = 0;
-        uint32_t eq = 0;
-        if (mine) {
-          for (int j = 0; j < total; ++j) {
-            const uint32_t kj = sh.cand_key[j];
-            if (kj > my_key) gt += sh.cand_w[j];
-            eq += kj == my_key;
-          }
-        }
         const bool ok = mine && reaches(gt + static_cast<u64>(eq) * my_w, target);
         const uint32_t best = block_max(ok ? my_key + 1 : 0);  // keys < 2^31: no wrap
         found = best != 0;  // always (the keys >= kcut.key weigh >= the target)
@@ -523,10 +550,26 @@ __global__ void __launch_bounds__(1024) sampling_kernel(Params p) {
     histogram(31, 0, 0, 23, 8, sh.l0_cnt, sh.l0_qs);
     Cut kcut;  // top-k (or everything)
     u64 kept_total;
+    const uint32_t cand_cap = static_cast<uint32_t>(min(nthreads, kMaxCand));
     if constexpr (M == Mode::kTopKRenorm || M == Mode::kTopKTopPSample) {
       const int32_t k = __ldg(p.top_k + row);
       if (k > 0 && k < p.V) {
         const uint32_t ku = static_cast<uint32_t>(k);
+        if constexpr (M == Mode::kTopKTopPSample) {
+          // Level 0 of the top-k descent: when the keys of its digit and above are few,
+          // the candidate list replaces the rest (uniform: cluster-reduced histogram).
+          if (tid < 32)
+            descend(sh, sh.l0_cnt, sh.l0_qs, 0, 0, [ku](uint32_t c, u64) { return c >= ku; });
+          __syncthreads();
+          const int d0 = sh.digit;
+          const uint32_t at_or_above = sh.add_c + sh.eq_c;
+          __syncthreads();  // sh.digit etc. are rewritten by the search
+          if (d0 >= 0 && at_or_above <= cand_cap) {
+            draw_from_candidates(static_cast<uint32_t>(d0) << 23, ku);
+            cluster.sync();  // no block leaves while another may read its shared memory
+            return;
+          }
+        }
         search([ku](uint32_t c, u64) { return c >= ku; }, 0, kcut);
         kcut.ties = ku - kcut.c_gt;
       }
@@ -545,9 +588,8 @@ __global__ void __launch_bounds__(1024) sampling_kernel(Params p) {
     }
     if constexpr (M == Mode::kTopKTopPSample) {
       // Uniform over the cluster: kcut comes from the cluster-reduced histograms.
-      if (kcut.ties != kAllTies &&
-          kcut.c_gt + kcut.c_eq <= static_cast<uint32_t>(min(nthreads, kMaxCand))) {
-        draw_from_candidates(kcut, kept_total);
+      if (kcut.ties != kAllTies && kcut.c_gt + kcut.c_eq <= cand_cap) {
+        draw_from_candidates(kcut.key, kcut.ties + kcut.c_gt);
         cluster.sync();  // no block leaves while another may read its shared memory
         return;
       }
