@@ -345,8 +345,8 @@ __global__ void __launch_bounds__(make_plan(kLogN).threads())
   if constexpr (kPlan.exchange()) smem_bases<kLogN>(t, p_base, x_base);
   float* s = smem + row_in_block * kPlan.row_floats();
 
-  // Rows past the end (in the last group) transform zeros and store nothing: their threads
-  // still shuffle and synchronize with the others.
+  // Rows past the end (in the last group) transform zeros, or a pipelined block's previous
+  // values, and store nothing: their threads still shuffle and synchronize with the others.
   vec_t<T, kVec> raw[kLoads];
 #pragma unroll
   for (int i = 0; i < kLoads; ++i) raw[i].fill(T{});
