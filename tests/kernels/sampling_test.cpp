@@ -656,6 +656,40 @@ TEST_F(GpuSampling, TopKTopPWithTiesAtTheCuts) {
   }
 }
 
+// A top-k cut inside a crowded binade: 1200 entries in [1/64, 1/32) (pairs of ties),
+// the rest tiny. The keys of the cut's top digit are too many for the candidate list
+// gathered after level 0, the keys >= the cut few enough for the one gathered after the
+// whole descent (k up to 301), or not (k = 700: the radix top-p descent over the keys >=
+// the cut).
+TEST_F(GpuSampling, TopKTopPCutInACrowdedBinade) {
+  std::mt19937_64 rng(41);
+  for (int64_t B : {1, 5}) {
+    for (int64_t V : {int64_t{5000}, int64_t{128256}}) {
+      SCOPED_TRACE("B=" + std::to_string(B) + " V=" + std::to_string(V));
+      std::vector<double> p(static_cast<size_t>(B * V));
+      for (int64_t b = 0; b < B; ++b) {
+        std::vector<double> row(static_cast<size_t>(V), 1e-9);
+        for (int64_t i = 0; i < 1200; ++i) {
+          row[static_cast<size_t>(i)] = (1.0 + static_cast<double>(i / 2) / 1200.0) / 64.0;
+        }
+        std::shuffle(row.begin(), row.end(), rng);
+        std::copy(row.begin(), row.end(), p.begin() + b * V);
+      }
+      for (const auto& [k, tp] : std::vector<std::pair<int, float>>{
+               {1, 0.9f}, {51, 0.9f}, {100, 0.3f}, {301, 0.999f}, {200, 0.0f}, {700, 0.8f}}) {
+        SCOPED_TRACE("top_k=" + std::to_string(k) + " top_p=" + std::to_string(tp));
+        for (int64_t offset : {3, 4}) {
+          expect_gpu_matches_cpu(kTopKTopP, {{DType::kF32, {B, V}, p},
+                                             {DType::kI32, {B}, std::vector<double>(B, k)},
+                                             {DType::kF32, {B}, std::vector<double>(B, tp)},
+                                             {DType::kI32, {B}, {}},
+                                             {DType::kI64, {2}, {5, static_cast<double>(offset)}}});
+        }
+      }
+    }
+  }
+}
+
 // The benchmark's case: softmax rows of V = 128256, top_k = 50, top_p = 0.9, at B = 1 and
 // 4 (16 blocks a row where the device runs them) and 64 (8), ids equal over many draws.
 TEST_F(GpuSampling, DecodeCaseMatchesOverManyDraws) {
