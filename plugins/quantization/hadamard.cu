@@ -404,7 +404,12 @@ cudaError_t launch(const T* x, T* out, int64_t rows, float scale, cudaStream_t s
     int dev = 0;
     int sms = 0;
     int per_sm = 0;
-    if (cudaGetDevice(&dev) == cudaSuccess &&
+    // The blocks live for the whole launch, so the grid must not exceed what is resident:
+    // the most shared memory per SM (the kernel does not use L1) so that registers alone
+    // limit it, as the occupancy query assumes, rather than a carveout the driver picks.
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                             cudaSharedmemCarveoutMaxShared) == cudaSuccess &&
+        cudaGetDevice(&dev) == cudaSuccess &&
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kPlan.threads(), smem) ==
             cudaSuccess &&
