@@ -384,17 +384,19 @@ __global__ void __launch_bounds__(1024) sampling_kernel(Params p) {
     return m;
   };
 
-  // top_k_top_p sampling with top_k = k in (0, V) when the keys >= lo, lo at or below the
-  // top-k cut, are few (at most min(threads, kMaxCand)): every key the top-k cut, the
-  // top-p cut and the draw can touch is >= the top-k cut (see the lo_key comment below),
+  // top_k_top_p sampling or top_k renorm with top_k = k in (0, V) when the keys >= lo, lo
+  // at or below the top-k cut, are few (at most min(threads, kMaxCand)): every key the
+  // top-k cut, the top-p cut, the draw and the renorm sum can touch is >= the top-k cut
+  // (see the lo_key comment below),
   // so each block gathers the cluster's keys >= lo with their columns (one pass, one
   // cluster barrier) and finds, on this list of one entry a thread, what the descents, the
   // tie pass and the draw pass would: the same integer sums over the same keys (a key
   // below the top-k cut on the list is never kept, and the counts and weights of the keys
   // at or above any t >= lo are those of the whole row), so the same cuts, ties and id.
   // With lo the top digit's floor of the top-k cut it replaces 6 histogram levels, up to
-  // 2 tie barriers and the draw barrier by one; with lo the top-k cut, 3 levels.
-  auto draw_from_candidates = [&](uint32_t lo, uint32_t k) {
+  // 2 tie barriers and the draw barrier by one (renorm: 3 levels, the tie barriers and the
+  // sum barrier); with lo the top-k cut, 3 levels and the rest. Renorm writes its row.
+  auto finish_from_candidates = [&](uint32_t lo, uint32_t k) {
     if (tid == 0) sh.loc_n = 0;
     __syncthreads();
     const int lane = tid & 31;
@@ -472,6 +474,31 @@ __global__ void __launch_bounds__(1024) sampling_kernel(Params p) {
       kcut.c_eq = sh.eq_c;
       kcut.ties = k - kcut.c_gt;
       __syncthreads();  // sh.add_s, sh.eq_c are rewritten below
+    }
+    if constexpr (M == Mode::kTopKRenorm) {
+      // out = p / (sum of the kept p) on the kept set: the list holds every kept entry,
+      // hence the sum (double, one fixed order; the CPU's order differs, see
+      // docs/ops/sampling.md) and the column of the last kept tie.
+      bool kept = mine && my_key > kcut.key;
+      if (mine && my_key == kcut.key) {
+        uint32_t before = 0;
+        for (int j = 0; j < total; ++j)
+          before += sh.cand_key[j] == kcut.key && sh.cand_col[j] < my_col;
+        kept = before < kcut.ties;
+      }
+      // At least one tie is kept (kcut.ties >= 1): last >= 1.
+      const uint32_t last =
+          block_max(kept && my_key == kcut.key ? static_cast<uint32_t>(my_col) + 1 : 0);
+      const long long tie_col = static_cast<long long>(last) - 1;
+      const float sum =
+          static_cast<float>(block_sum(sh, kept ? static_cast<double>(key_value(my_key)) : 0.0));
+      float* o = p.out + row * p.V + begin;
+      for (int i = tid; i < n; i += nthreads) {
+        const uint32_t key = key_at(i);
+        const bool keep = key > kcut.key || (key == kcut.key && begin + i <= tie_col);
+        o[i] = keep ? __fdiv_rn(key_value(key), sum) : 0.0f;
+      }
+      return;
     }
     const u64 kept_total = kcut.s_gt + static_cast<u64>(kcut.ties) * weight_of(kcut.key, max_key);
 
@@ -555,7 +582,7 @@ __global__ void __launch_bounds__(1024) sampling_kernel(Params p) {
       const int32_t k = __ldg(p.top_k + row);
       if (k > 0 && k < p.V) {
         const uint32_t ku = static_cast<uint32_t>(k);
-        if constexpr (M == Mode::kTopKTopPSample) {
+        {
           // Level 0 of the top-k descent: when the keys of its digit and above are few,
           // the candidate list replaces the rest (uniform: cluster-reduced histogram).
           if (tid < 32)
@@ -565,7 +592,7 @@ __global__ void __launch_bounds__(1024) sampling_kernel(Params p) {
           const uint32_t at_or_above = sh.add_c + sh.eq_c;
           __syncthreads();  // sh.digit etc. are rewritten by the search
           if (d0 >= 0 && at_or_above <= cand_cap) {
-            draw_from_candidates(static_cast<uint32_t>(d0) << 23, ku);
+            finish_from_candidates(static_cast<uint32_t>(d0) << 23, ku);
             cluster.sync();  // no block leaves while another may read its shared memory
             return;
           }
@@ -589,7 +616,7 @@ __global__ void __launch_bounds__(1024) sampling_kernel(Params p) {
     if constexpr (M == Mode::kTopKTopPSample) {
       // Uniform over the cluster: kcut comes from the cluster-reduced histograms.
       if (kcut.ties != kAllTies && kcut.c_gt + kcut.c_eq <= cand_cap) {
-        draw_from_candidates(kcut.key, kcut.ties + kcut.c_gt);
+        finish_from_candidates(kcut.key, kcut.ties + kcut.c_gt);
         cluster.sync();  // no block leaves while another may read its shared memory
         return;
       }
