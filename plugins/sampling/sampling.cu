@@ -628,8 +628,9 @@ __global__ void __launch_bounds__(1024) sampling_kernel(Params p) {
         const double target = top_p_target(top_p, kept_total);
         // After a top-k cut the top-p cut is at or above it: the keys >= kcut.key (all
         // its ties) weigh at least kept_total >= target, so the largest t reaching the
-        // target is >= kcut.key, and a descent counting only the keys >= kcut.key (at
-        // most k plus ties: a few per block) finds the same t, ties and weights. When
+        // target is >= kcut.key, and a descent counting only the keys >= kcut.key (k
+        // plus ties: here more than the candidate list holds, e.g. a long run of ties at
+        // the cut) finds the same t, ties and weights. When
         // this t is kcut.key, ties_needed keeps at most kcut.ties of its ties (their
         // weight kept_total reaches the target), so the choice below is unchanged.
         const uint32_t lo_key = kcut.ties == kAllTies ? 0 : kcut.key;
