@@ -6,7 +6,7 @@
 # (vs_torch.py --only),
 # NCU_ONLY (cases profiled by ncu through ncu_case.py; empty: none), JIT_RESOLVE=0 and
 # EXTRA (more shell commands after the JIT benches; $k is the kreg CLI), VS_UNTIL (second
-# by which vs_torch.py is stopped, default 560).
+# by which vs_torch.py is stopped, default 560) and VS_ARGS (more vs_torch.py options).
 set -uo pipefail
 L=${OUT:-/tmp/out}; mkdir -p $L
 PY=${PY:-/opt/torch/.venv/bin/python3}
@@ -15,7 +15,7 @@ cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTUR
 cmake --build build -j16 >$L/build.log 2>&1 || { grep -E "error" $L/build.log | head -40; exit 1; }
 echo "built at $SECONDS s"
 export PYTHONPATH=$PWD/build/python KREG_PLUGIN_DIR=$PWD/build/plugins KREG_MANIFEST=$PWD/registry.yaml KREG_JIT_CACHE=/tmp/jitc
-timeout 200 ctest --test-dir build -j8 --output-on-failure -R "${CTEST_R:-Gpu|Jit|Quantization|Sampling|Hadamard|Embeddings|Grammar|Elementwise|Layernorm|GpuKernels}" >$L/ctest.log 2>&1
+timeout ${CTEST_S:-200} ctest --test-dir build -j8 --output-on-failure -R "${CTEST_R:-Gpu|Jit|Quantization|Sampling|Hadamard|Embeddings|Grammar|Elementwise|Layernorm|GpuKernels}" >$L/ctest.log 2>&1
 echo "ctest: $(grep -E 'tests passed' $L/ctest.log) at $SECONDS s"; grep -E "\((Failed|Timeout|SEGFAULT|Subprocess)" $L/ctest.log | head -30
 k=./build/tools/kreg
 for op in rmsnorm fused_add_rmsnorm; do for h in ${JIT_H:-4096 7168 4097 4099 5121}; do for be in ${JIT_BE:-cuda jit}; do
@@ -24,7 +24,7 @@ done; done; done
 [ -n "${EXTRA:-}" ] && eval "$EXTRA" 2>&1 | tee $L/extra.log  # more commands, with $k = kreg
 echo "bench at $SECONDS s"
 [ "${JIT_RESOLVE:-1}" = 1 ] && timeout 60 $PY tools/bench/jit_resolve.py --runs 3 2>&1 | tee $L/jit_resolve.log
-timeout $((${VS_UNTIL:-560} - SECONDS)) $PY tools/bench/vs_torch.py --reps 30 --out $L/vs --only "${VS_ONLY:-quantization,sampling,elementwise,embeddings,grammar}" >$L/vs_torch.log 2>&1
+timeout $((${VS_UNTIL:-560} - SECONDS)) $PY tools/bench/vs_torch.py --reps 30 --out $L/vs --only "${VS_ONLY:-quantization,sampling,elementwise,embeddings,grammar}" ${VS_ARGS:-} >$L/vs_torch.log 2>&1
 tail -n 45 $L/vs_torch.log
 if [ -n "${NCU_ONLY:-}" ]; then
   # One profile per matching launch (kernels named by NCU_K); the whole report is in ncu.log.
