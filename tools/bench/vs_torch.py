@@ -452,6 +452,7 @@ def main():
             torch.cuda.empty_cache()
             continue
         rows.append(row)
+        write_csv(csv_path, rows)  # after every case: a run cut short keeps what it measured
         for p in problems:
             failures.append(f"{label} ({case['source']}): kreg differs from torch: {p}")
             print(f"  MISMATCH {p}", file=sys.stderr)
