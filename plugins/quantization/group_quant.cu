@@ -52,9 +52,9 @@ using device::vec_t;
 
 constexpr int kBlockThreads = 256;
 constexpr int64_t kMaxThreadsPerLaunch = INT32_MAX;
-// Threads an H200 holds at once (132 SMs x 2048). The fast path gives each thread 8 (or
-// 4, 2) vectors once that still leaves two full waves of threads, so that the wider
-// threads never leave SMs idle; decode-sized calls keep one vector.
+// Threads an H200 holds at once (132 SMs x 2048). The fast path gives each thread 4
+// vectors once that still leaves two full waves of threads (2 vectors from two waves of 2),
+// so that the wider threads never leave SMs idle; decode-sized calls keep one vector.
 constexpr int64_t kWideFrom = 2 * 132 * 2048;
 
 struct Params {
