@@ -7,19 +7,15 @@
 // each for the fused op: gate and up), vector k * lanes + sub of the group for its lane
 // sub, so every load instruction of a warp reads runs of lanes * 16 contiguous bytes. All
 // loads are issued before any arithmetic; the group's max travels by butterfly shuffles
-// inside its lanes (no shared memory); lane 0 stores the scale. kPer = 8 on large
-// problems (4 for the fused op, which keeps its fp32 values): 128 bytes in flight per
-// thread and the per-thread work (index split, shuffles, the scale and its reciprocal)
-// spread over 64 elements; one vector per thread left the kernel issue-bound at 60% of copy
-// bandwidth on an H200, four at 75%. kPer = 1 on decode-sized problems, which are
-// latency-bound: the most threads, the shortest chain per thread. The e4m3 codes come from
-// one of three forms, chosen once per group: s a power of two (every UE8M0 scale): x * (1 /
-// s), exact; else a multiplication by 1/s bracketed on both sides (RN(1/s) (1 -+ 2^-21)),
-// which decides all but about 2^-16 of the codes exactly, a vector with an undecided code
-// redoing its codes with the division; s out of range (or int8): the division
-// (quant_math.hpp, with the proofs). Each vector is quantized and stored as soon as the
-// scale is known, so its registers die early (4 blocks of 256 threads per SM at kPer = 8).
-// Loads and stores carry an evict-first hint: every byte is touched once.
+// inside its lanes (no shared memory); lane 0 stores the scale. kPer = 4 on large
+// problems: 64 bytes in flight per thread and the per-thread work (index split, shuffles,
+// the scale and its reciprocal) spread over 32 elements, where one vector per thread left
+// the kernel issue-bound at 60% of copy bandwidth on an H200. kPer = 1 on decode-sized
+// problems, which are latency-bound: the most threads, the shortest chain per thread.
+// The e4m3 codes come from a multiplication by 1/s bracketed on both sides, which decides
+// all but about 2^-16 of them exactly; a thread with an undecided code redoes its codes
+// with the division (quant_math.hpp: e4m3_codes, with the proof). Loads and stores carry
+// an evict-first hint: every byte is touched once.
 //
 // Fallback (any other group size or alignment): one warp per group, scalar loads, the max
 // in a first pass and the quantization in a second one over the same (now cached) group.
@@ -146,11 +142,10 @@ __global__ void __launch_bounds__(kBlockThreads)
   const uint32_t lanes = 1u << lanes_log2;
   const uint32_t gid = i >> lanes_log2;
   const uint32_t sub = i & (lanes - 1);
-  // Out-of-range threads stay for the shuffles (whole groups are in or out together) and
-  // read the last group again (it is in cache), so no load needs a predicate and a fill.
+  // Out-of-range threads stay for the shuffles (whole groups are in or out together).
   const bool valid = gid < p.n_groups;
-  const uint32_t t = p.groups.div(valid ? gid : p.n_groups - 1);
-  const uint32_t g = (valid ? gid : p.n_groups - 1) - t * p.groups.divisor;
+  const uint32_t t = p.groups.div(gid);
+  const uint32_t g = gid - t * p.groups.divisor;
   const int64_t col = static_cast<int64_t>(g) * p.group_size + static_cast<int64_t>(sub) * kVec;
   const int64_t stride = static_cast<int64_t>(lanes) * kVec;  // between a thread's vectors
   const T* src = x + static_cast<int64_t>(t) * p.x_row + col;
@@ -159,8 +154,13 @@ __global__ void __launch_bounds__(kBlockThreads)
   vec_t<T, kVec> b_raw[kSilu ? kPer : 1];
 #pragma unroll
   for (int k = 0; k < kPer; ++k) {
-    a_raw[k].load_stream(src + k * stride);
-    if constexpr (kSilu) b_raw[k].load_stream(src + k * stride + p.hidden);
+    if (valid) {
+      a_raw[k].load_stream(src + k * stride);
+      if constexpr (kSilu) b_raw[k].load_stream(src + k * stride + p.hidden);
+    } else {
+      a_raw[k].fill(T{});
+      if constexpr (kSilu) b_raw[k].fill(T{});
+    }
   }
   device::pdl_launch_dependents();
   // The values: for the fused op computed once and kept (silu is the costly part); else
@@ -198,75 +198,41 @@ __global__ void __launch_bounds__(kBlockThreads)
       for (int j = 0; j < kVec; ++j) f[j] = v[j];
     }
   };
-  // The values for e4m3_codes_bracket: NaN sent to -inf, on the packed pairs of 16-bit
-  // floats (one max per two elements; fmaxf ignores the NaN) before they are widened.
-  auto bracket_values = [&](int k, float* f) {
-    if constexpr (kSilu || std::is_same_v<T, float>) {
-      values(k, f);
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) f[j] = fmaxf(f[j], -INFINITY);
-    } else {
-      using Pair = typename device::detail::Pair<T>::type;
-      Pair neg_inf;
-      neg_inf.x = device::from_float<T>(-INFINITY);
-      neg_inf.y = neg_inf.x;
-      vec_t<T, kVec> c = a_raw[k];
-#pragma unroll
-      for (int j = 0; j < kVec; j += 2) {
-        auto* pair = reinterpret_cast<Pair*>(&c[j]);
-        *pair = __hmax2(*pair, neg_inf);
-      }
-      vec_t<float, kVec> v;
-      v.cast_from(c);
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) f[j] = v[j];
-    }
-  };
-  // The codes and the store vector by vector, so each raw vector dies as soon as it is
-  // stored (fewer live registers, more threads and loads in flight per SM). A vector with
-  // an undecided code (about 2^-13 of them) redoes its codes by the division.
   constexpr int kWords = kVec / 4;  // words of four codes per vector
-  uint8_t* dst = p.out + static_cast<int64_t>(t) * p.hidden + col;
-  // kMode 0: the division (int8, or s out of the bracket's range); 1: the bracket; 2: s a
-  // power of two (every UE8M0 scale): one exact multiplication, no bracket. A uniform
-  // choice per group, made once, so each loop below has no branch but the rare fallback.
-  const float r = __frcp_rn(s);
-  const float rlo = q_mul(r, kBracketLo);
-  const float rhi = q_mul(r, kBracketHi);
-  auto quantize_all = [&](auto mode) {
-    constexpr int kMode = decltype(mode)::value;
+  uint32_t codes[kPer * kWords];
+  bool decided = false;
+  if constexpr (!is_int8(kOp)) {
+    if (e4m3_recip_ok(s)) {
+      const float r = __frcp_rn(s);
+      uint32_t differ = 0;
+#pragma unroll
+      for (int k = 0; k < kPer; ++k) {
+        float f[kVec];
+        values(k, f);
+        differ |= e4m3_codes_recip<kVec>(f, r, codes + k * kWords);
+      }
+      decided = differ == 0;
+    }
+  }
+  if (!decided) {
 #pragma unroll
     for (int k = 0; k < kPer; ++k) {
-      vec_t<uint32_t, kWords> w;
       float f[kVec];
-      if constexpr (kMode == 0) {
-        values(k, f);
-        if constexpr (is_int8(kOp)) {
-          int8_codes<kVec>(f, s, w.data);
-        } else {
-          e4m3_codes_div<kVec>(f, s, w.data);
-        }
-      } else if constexpr (kMode == 2) {
-        bracket_values(k, f);
-        e4m3_codes_pow2<kVec>(f, r, w.data);
+      values(k, f);
+      if constexpr (is_int8(kOp)) {
+        int8_codes<kVec>(f, s, codes + k * kWords);
       } else {
-        bracket_values(k, f);
-        if (e4m3_codes_bracket<kVec>(f, rlo, rhi, w.data) != 0) {
-          values(k, f);
-          e4m3_codes_div<kVec>(f, s, w.data);
-        }
+        e4m3_codes_div<kVec>(f, s, codes + k * kWords);
       }
-      w.store_stream(reinterpret_cast<uint32_t*>(dst + k * stride));
     }
-  };
-  if constexpr (is_int8(kOp)) {
-    quantize_all(std::integral_constant<int, 0>{});
-  } else if (!e4m3_bracket_ok(s)) {
-    quantize_all(std::integral_constant<int, 0>{});
-  } else if (is_pow2_normal(s)) {
-    quantize_all(std::integral_constant<int, 2>{});
-  } else {
-    quantize_all(std::integral_constant<int, 1>{});
+  }
+  uint8_t* dst = p.out + static_cast<int64_t>(t) * p.hidden + col;
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) {
+    vec_t<uint32_t, kVec / 4> w;
+#pragma unroll
+    for (int j = 0; j < kWords; ++j) w[j] = codes[k * kWords + j];
+    w.store_stream(reinterpret_cast<uint32_t*>(dst + k * stride));
   }
   if (sub == 0) store_scale<kOp>(p, t, g, s);
 }
@@ -324,7 +290,6 @@ cudaError_t launch_typed(Context& ctx, const DLTensor& x, DLTensor& out, DLTenso
       device::aligned16(xp) && reinterpret_cast<uintptr_t>(outp) % kVec == 0) {
     const int64_t vecs = shape.tokens * shape.groups * vecs_per_group;
     per = vecs >= 4 * kWideFrom ? 4 : vecs >= 2 * kWideFrom ? 2 : 1;
-    if (!is_silu(kOp) && vecs >= 8 * kWideFrom) per = 8;  // silu keeps its fp32 values: 4
     per = static_cast<int>(std::min<int64_t>(per, vecs_per_group));  // one group per thread
     while (vecs_per_group / per > 32 && per < 4) per *= 2;
     const int64_t lanes = vecs_per_group / per;
@@ -353,10 +318,7 @@ cudaError_t launch_typed(Context& ctx, const DLTensor& x, DLTensor& out, DLTenso
     const T* xr = xp + row * x_row;
     cudaError_t err;
     if (lanes_log2 >= 0) {
-      // kPer = 8 exists for the ops without fp32 values to keep (is_silu: per <= 4).
-      constexpr int kMaxPer = is_silu(kOp) ? 4 : 8;
-      auto* kernel = per == 8   ? group_quant_vec_kernel<T, kOp, kVec, kMaxPer>
-                     : per == 4 ? group_quant_vec_kernel<T, kOp, kVec, 4>
+      auto* kernel = per == 4   ? group_quant_vec_kernel<T, kOp, kVec, 4>
                      : per == 2 ? group_quant_vec_kernel<T, kOp, kVec, 2>
                                 : group_quant_vec_kernel<T, kOp, kVec, 1>;
       err = device::launch(kernel, dim3(blocks), dim3(kBlockThreads), 0, stream, ctx.pdl(), xr, p,

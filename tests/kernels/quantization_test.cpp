@@ -614,27 +614,22 @@ TEST_F(QuantizationGpu, ManyTokens) {
   }
 }
 
-// The fast path's wider threads (group_quant.cu: 8 vectors a thread from ~4.3M vectors
-// but for the fused ops, 4 from ~2.2M, 2 from ~1.1M, 1 below): odd T at each width, f32's
-// 4-element vectors, a lane per group (gs = 32 of bf16: 4 vectors, one thread), gs = 1024
-// (128 vectors: 4 a thread over 32 lanes, or 8 over 16), T = 131072 at 4 a thread, UE8M0
-// (the exact power-of-two form) and col-major scales with P > T.
+// The fast path's wider threads (group_quant.cu: 4 vectors a thread from ~2.2M vectors,
+// 2 from ~1.1M, 1 below): odd T at each width, f32's 4-element vectors, a lane per group
+// (gs = 32 of bf16: 4 vectors, one thread), gs = 1024 (128 vectors: 4 a thread over 32
+// lanes), T = 131072 at 4 a thread, UE8M0 and col-major scales with P > T.
 TEST_F(QuantizationGpu, WideThreadPaths) {
   struct Wide {
     DType dt;
     int64_t T, H, gs;
   };
   const Wide shapes[] = {
-      {DType::kBF16, 2501, 7168, 128},   // 2.24M vectors: 4 a thread
-      {DType::kBF16, 1301, 7168, 128},   // 1.17M: 2 a thread
-      {DType::kF32, 1301, 7168, 128},    // 2.33M 4-element vectors: 4 a thread
-      {DType::kF16, 2501, 7168, 32},     // 4 a thread, one lane per group
-      {DType::kBF16, 3, 8192, 1024},     // 1 wanted, 4 needed for 32 lanes
-      {DType::kBF16, 131073, 256, 128},  // 4.19M: 4 a thread, T > 2^17
-      {DType::kBF16, 4829, 7168, 128},   // 4.33M: 8 a thread (fused: 4), 2 lanes
-      {DType::kF32, 2417, 7168, 128},    // 4.33M 4-element vectors: 8 a thread, 4 lanes
-      {DType::kF16, 4225, 8192, 1024},   // 4.33M: 8 a thread over 16 lanes
-      {DType::kBF16, 4831, 7168, 128},   // 8 a thread, UE8M0 (odd i)
+      {DType::kBF16, 2501, 7168, 128},  // 2.24M vectors: 4 a thread
+      {DType::kBF16, 1301, 7168, 128},  // 1.17M: 2 a thread
+      {DType::kF32, 1301, 7168, 128},   // 2.33M 4-element vectors: 4 a thread
+      {DType::kF16, 2501, 7168, 32},    // 4 a thread, one lane per group
+      {DType::kBF16, 3, 8192, 1024},    // 1 wanted, 4 needed for 32 lanes
+      {DType::kBF16, 131073, 256, 128}  // 4.19M: 4 a thread, T > 2^17
   };
   uint64_t seed = 7000;
   for (const GroupCase& c : kGroupCases) {
@@ -683,9 +678,8 @@ TEST_F(QuantizationGpu, CodesNextToRoundingBoundariesEqualTheReference) {
   uint64_t seed = 8000;
   for (DType dt : {DType::kF32, DType::kBF16}) {
     for (const GroupCase& c : {kGroupCases[0], kGroupCases[1]}) {
-      // T = 64 (1 vector a thread), T = 2501 (bf16: 4 a thread; f32: 8, from 4.3M
-      // vectors) and T = 4829 (bf16: 8 a thread).
-      for (int64_t T : {int64_t{64}, int64_t{2501}, int64_t{4829}}) {
+      // T = 64 (1 vector a thread) and T = 2501 (4 a thread: f32 from 2.2M vectors too).
+      for (int64_t T : {int64_t{64}, int64_t{2501}}) {
         for (bool ue8m0 : {false, true}) {
           const int64_t H = 7168, gs = 128;
           std::mt19937_64 rng(seed++);
