@@ -66,9 +66,15 @@ KernelStatus launch(Context& ctx, const DLTensor& x, DLTensor* residual, const D
 // registers were slower: 256 and 446 us at H = 4097; one row per block stays.)
 // Rows read as 16-byte vectors also need 16-byte aligned base pointers; views that are
 // not (an offset into a larger buffer) take the AOT kernel.
+// Decode sizes go to the AOT kernel too: at T = 64, H = 4097 (a CUDA graph) it took
+// 3.50 us against the JIT kernel's 3.93; at T = 32768 the JIT kernel is 2.2x faster. The
+// crossover is not measured; 256 rows is below every prefill shape the benchmarks run.
+constexpr int64_t kAotMaxRows = 256;
+
 bool jit_fits(const DLTensor& x, std::initializer_list<const void*> ps) {
   const int64_t vec = 16 / (x.dtype.bits / 8);
   if (x.ndim == 2 && x.shape[1] % vec == 0) return false;
+  if (x.ndim == 2 && x.shape[0] <= kAotMaxRows) return false;
   for (const void* p : ps) {
     if (!aligned16(p)) return false;
   }

@@ -174,15 +174,15 @@ TEST_F(GpuKernels, MatchTheCpuReferenceOverAShapeSweep) {
 }
 
 // The JIT norms (plugins/layernorm/rmsnorm_jit.cpp), specialized for each width through
-// Target::dims as kreg run does: odd widths take the JIT kernel, whose blocks walk rows of
-// one shift class (r mod V) with the weights read once; row counts below, at and above a
-// whole number of classes and steps (4099 rows at H = 4097 make five steps per block);
-// widths a multiple of the vector go to the AOT kernel through the same handle.
+// Target::dims as kreg run does: odd widths take the JIT kernel (one row per block, every
+// shift of a row against the 16-byte boundaries: row * H mod 8 takes every value).
 TEST_F(GpuKernels, JitNormsMatchTheCpuReference) {
   const DType dtypes[] = {DType::kBF16, DType::kF16, DType::kF32};
-  const std::pair<int64_t, int64_t> shapes[] = {{1, 1},     {3, 7},    {9, 33},      {64, 100},
-                                                {17, 1001}, {1, 4097}, {4099, 4097}, {130, 4099},
-                                                {31, 5121}, {8, 8191}, {5, 4096},    {20000, 33}};
+  // Rows above 256 take the JIT kernel (decode sizes and widths a multiple of the vector
+  // go to the AOT kernel through the same handle: the last two).
+  const std::pair<int64_t, int64_t> shapes[] = {
+      {257, 1},     {300, 7},    {1000, 33},  {640, 100},  {300, 1001}, {4099, 4097},
+      {1030, 4099}, {300, 5121}, {260, 8191}, {20000, 33}, {64, 4097},  {5, 4096}};
   uint64_t seed = 900;
   int jit_calls = 0;
   for (const OpCase& c : op_cases()) {
