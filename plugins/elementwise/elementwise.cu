@@ -12,6 +12,7 @@ namespace {
 // 2^-11): at most 2 ulp from tanh (CUDA Math API), saturating to +-1 for large |x| and
 // equal to +-1 at +-inf, so the result is +-cap, never NaN, for every non-NaN x.
 struct Softcap {
+  static constexpr int kUnroll = 4;  // elementwise.cuh
   float cap;
   float inv_cap;
   __device__ __forceinline__ float operator()(float a) const { return cap * tanhf(a * inv_cap); }
@@ -20,6 +21,7 @@ struct Softcap {
 // x * sigmoid(g) as x / (1 + exp(-g)) with expf and an IEEE division (as silu_and_mul):
 // g << 0 gives exp(-g) = inf and a product of 0; g >> 0 gives x.
 struct SigmoidGateMul {
+  static constexpr int kUnroll = 4;
   __device__ __forceinline__ float operator()(float a, float g) const {
     return a / (1.0f + expf(-g));
   }
