@@ -18,6 +18,7 @@
 #include <cstring>
 
 #if defined(__CUDACC__)
+#include <cuda_fp8.h>
 #define KREG_QUANT_HD __host__ __device__ __forceinline__
 #else
 #define KREG_QUANT_HD inline
@@ -186,12 +187,19 @@ __device__ __forceinline__ bool e4m3_recip_ok(float s) {
   return (float_bits(s) >> 23) - 2u <= 250u;
 }
 
-// Two e4m3 codes (a in the low byte), one cvt instruction; the conversion
-// __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3) performs on each.
+// Two e4m3 codes (a in the low byte): the conversion
+// __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3) performs on each, as one cvt
+// instruction where the hardware has it (sm_89+; ptxas refuses it for sm_80, which gets
+// cuda_fp8.h's conversion, the same rounding).
 __device__ __forceinline__ uint32_t e4m3x2(float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
   uint16_t d;
   asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(d) : "f"(b), "f"(a));
   return d;
+#else
+  return static_cast<uint32_t>(__nv_cvt_float_to_fp8(a, __NV_SATFINITE, __NV_E4M3)) |
+         (static_cast<uint32_t>(__nv_cvt_float_to_fp8(b, __NV_SATFINITE, __NV_E4M3)) << 8);
+#endif
 }
 
 // codes[w] = the e4m3 codes of v[4w .. 4w + 3] (v[4w] in the low byte) by the bracket
