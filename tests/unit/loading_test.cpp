@@ -703,8 +703,9 @@ TEST_F(WatchTest, AFifoInTheLibrarysPlaceIsRejectedNotWaitedOn) {
 // Runs kreg-host in the background, collecting its output for the test to wait on.
 class Host {
  public:
-  explicit Host(const std::string& args) {
-    const std::string cmd = "KREG_FORCE_BACKEND= KREG_PLUGIN_DIR= timeout -k 5 60 " +
+  // env: shell assignments put before the command (the command runs under /bin/sh).
+  explicit Host(const std::string& args, const std::string& env = "") {
+    const std::string cmd = env + " KREG_FORCE_BACKEND= KREG_PLUGIN_DIR= timeout -k 5 60 " +
                             std::string(KREG_HOST) + " " + args + " 2>&1";
     pipe_ = popen(cmd.c_str(), "r");
     reader_ = std::thread([this] {
@@ -780,11 +781,15 @@ TEST(HostWatch, RejectsCrashingBuildsSaysWhyKeepsServingAndEndsWithItsSummary) {
   };
   // The pre-check's timeout must reject the hanging build yet let a real build load in a
   // child: under a sanitizer on a loaded 2-core box a real load took over 1 s, so there
-  // the timeout is 4 s and the run long enough for one such wait more.
-  const int precheck_s = test::kTimeScale > 1 ? 4 : 1;
+  // the timeout is 6 s and the run long enough for one such wait more. Under
+  // AddressSanitizer the segfaulting child would run ASan's SEGV handler, which symbolizes
+  // its stack and took more than 4 s in CI (reported as a timeout, not as SIGSEGV):
+  // handle_segv=0 lets the signal kill it at once, which is what the test is about.
+  const int precheck_s = test::kTimeScale > 1 ? 6 : 1;
   Host host("--manifest " + m.string() + " --device cpu --watch --stress 2 --duration " +
-            std::to_string(6 + 2 * precheck_s) + " --precheck-timeout " +
-            std::to_string(precheck_s));
+                std::to_string(6 + 2 * precheck_s) + " --precheck-timeout " +
+                std::to_string(precheck_s),
+            "ASAN_OPTIONS=\"${ASAN_OPTIONS:-}:handle_segv=0\"");
   size_t at = host.wait_for("watching the plugin libraries");
   ASSERT_NE(at, std::string::npos) << host.output();
   // A build of a group the stress threads call that segfaults while loading.
