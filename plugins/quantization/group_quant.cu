@@ -12,9 +12,12 @@
 // the scale and its reciprocal) spread over 32 elements, where one vector per thread left
 // the kernel issue-bound at 60% of copy bandwidth on an H200. kPer = 1 on decode-sized
 // problems, which are latency-bound: the most threads, the shortest chain per thread.
-// The e4m3 codes come from a multiplication by 1/s bracketed on both sides, which decides
-// all but about 2^-16 of them exactly; a thread with an undecided code redoes its codes
-// with the division (quant_math.hpp: e4m3_codes, with the proof). Loads and stores carry
+// The e4m3 codes come from a multiplication by 1/s: exact as it is for a power-of-two s
+// (UE8M0), else bracketed on both sides, which decides almost every code exactly; only a
+// word of four codes the bracket cannot decide is redone with the division
+// (quant_math.hpp: e4m3_codes_recip, with the proof). Redoing a thread's 32 codes instead
+// left the kernel issue-bound at 75% of copy: bf16 data makes near ties common enough
+// that most warps took the division path. Loads and stores carry
 // an evict-first hint: every byte is touched once.
 //
 // Fallback (any other group size or alignment): one warp per group, scalar loads, the max
@@ -204,14 +207,13 @@ __global__ void __launch_bounds__(kBlockThreads)
   if constexpr (!is_int8(kOp)) {
     if (e4m3_recip_ok(s)) {
       const float r = __frcp_rn(s);
-      uint32_t differ = 0;
 #pragma unroll
       for (int k = 0; k < kPer; ++k) {
         float f[kVec];
         values(k, f);
-        differ |= e4m3_codes_recip<kVec>(f, r, codes + k * kWords);
+        e4m3_codes_recip<kVec>(f, s, r, codes + k * kWords);
       }
-      decided = differ == 0;
+      decided = true;
     }
   }
   if (!decided) {

@@ -176,8 +176,9 @@ KREG_QUANT_HD float exp_f(float x) {
 // of x r (static per-tensor scales) gives +-inf, whose code is +-448's, as is that of
 // every |RN(x / s)| >= 464.
 //
-// Where c(lo) != c(hi) (RN(x / s) within 2^-21 of a rounding boundary: about 2^-16 of the
-// codes), or s is outside the range, the caller falls back to the division.
+// Where c(lo) != c(hi) (RN(x / s) within 2^-21 of a rounding boundary, or on it: rare for
+// random scales, but bf16 data over scales with a short mantissa hits exact ties), the
+// word is redone with the division; where s is outside the range, the caller divides.
 inline constexpr float kBracketLo = 1.0f - 0x1p-21f;
 inline constexpr float kBracketHi = 1.0f + 0x1p-21f;
 
@@ -202,13 +203,41 @@ __device__ __forceinline__ uint32_t e4m3x2(float a, float b) {
 #endif
 }
 
-// codes[w] = the e4m3 codes of v[4w .. 4w + 3] (v[4w] in the low byte) by the bracket
-// above, for r = RN(1 / s) with e4m3_recip_ok(s). Returns 0 if every code is decided;
-// otherwise the codes are unusable (the caller redoes them with e4m3_codes_div).
+// The same codes by the contract's division (exact everywhere).
 template <int N>
-__device__ __forceinline__ uint32_t e4m3_codes_recip(const float* v, float r, uint32_t* codes) {
+__device__ __forceinline__ void e4m3_codes_div(const float* v, float s, uint32_t* codes) {
+  static_assert(N % 4 == 0, "e4m3_codes_div: whole words of four codes");
+#pragma unroll
+  for (int w = 0; w < N / 4; ++w) {
+    float q[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) q[j] = scaled_clamped(v[4 * w + j], s, kFp8Max);
+    codes[w] = e4m3x2(q[0], q[1]) | (e4m3x2(q[2], q[3]) << 16);
+  }
+}
+
+// Whether 1 / s is exact: s a power of two (with e4m3_recip_ok(s), r = 2^-k is normal).
+// Then RN(x r) is RN(x / s) itself (one rounding of the same real), the UE8M0 case.
+__device__ __forceinline__ bool recip_exact(float s) { return (float_bits(s) & 0x007fffffu) == 0; }
+
+// codes[w] = the e4m3 codes of v[4w .. 4w + 3] (v[4w] in the low byte), exact, for s with
+// e4m3_recip_ok(s) and r = RN(1 / s): from RN(x r) directly where 1 / s is exact, else
+// by the bracket above, and by the division only for a word whose bracket cannot decide
+// (so a near-tie costs four divisions, not a whole thread's: bf16 inputs make exact and
+// near ties common, about one word in a few hundred).
+template <int N>
+__device__ __forceinline__ void e4m3_codes_recip(const float* v, float s, float r, uint32_t* codes) {
   static_assert(N % 4 == 0, "e4m3_codes_recip: whole words of four codes");
-  uint32_t differ = 0;
+  if (recip_exact(s)) {
+#pragma unroll
+    for (int w = 0; w < N / 4; ++w) {
+      float q[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) q[j] = fmaxf(q_mul(v[4 * w + j], r), -kFp8Max);
+      codes[w] = e4m3x2(q[0], q[1]) | (e4m3x2(q[2], q[3]) << 16);
+    }
+    return;
+  }
 #pragma unroll
   for (int w = 0; w < N / 4; ++w) {
     float lo[4], hi[4];
@@ -220,22 +249,8 @@ __device__ __forceinline__ uint32_t e4m3_codes_recip(const float* v, float r, ui
     }
     const uint32_t a = e4m3x2(lo[0], lo[1]) | (e4m3x2(lo[2], lo[3]) << 16);
     const uint32_t b = e4m3x2(hi[0], hi[1]) | (e4m3x2(hi[2], hi[3]) << 16);
-    differ |= a ^ b;
     codes[w] = a;
-  }
-  return differ;
-}
-
-// The same codes by the contract's division (exact everywhere).
-template <int N>
-__device__ __forceinline__ void e4m3_codes_div(const float* v, float s, uint32_t* codes) {
-  static_assert(N % 4 == 0, "e4m3_codes_div: whole words of four codes");
-#pragma unroll
-  for (int w = 0; w < N / 4; ++w) {
-    float q[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) q[j] = scaled_clamped(v[4 * w + j], s, kFp8Max);
-    codes[w] = e4m3x2(q[0], q[1]) | (e4m3x2(q[2], q[3]) << 16);
+    if (a != b) e4m3_codes_div<4>(v + 4 * w, s, codes + w);
   }
 }
 #endif  // __CUDACC__

@@ -40,14 +40,16 @@ __device__ __forceinline__ uint8_t e4m3(float v, float s) {
 }
 
 // The codes of v under scale s, stored at dst; r = RN(1 / s). Whole words of four codes
-// by quant_math.hpp's bracketed reciprocal (exact; the division where it cannot decide),
+// by quant_math.hpp's reciprocal (exact; the division only for a word it cannot decide),
 // single codes by the division.
 template <int kVec>
 __device__ __forceinline__ void quantize_store(const vec_t<float, kVec>& v, float s, float r,
                                                uint8_t* dst) {
   if constexpr (kVec % 4 == 0) {
     vec_t<uint32_t, kVec / 4> w;
-    if (!e4m3_recip_ok(s) || e4m3_codes_recip<kVec>(v.data, r, w.data) != 0) {
+    if (e4m3_recip_ok(s)) {
+      e4m3_codes_recip<kVec>(v.data, s, r, w.data);
+    } else {
       e4m3_codes_div<kVec>(v.data, s, w.data);
     }
     w.store_stream(reinterpret_cast<uint32_t*>(dst));
