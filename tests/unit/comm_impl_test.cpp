@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <ostream>
 #include <random>
 #include <string>
 #include <thread>
@@ -280,6 +281,9 @@ struct Setup {
   StoreKind store;
   int64_t world;
 };
+void PrintTo(const Setup& s, std::ostream* os) {
+  *os << (s.store == StoreKind::kTcp ? "tcp" : "file") << " store, " << s.world << " ranks";
+}
 
 class MultiRank : public ::testing::TestWithParam<Setup> {
  protected:
