@@ -9,10 +9,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <signal.h>
+
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <random>
 #include <string>
 #include <thread>
@@ -522,6 +525,65 @@ TEST(FileStore, RefusesFifosAndOversizedFiles) {
   ASSERT_TRUE(s->set("fifo", "now a value", &error)) << error;
   ASSERT_TRUE(s->get("fifo", 0, &value, &error)) << error;
   EXPECT_EQ(value, "now a value");
+}
+
+// ---- kreg-store ----
+
+// Runs a shell command line; returns its exit code and stdout.
+int run(const std::string& cmd, std::string* out) {
+  out->clear();
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (p == nullptr) return -1;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out->append(buf, n);
+  const int status = ::pclose(p);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+TEST(KregStoreCli, ServesUntilSigterm) {
+  TempDir tmp;
+  const std::string port_file = (tmp.path() / "port").string();
+  const std::string log = (tmp.path() / "log").string();
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    if (!std::freopen(log.c_str(), "w", stdout)) _exit(127);
+    ::execl(KREG_STORE_CLI, KREG_STORE_CLI, "serve", "--port-file", port_file.c_str(), nullptr);
+    _exit(127);
+  }
+  std::string port;
+  for (int i = 0; i < 500 && port.empty(); ++i) {
+    std::ifstream(port_file) >> port;
+    if (port.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_FALSE(port.empty()) << "no port file";
+  const std::string cli = std::string(KREG_STORE_CLI) + " ";
+  const std::string url = "--store tcp://127.0.0.1:" + port + " ";
+  std::string out;
+  EXPECT_EQ(run(cli + "set " + url + "nccl/id abc", &out), 0);
+  EXPECT_EQ(run(cli + "get " + url + "nccl/id --timeout 1", &out), 0);
+  EXPECT_EQ(out, "abc\n");
+  EXPECT_EQ(run(cli + "add " + url + "n 5", &out), 0);
+  EXPECT_EQ(run(cli + "add " + url + "n -- -7", &out), 0);
+  EXPECT_EQ(out, "-2\n");
+  EXPECT_EQ(run(cli + "get " + url + "missing --timeout 0.2 2>&1", &out), 1);
+  EXPECT_EQ(out,
+            "kreg-store: tcp://127.0.0.1:" + port + ": get 'missing': timed out after 0.2 s\n");
+  EXPECT_EQ(run(cli + "get --store tcp://127.0.0.1:0 k 2>&1", &out), 2);
+  EXPECT_NE(out.find("outside 1..65535"), std::string::npos) << out;
+  EXPECT_EQ(run(cli + "get " + url + "2>&1", &out), 2);  // no key
+  EXPECT_NE(out.find("Run with --help"), std::string::npos) << out;
+
+  ASSERT_EQ(::kill(pid, SIGTERM), 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
+  std::ifstream in(log);
+  std::string line;
+  std::getline(in, line);
+  EXPECT_EQ(line, "kreg-store: serving on 127.0.0.1:" + port);
+  EXPECT_FALSE(fs::exists(port_file)) << "the port file outlived the server";
 }
 
 }  // namespace

@@ -4,12 +4,14 @@
 //   kreg-store get --store URL KEY [--timeout S]
 //   kreg-store add --store URL KEY DELTA
 // Exit codes as kreg's: 0 done, 1 the store failed (refused, timed out, an error from the
-// server), 2 a usage error (bad option, bad URL, a server that cannot bind).
+// server, a port that cannot be bound), 2 a usage error (bad option, host or URL).
 // get prints the value and a newline: raw bytes into a pipe or file, escaped on a terminal.
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -72,9 +74,19 @@ int cmd_serve(const std::string& host, int port, const std::string& port_file) {
   sigaddset(&set, SIGINT);
   sigaddset(&set, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  uint32_t addr = 0;
+  if (!kreg::comm::detail::parse_ipv4_host(host, &addr)) {
+    return fail(kExitUsage, "--host '" + escape(host) + "' is not an IPv4 address or localhost");
+  }
+  // Room for every client the server takes (the usual soft limit is 1024 descriptors).
+  rlimit lim{};
+  if (::getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur < 4096 && lim.rlim_cur < lim.rlim_max) {
+    lim.rlim_cur = std::min<rlim_t>(4096, lim.rlim_max);
+    ::setrlimit(RLIMIT_NOFILE, &lim);
+  }
   std::string error;
   auto server = kreg::comm::TcpStoreServer::start(host, port, &error);
-  if (!server) return fail(kExitUsage, error);
+  if (!server) return fail(kExitFailed, error);
   if (!port_file.empty() && !write_port_file(port_file, server->port(), &error)) {
     return fail(kExitFailed, error);
   }
