@@ -1,6 +1,9 @@
 #include "kreg/backend.hpp"
 
 #include <array>
+#include <cstdlib>
+#include <string>
+#include <vector>
 #include <atomic>
 #include <mutex>
 
@@ -146,15 +149,71 @@ class JitBackend final : public KernelBackend {
 
 const JitBackend kJit;
 
+// Collectives on NCCL (the communication group): CUDA tensors, a GPU, and libnccl.so.2
+// loadable at run time (as the plugin opens it: $KREG_NCCL_LIBRARY, else the system's
+// libnccl.so.2, else the CUDA toolkit's). Only probed; the plugin makes the NCCL calls.
+class NcclBackend final : public KernelBackend {
+ public:
+  std::string_view name() const override { return "nccl"; }
+  DLDeviceType device_type() const override { return kDLCUDA; }
+  bool available() const noexcept override {
+    probe();
+    return ok_;
+  }
+  std::string unavailable_reason() const override {
+    probe();
+    return reason_;
+  }
+  std::optional<int> sm_of(int device_id) const noexcept override { return kCuda.sm_of(device_id); }
+  std::string_view launch_semantics() const override {
+    return "NCCL collectives and kernels, asynchronous on the given stream";
+  }
+
+ private:
+  void probe() const noexcept {
+    std::call_once(once_, [this] {
+      if (!kCuda.available()) {
+        reason_ = kCuda.unavailable_reason();
+        return;
+      }
+      std::vector<std::string> tries;
+      if (const char* env = std::getenv("KREG_NCCL_LIBRARY"); env != nullptr && env[0] != '\0') {
+        tries.emplace_back(env);
+      } else {
+        tries = {"libnccl.so.2", "/usr/local/cuda/lib64/libnccl.so.2"};
+      }
+      std::string why;
+      for (const std::string& name : tries) {
+        try {
+          boost::dll::shared_library lib(
+              name, boost::dll::load_mode::search_system_folders | boost::dll::load_mode::rtld_local);
+          (void)lib.get<int(int*)>("ncclGetVersion");
+          ok_ = true;
+          return;  // unloaded again: the plugin opens its own
+        } catch (const std::exception& e) {
+          why += (why.empty() ? "" : "; ") + name + ": " + e.what();
+        }
+      }
+      reason_ = "no NCCL (" + why + ")";
+    });
+  }
+  mutable std::once_flag once_;
+  mutable bool ok_ = false;
+  mutable std::string reason_;
+};
+
+const NcclBackend kNccl;
+
 }  // namespace
 
 const KernelBackend* find_backend(std::string_view name) {
   if (name == "cpu") return &kCpu;
   if (name == "cuda") return &kCuda;
   if (name == "jit") return &kJit;
+  if (name == "nccl") return &kNccl;
   return nullptr;
 }
 
-std::vector<const KernelBackend*> all_backends() { return {&kCpu, &kCuda, &kJit}; }
+std::vector<const KernelBackend*> all_backends() { return {&kCpu, &kCuda, &kJit, &kNccl}; }
 
 }  // namespace kreg

@@ -35,6 +35,8 @@ const char* attr_type_name(int32_t type) {
       return "bool";
     case KREG_ATTR_STRING:
       return "str";
+    case KREG_ATTR_RESOURCE:
+      return "Resource";
     default:
       return "unknown";
   }
@@ -173,8 +175,27 @@ Status KernelHandle::explain(const detail::CheckResult& r, std::span<DLTensor* c
     }
     case CheckFailure::kAttrType:
       return fail("attribute '" + sig.attr(i).name + "' (attribute " + std::to_string(i + 1) +
-                  ") must be " + attr_type_name(plan.attr_types[i]) + ", got " +
-                  attr_type_name(attrs[static_cast<size_t>(i)].type));
+                  ") must be " +
+                  (plan.attr_types[i] == KREG_ATTR_RESOURCE
+                       ? "Resource<" + sig.attr(i).resource_type + ">"
+                       : std::string(attr_type_name(plan.attr_types[i]))) +
+                  ", got " + attr_type_name(attrs[static_cast<size_t>(i)].type));
+    case CheckFailure::kResourceNull:
+      return fail("attribute '" + sig.attr(i).name + "' must be a Resource<" +
+                  sig.attr(i).resource_type + ">, got no resource");
+    case CheckFailure::kResourceType: {
+      const kreg_resource& r = *attrs[static_cast<size_t>(i)].value.r;
+      return fail("attribute '" + sig.attr(i).name + "' is resource " + std::to_string(r.id) +
+                  " of type " + detail::slot_of(&r)->type + ", expected Resource<" +
+                  sig.attr(i).resource_type + ">");
+    }
+    case CheckFailure::kResourceDestroyed: {
+      const kreg_resource& r = *attrs[static_cast<size_t>(i)].value.r;
+      return Status(KREG_FAILED_PRECONDITION,
+                    head + "attribute '" + sig.attr(i).name + "': resource " +
+                        std::to_string(r.id) + " (" + detail::slot_of(&r)->type +
+                        ") was destroyed");
+    }
   }
   return fail("argument check failed");
 }
@@ -214,6 +235,9 @@ Result<AttrList> KernelHandle::attrs(const std::vector<NamedAttr>& named) const 
           } else if constexpr (std::is_same_v<V, bool>) {
             ok = want == KREG_ATTR_BOOL;
             out.value.i = v ? 1 : 0;
+          } else if constexpr (std::is_same_v<V, ResourceArg>) {
+            ok = want == KREG_ATTR_RESOURCE;
+            out.value.r = v.resource;
           } else {
             ok = want == KREG_ATTR_INT || want == KREG_ATTR_FLOAT;
             if (want == KREG_ATTR_FLOAT) {

@@ -25,6 +25,8 @@ int32_t attr_type_of(ArgKind k) {
       return KREG_ATTR_BOOL;
     case ArgKind::kString:
       return KREG_ATTR_STRING;
+    case ArgKind::kResource:
+      return KREG_ATTR_RESOURCE;
     case ArgKind::kTensor:
       break;
   }
@@ -61,6 +63,10 @@ std::unique_ptr<Impl> make_impl(const KernelSpec& spec) {
       continue;
     }
     plan.attr_types[ai] = attr_type_of(p.kind);
+    if (p.kind == ArgKind::kResource) {
+      plan.resource_attrs[plan.num_resources++] = static_cast<int8_t>(ai);
+      plan.resource_hash[ai] = detail::hash_id(p.resource_type);
+    }
     if (p.has_default) {
       plan.defaults[ai] = p.default_value;
       if (p.kind == ArgKind::kString) {
@@ -214,6 +220,18 @@ CheckResult CheckPlan::diagnose(std::span<DLTensor* const> t, std::span<const kr
   for (size_t j = 0; j < a.size(); ++j) {
     if (a[j].type != attr_types[j]) {
       return {CheckFailure::kAttrType, static_cast<int8_t>(j)};
+    }
+  }
+  for (int k = 0; k < num_resources; ++k) {
+    const int j = resource_attrs[k];
+    const kreg_resource* r = a[static_cast<size_t>(j)].value.r;
+    if (r == nullptr) return {CheckFailure::kResourceNull, static_cast<int8_t>(j)};
+    const ResourceSlot* slot = slot_of(r);
+    if (slot->type_hash != resource_hash[j]) {
+      return {CheckFailure::kResourceType, static_cast<int8_t>(j)};
+    }
+    if (!slot->live.load(std::memory_order_acquire)) {
+      return {CheckFailure::kResourceDestroyed, static_cast<int8_t>(j)};
     }
   }
   return {};

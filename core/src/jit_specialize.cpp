@@ -108,6 +108,8 @@ const Impl* Registry::specialize_jit(const Impl& generic, std::span<DLTensor* co
     if (!spec) return spec.status();
     auto impl = detail::make_impl(*spec);
     impl->fn.store(fn, std::memory_order_relaxed);
+    impl->generation.store(generic.generation.load(std::memory_order_acquire),
+                           std::memory_order_relaxed);
     impl->op = generic.op;
     impl->jit_kernel = *kernel;
     impl->jit_origin = src;

@@ -193,7 +193,7 @@ Result<KernelSpec> make_kernel_spec(const kreg_kernel_desc& d, std::span<const C
   }
   const KernelBackend* backend = find_backend(s.backend);
   if (backend == nullptr) {
-    return fail("unknown backend '" + excerpt(s.backend, 40) + "' (known: cpu, cuda, jit)");
+    return fail("unknown backend '" + excerpt(s.backend, 40) + "' (known: cpu, cuda, jit, nccl)");
   }
   if (caps.empty()) return fail("no capabilities");
   for (const Capability& c : caps) {

@@ -629,17 +629,94 @@ Result<std::unique_ptr<PluginLibrary>> PluginLibrary::open(const fs::path& file,
       p->kernels_.push_back(std::move(spec).value());
     }
   }
+  // ABI 1.4: resource types, read like the kernel table (stride = record 0's size, every
+  // pointer inside the library), then every Resource<...> parameter must name one of them.
+  if (KREG_STRUCT_HAS(&desc, kreg_plugin_desc, num_resource_types) && desc.num_resource_types > 0) {
+    const uint32_t nr = desc.num_resource_types;
+    if (nr > kMaxPluginResourceTypes) {
+      return Status(KREG_INVALID_ARGUMENT, where + ": num_resource_types is " + num(nr) +
+                                               ", above the limit of " +
+                                               num(kMaxPluginResourceTypes));
+    }
+    if (desc.resource_types == nullptr) {
+      return Status(KREG_INVALID_ARGUMENT, where + ": resource type table is null");
+    }
+    auto stride = check_struct(*image, desc.resource_types, alignof(kreg_resource_type_desc),
+                               offsetof(kreg_resource_type_desc, destroy) +
+                                   sizeof(desc.resource_types->destroy),
+                               where + ": resource type record 0");
+    if (!stride) return stride.status();
+    if (*stride % alignof(kreg_resource_type_desc) != 0) {
+      return Status(KREG_INVALID_ARGUMENT, where + ": resource type record 0 has struct_size " +
+                                               num(*stride) + ", not a multiple of " +
+                                               num(alignof(kreg_resource_type_desc)));
+    }
+    const uint64_t bytes = uint64_t{nr} * *stride;
+    if (image->readable(address_of(desc.resource_types), bytes) == nullptr) {
+      return Status(KREG_INVALID_ARGUMENT,
+                    where + ": resource type table of " + num(nr) + " records (" + num(bytes) +
+                        " bytes) extends past the library's data segment");
+    }
+    const char* base = reinterpret_cast<const char*>(desc.resource_types);
+    for (uint32_t i = 0; i < nr; ++i) {
+      kreg_resource_type_desc r{};
+      std::memcpy(&r, base + uint64_t{i} * *stride, std::min(*stride, sizeof r));
+      const std::string rec = where + ": resource type record " + num(i);
+      if (r.struct_size != *stride) {
+        return Status(KREG_INVALID_ARGUMENT, rec + " has struct_size " + num(r.struct_size) +
+                                                 ", but record 0 has " + num(*stride));
+      }
+      for (const auto& [field, p] : {std::pair<const char*, const char*>{"type", r.type},
+                                     {"signature", r.signature},
+                                     {"description", r.description}}) {
+        if (p == nullptr) continue;  // make_resource_type_spec says which are required
+        auto str = image->string(p, kMaxPluginStringBytes, rec + ": its " + field);
+        if (!str) return str.status();
+      }
+      for (const auto& [field, addr] :
+           {std::pair<const char*, uintptr_t>{"create", address_of(r.create)},
+            {"destroy", address_of(r.destroy)}}) {
+        if (addr != 0 && !image->executable(addr)) {
+          return Status(KREG_INVALID_ARGUMENT, rec + ": its " + field + " function " + hex(addr) +
+                                                   " is outside the library's code");
+        }
+      }
+      auto spec = make_resource_type_spec(r, info.group);
+      if (!spec) return Status(spec.status().code(), rec + ": " + spec.status().message());
+      for (const ResourceTypeSpec& earlier : p->resource_types_) {
+        if (earlier.type == spec->type) {
+          return Status(KREG_ALREADY_EXISTS, rec + ": resource type " + spec->type +
+                                                 " is declared twice");
+        }
+      }
+      p->resource_types_.push_back(std::move(spec).value());
+    }
+  }
+  for (const KernelSpec& k : p->kernels_) {
+    for (const Param& param : k.signature.params) {
+      if (param.kind != ArgKind::kResource) continue;
+      const bool declared =
+          std::any_of(p->resource_types_.begin(), p->resource_types_.end(),
+                      [&](const ResourceTypeSpec& r) { return r.type == param.resource_type; });
+      if (!declared) {
+        return Status(KREG_INVALID_ARGUMENT,
+                      where + ": " + k.op + " (" + k.backend + ") takes 'Resource<" +
+                          excerpt(param.resource_type) + "> " + param.name +
+                          "', a resource type this library does not declare");
+      }
+    }
+  }
   // What a CUDA implementation claims must be in the library's fatbinary (kreg/fatbin.hpp):
   // checked, or narrowed for claims derived from the build, before anything is published.
   const bool any_cuda = std::any_of(p->kernels_.begin(), p->kernels_.end(),
-                                    [](const KernelSpec& k) { return k.backend == "cuda"; });
+                                    [](const KernelSpec& k) { return k.backend == "cuda" || k.backend == "nccl"; });
   if (any_cuda) {
     auto images = read_cuda_images(*elf);
     if (!images) return images.status();  // it names the library already
     info.cuda_images = images->summary();
     const std::string library = file.filename().string();
     for (KernelSpec& spec : p->kernels_) {
-      if (spec.backend != "cuda") continue;
+      if (spec.backend != "cuda" && spec.backend != "nccl") continue;
       if (Status st = check_arch_coverage(spec, *images, library); !st.ok()) {
         return Status(st.code(), where + ": " + st.message());
       }

@@ -34,6 +34,8 @@ Registry::Registry() : jit_(std::make_unique<detail::JitState>()) {
 }
 
 Registry::~Registry() {
+  // Resources first, by the code that made them, before any shutdown hook runs.
+  destroy_resources();
   // Drop op tables before libraries: nothing that points into a plugin outlives it.
   index_.store(nullptr);
   indexes_.clear();

@@ -36,6 +36,9 @@ struct Registry::Group {
   // (calls in flight, or GPU work enqueued by their code, may still run them).
   std::vector<std::unique_ptr<PluginLibrary>> retired;
   uint64_t generation = 0;
+  // The resource types of the running generation (resource.hpp): new resources are made
+  // by these; a reload must keep every one (same parameters) and may add more.
+  std::vector<ResourceTypeSpec> resource_types;
   std::string error;
   // A lazy group before its first load: what its library's embedded metadata says (read
   // by open() before the registry is returned and never changed afterwards, so readers

@@ -179,6 +179,7 @@ Status Registry::load_locked(Group& g) {
     g.error = st.message();
     return st;
   }
+  g.resource_types = lib->resource_types();
   g.library = std::move(lib);
   g.private_copy = loaded->private_copy;
   g.loaded_from = loaded->private_copy ? g.entry->library : std::filesystem::path();
@@ -229,6 +230,7 @@ Status Registry::publish_locked(Group& g, const std::vector<KernelSpec>& specs) 
   for (const KernelSpec* s : fresh) {
     impls_.push_back(detail::make_impl(*s));
     Impl* impl = impls_.back().get();
+    impl->generation.store(g.generation + 1, std::memory_order_relaxed);  // the one loading
     OpEntry& op = (*table)[s->op];
     op.id = s->op;
     op.impls.push_back(impl);

@@ -193,6 +193,25 @@ Result<ReloadReport> Registry::reload(std::string_view group_name, const ReloadO
                       "a new signature):" +
                       changed);
   }
+  // Resource types (resource.hpp): live resources keep the old generation's code, but new
+  // ones must still be possible, with the parameters callers were written for.
+  std::string lost_types;
+  for (const ResourceTypeSpec& r : g.resource_types) {
+    const auto& next_types = lib->resource_types();
+    auto it = std::find_if(next_types.begin(), next_types.end(),
+                           [&](const ResourceTypeSpec& n) { return n.type == r.type; });
+    if (it == next_types.end()) {
+      lost_types += "\n  - " + r.type + ": missing";
+    } else if (!it->same_registration(r)) {
+      lost_types += "\n  - " + r.type + ": running '" + r.params.text + "', new '" +
+                    escape_control(it->params.text) + "'";
+    }
+  }
+  if (!lost_types.empty()) {
+    return Status(KREG_FAILED_PRECONDITION,
+                  where + ": the library drops or changes resource types (restart to take them):" +
+                      lost_types);
+  }
   std::vector<KernelSpec> added;
   for (const KernelSpec& k : kernels) {
     auto it = old->find(k.op);
@@ -228,8 +247,17 @@ Result<ReloadReport> Registry::reload(std::string_view group_name, const ReloadO
       jit_->sources.push_back(next->jit);
       impl->jit.store(next->jit.get(), std::memory_order_release);
     }
+    // Calls passing a resource of the running generation keep reaching its code
+    // (fn_of_generation); the generation is stored before the function (registry.hpp).
+    {
+      std::lock_guard history(impl->history_mu);
+      impl->history.emplace_back(impl->generation.load(std::memory_order_relaxed),
+                                 impl->fn.load(std::memory_order_relaxed));
+    }
+    impl->generation.store(g.generation + 1, std::memory_order_release);
     impl->fn.store(next->fn, std::memory_order_release);
   }
+  g.resource_types = lib->resource_types();
   g.retired.push_back(std::move(g.library));
   g.library = std::move(lib);
   g.loaded_from = source;

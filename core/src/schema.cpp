@@ -19,6 +19,8 @@ std::string_view arg_kind_name(ArgKind k) {
       return "bool";
     case ArgKind::kString:
       return "str";
+    case ArgKind::kResource:
+      return "Resource";
   }
   return "?";
 }
@@ -35,6 +37,8 @@ char arg_kind_code(ArgKind k) {
       return 'b';
     case ArgKind::kString:
       return 's';
+    case ArgKind::kResource:
+      return 'r';
   }
   return '?';
 }
@@ -151,7 +155,7 @@ class SchemaParser {
  private:
   Status param(Signature& sig, Param* p) {
     std::string type;
-    if (!ident(&type)) return error("a parameter type (Tensor, int, float, bool, str)");
+    if (!ident(&type)) return error("a parameter type (Tensor, int, float, bool, str, Resource)");
     if (type == "Tensor") {
       p->kind = ArgKind::kTensor;
       p->optional = accept('?');
@@ -206,8 +210,23 @@ class SchemaParser {
       p->kind = ArgKind::kBool;
     } else if (type == "str") {
       p->kind = ArgKind::kString;
+    } else if (type == "Resource") {
+      // Resource<group.name>: a registry-created resource of that type (ABI 1.4). No
+      // default: a resource is always passed.
+      p->kind = ArgKind::kResource;
+      if (!expect('<')) return error("'<' and a resource type after Resource");
+      std::string group, name;
+      if (!ident(&group) || !accept('.') || !ident(&name)) {
+        return error("a resource type <group>.<name>");
+      }
+      if (!expect('>')) return error("'>' after the resource type");
+      p->resource_type = group + "." + name;
+      if (!ident(&p->name)) return error("a parameter name");
+      if (accept('=')) return fail("resource '" + p->name + "' cannot have a default");
+      return OkStatus();
     } else {
-      return fail("unknown parameter type '" + type + "' (expected Tensor, int, float, bool, str)");
+      return fail("unknown parameter type '" + type +
+                  "' (expected Tensor, int, float, bool, str, Resource<group.name>)");
     }
     if (!ident(&p->name)) return error("a parameter name");
     if (accept('=')) return literal(p);

@@ -424,7 +424,7 @@ void check_arch(Context& cx, const GroupEntry& g, const StaticView& view,
     return;
   }
   const bool any_cuda = std::any_of(kernels->begin(), kernels->end(),
-                                    [](const KernelSpec& k) { return k.backend == "cuda"; });
+                                    [](const KernelSpec& k) { return k.backend == "cuda" || k.backend == "nccl"; });
   if (!any_cuda) {
     rep.pass("arch-coverage", g.name, "no CUDA implementations");
     return;
@@ -732,7 +732,7 @@ std::vector<std::string> arch_coverage_problems(const std::vector<KernelSpec>& k
                                                 const std::string& library) {
   std::vector<std::string> out;
   for (const KernelSpec& k : kernels) {
-    if (k.backend != "cuda") continue;
+    if (k.backend != "cuda" && k.backend != "nccl") continue;
     KernelSpec copy = k;  // check_arch_coverage may narrow the windows it is given
     if (Status st = check_arch_coverage(copy, images, library); !st.ok()) {
       out.push_back(st.message());

@@ -134,8 +134,15 @@ std::optional<NcclDataType> nccl_dtype(DLDataType t) {
   }
 }
 
+// A world of one rank without a communicator (a host-only comm, as tools create by
+// default): there is nothing to exchange, so the CUDA ops run without NCCL on the tensors'
+// device (all_reduce leaves x as it is, all_gather and reduce_scatter copy, the fused op
+// is the norm alone).
+bool local(const Comm& c) { return c.world_size == 1 && c.nccl_comm == nullptr; }
+
 // The comm can run NCCL collectives: it has a communicator, and no asynchronous error.
 KernelStatus check_comm(Context& ctx, const char* op, Comm& c) {
+  if (local(c)) return kOk;
   if (c.nccl_comm == nullptr || c.nccl == nullptr) {
     return ctx.fail(KREG_FAILED_PRECONDITION,
                     "%s: %s: comm '%s' has no NCCL communicator (created with device -1); CUDA "
@@ -160,7 +167,7 @@ KernelStatus check_comm(Context& ctx, const char* op, Comm& c) {
 KernelStatus check_tensor(Context& ctx, const char* op, const char* arg, const DLTensor& t,
                           const Comm& c, const DLTensor* ref, const char* ref_name,
                           NcclDataType* dtype) {
-  if (t.device.device_type != kDLCUDA || t.device.device_id != c.device) {
+  if (t.device.device_type != kDLCUDA || (!local(c) && t.device.device_id != c.device)) {
     return ctx.fail(
         KREG_INVALID_ARGUMENT, "%s: %s: %s is on device type %d id %d; comm '%s' is on cuda:%lld",
         op, c.where().c_str(), arg, static_cast<int>(t.device.device_type),
@@ -189,6 +196,22 @@ KernelStatus nccl_result(Context& ctx, const char* op, const Comm& c, const char
                   c.nccl->error_text(r).c_str());
 }
 
+// One rank's all_gather / reduce_scatter: out is x.
+KernelStatus local_copy(Context& ctx, const char* op, const DLTensor& x, DLTensor& out) {
+  const device::DeviceGuard guard(x);
+  if (!guard.ok()) return guard.fail(ctx, op);
+  const size_t bytes = static_cast<size_t>(numel(x)) * ((x.dtype.bits + 7) / 8);
+  if (bytes == 0) return kOk;
+  const cudaError_t e = cudaMemcpyAsync(data_ptr<void>(out), data_ptr<const void>(x), bytes,
+                                        cudaMemcpyDeviceToDevice,
+                                        static_cast<cudaStream_t>(ctx.stream()));
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return ctx.fail(KREG_INTERNAL, "%s: cudaMemcpyAsync failed: %s", op, cudaGetErrorString(e));
+  }
+  return kOk;
+}
+
 KernelStatus reduce_op(Context& ctx, const char* op, std::string_view name, NcclRedOp* out) {
   const auto r = parse_reduce_op(name);
   if (!r) {
@@ -209,6 +232,7 @@ KernelStatus all_reduce_nccl(Context& ctx, DLTensor& x, Comm& comm, std::string_
   if (s.ok()) s = check_tensor(ctx, kOp, "x", x, comm, nullptr, nullptr, &dtype);
   if (s.ok()) s = reduce_op(ctx, kOp, op, &redop);
   if (!s.ok()) return s;
+  if (local(comm)) return kOk;  // the reduction of one rank is its own x
   // Every rank must take part, even with nothing to reduce: NCCL handles count 0.
   const device::DeviceGuard guard(static_cast<int>(comm.device));
   if (!guard.ok()) return guard.fail(ctx, kOp);
@@ -232,6 +256,7 @@ KernelStatus all_gather_nccl(Context& ctx, const DLTensor& x, DLTensor& out, Com
                     static_cast<long long>(numel(out)), static_cast<long long>(comm.world_size),
                     static_cast<long long>(numel(x)));
   }
+  if (local(comm)) return local_copy(ctx, kOp, x, out);
   const device::DeviceGuard guard(static_cast<int>(comm.device));
   if (!guard.ok()) return guard.fail(ctx, kOp);
   return nccl_result(ctx, kOp, comm, "ncclAllGather",
@@ -257,6 +282,7 @@ KernelStatus reduce_scatter_nccl(Context& ctx, const DLTensor& x, DLTensor& out,
                     static_cast<long long>(numel(x)), static_cast<long long>(comm.world_size),
                     static_cast<long long>(numel(out)));
   }
+  if (local(comm)) return local_copy(ctx, kOp, x, out);
   const device::DeviceGuard guard(static_cast<int>(comm.device));
   if (!guard.ok()) return guard.fail(ctx, kOp);
   return nccl_result(
@@ -286,13 +312,15 @@ KernelStatus all_reduce_add_rmsnorm_nccl(Context& ctx, DLTensor& x, DLTensor& re
     return ctx.fail(KREG_INVALID_ARGUMENT, "%s: [%lld, %lld] is too large for one launch", kOp,
                     static_cast<long long>(rows), static_cast<long long>(hidden));
   }
-  const device::DeviceGuard guard(static_cast<int>(comm.device));
+  const device::DeviceGuard guard(local(comm) ? x.device.device_id : static_cast<int>(comm.device));
   if (!guard.ok()) return guard.fail(ctx, kOp);
   const auto stream = static_cast<cudaStream_t>(ctx.stream());
-  s = nccl_result(
-      ctx, kOp, comm, "ncclAllReduce",
-      comm.nccl->all_reduce(data_ptr<void>(x), data_ptr<void>(x), static_cast<size_t>(numel(x)),
-                            dtype, kNcclSum, static_cast<NcclComm>(comm.nccl_comm), ctx.stream()));
+  if (!local(comm)) {
+    s = nccl_result(ctx, kOp, comm, "ncclAllReduce",
+                    comm.nccl->all_reduce(data_ptr<void>(x), data_ptr<void>(x),
+                                          static_cast<size_t>(numel(x)), dtype, kNcclSum,
+                                          static_cast<NcclComm>(comm.nccl_comm), ctx.stream()));
+  }
   if (!s.ok() || rows == 0 || hidden == 0) return s;
   return device::visit_float_dtype(ctx, kOp, x, [&](auto tag) {
     using T = decltype(tag);

@@ -75,6 +75,10 @@ std::string default_manifest() {
 struct Opened {
   kreg::Manifest manifest;
   std::unique_ptr<kreg::Registry> registry;
+  // Resources run and bench create for an op's Resource<...> parameters (destroyed before
+  // the registry: declared after it).
+  std::vector<kreg::Resource> resources;
+  ~Opened() { resources.clear(); }
 };
 
 // Loads the manifest and every enabled eager group; lazy groups too with `load_lazy` (run,
@@ -231,7 +235,9 @@ int cmd_info(const std::string& manifest, const std::string& op, bool json) {
   const kreg::Signature& sig = impls.front()->signature;
   out << "  signature  " << sig.text << "\n";
   for (const auto& p : sig.params) {
-    out << "    " << kreg::arg_kind_name(p.kind) << " " << p.name;
+    out << "    " << kreg::arg_kind_name(p.kind)
+        << (p.kind == kreg::ArgKind::kResource ? "<" + p.resource_type + ">" : std::string())
+        << " " << p.name;
     if (p.is_tensor()) {
       out << " " << sig.shape_name(p);
       if (p.dtypes) out << " " << kreg::dtype_set_name(p.dtypes);
@@ -525,6 +531,11 @@ int prepare(const std::string& manifest, const RunArgs& a, Opened* o, kreg::Kern
       if (earlier.name == name) return fail(kExitUsage, "kreg: --attr ", name, " is given twice");
     }
     const kreg::Param* p = h->spec().signature.find(name);
+    if (p && p->kind == kreg::ArgKind::kResource) {
+      return fail(kExitUsage, "kreg: --attr ", kreg::excerpt(name, 60), ": a resource (",
+                  p->resource_type, ") cannot be given on the command line; run and bench "
+                  "create a default one");
+    }
     kreg::NamedAttr na{name, value};
     const std::string what = "--attr " + kreg::excerpt(name, 60);
     kreg::Status bad;
@@ -551,6 +562,23 @@ int prepare(const std::string& manifest, const RunArgs& a, Opened* o, kreg::Kern
       return fail(kExitUsage, "kreg: ", message(bad.message()), " (an attribute of ", h->op(), ")");
     }
     named.push_back(std::move(na));
+  }
+  // A Resource<...> parameter gets a resource of that type with its default parameters
+  // (for communication.comm: one rank, no store), on the target's device when the type
+  // takes a `device`.
+  for (const kreg::Param& p : h->spec().signature.params) {
+    if (p.kind != kreg::ArgKind::kResource) continue;
+    std::vector<kreg::NamedAttr> params;
+    for (const kreg::ResourceTypeInfo& t : o->registry->resource_types()) {
+      if (t.type == p.resource_type && t.signature.find("int device") != std::string::npos &&
+          h->spec().device_type() == kDLCUDA) {
+        params.push_back({"device", int64_t{0}});
+      }
+    }
+    auto r = o->registry->create_resource(p.resource_type, params);
+    if (!r) return fail(kExitFailed, "kreg: ", message(r.status().message()));
+    named.push_back({p.name, kreg::ResourceArg{r->get()}});
+    o->resources.push_back(std::move(r).value());
   }
   auto list = h->attrs(named);
   if (!list) return fail(kExitUsage, "kreg: ", message(list.status().message()));

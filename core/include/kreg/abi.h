@@ -7,7 +7,8 @@
  *   plugin whose major differs from its own, with a message naming both versions.
  * - A MINOR change (KREG_ABI_MINOR) only appends fields at the end of a struct that
  *   starts with `struct_size`, or adds a meaning an older peer refuses cleanly (1.1:
- *   optional tensors; 1.2: the fields marked "ABI 1.2" below; 1.3: JIT implementations). Any minor
+ *   optional tensors; 1.2: the fields marked "ABI 1.2" below; 1.3: JIT implementations;
+ *   1.4: resource types and resource arguments). Any minor
  * of the core's major is accepted, older or newer. Both directions work:
  *     * an older plugin in a newer core: the core copies min(struct_size, sizeof(its
  *       struct)) bytes of each struct into a zeroed one, reads a field only when the
@@ -71,7 +72,7 @@ extern "C" {
 #endif
 
 #define KREG_ABI_MAJOR 1
-#define KREG_ABI_MINOR 3
+#define KREG_ABI_MINOR 4
 
 /* The one symbol every plugin exports (a function returning its descriptor). */
 #define KREG_PLUGIN_ENTRY_SYMBOL "kreg_plugin_entry"
@@ -115,8 +116,22 @@ typedef enum kreg_attr_type {
   KREG_ATTR_INT = 1,   /* int64_t */
   KREG_ATTR_FLOAT = 2, /* double  */
   KREG_ATTR_BOOL = 3,  /* int64_t, 0 or 1 */
-  KREG_ATTR_STRING = 4 /* const char*, NUL-terminated, owned by the caller */
+  KREG_ATTR_STRING = 4, /* const char*, NUL-terminated, owned by the caller */
+  /* ABI 1.4: a resource ('Resource<group.name>' in signatures), value.r. A core before
+   * 1.4 refuses such a signature at load, so it never sends or receives one. */
+  KREG_ATTR_RESOURCE = 5
 } kreg_attr_type;
+
+/* ABI 1.4: what a kernel receives for a 'Resource<group.name>' argument: a live resource
+ * the core created with the type's `create` and checked (type, not destroyed) for this
+ * call. Owned by the core; valid during the call. */
+typedef struct kreg_resource {
+  size_t struct_size;
+  const char* type;    /* "<group>.<name>" */
+  void* state;         /* what `create` returned */
+  uint64_t id;         /* unique in its registry, never reused */
+  uint64_t generation; /* of the group library whose `create` made it */
+} kreg_resource;
 
 /* FROZEN (no struct_size): one element of the call frame's attribute array, 16 bytes,
  * indexed by position on every call; a size field per attribute would cost every call
@@ -128,6 +143,7 @@ typedef struct kreg_attr {
     int64_t i;
     double f;
     const char* s;
+    const struct kreg_resource* r; /* ABI 1.4; a pointer, as s: the layout is unchanged */
   } value;
 } kreg_attr;
 
@@ -268,6 +284,24 @@ typedef struct kreg_kernel_desc {
   const kreg_jit_desc* jit;
 } kreg_kernel_desc;
 
+/* ABI 1.4: a resource type: state that outlives a call (a communicator, registered
+ * buffers), created and destroyed through the core (Registry::create_resource), passed
+ * to ops whose signature takes 'Resource<type>'. `signature` declares the creation
+ * parameters in the signature language, attributes only, e.g.
+ * "comm(int rank, int world_size, str store=\"\") -> ()"; the type is "<group>.<name>".
+ * `create` gets them positionally (defaults filled in) as the attrs of a call frame
+ * with no tensors and frame->op = the type; it returns KREG_OK and *state, or a code
+ * and a message. `destroy` frees a state `create` returned; the core calls the destroy of
+ * the library generation that created it (that library stays loaded). */
+typedef struct kreg_resource_type_desc {
+  size_t struct_size;
+  const char* type; /* "<group>.<name>" */
+  const char* signature;
+  const char* description;
+  int32_t (*create)(const kreg_call_frame* params, void** state, kreg_error* err);
+  void (*destroy)(void* state);
+} kreg_resource_type_desc;
+
 typedef struct kreg_build_info {
   size_t struct_size;
   const char* compiler; /* e.g. "GNU 12.2.0" */
@@ -290,6 +324,10 @@ typedef struct kreg_plugin_desc {
    * is called; shutdown runs once before the library is unloaded. */
   int32_t (*init)(kreg_error* err);
   void (*shutdown)(void);
+  /* ABI 1.4: resource types, walked by resource_types[0].struct_size. Defaults: none. */
+  const kreg_resource_type_desc* resource_types;
+  uint32_t num_resource_types;
+  uint32_t reserved2;
 } kreg_plugin_desc;
 
 typedef const kreg_plugin_desc* (*kreg_plugin_entry_fn)(void);

@@ -1,5 +1,5 @@
 // KernelBackend: where an implementation runs and how a call is launched. The core ships
-// "cpu", "cuda" and "jit" (kreg/jit.hpp); the CUDA one probes the driver (libcuda.so.1) at run
+// "cpu", "cuda", "jit" (kreg/jit.hpp) and "nccl" (collectives; libnccl.so.2 probed at run time); the CUDA one probes the driver (libcuda.so.1) at run
 // time, so the core has no CUDA build or link dependency.
 #pragma once
 

@@ -313,6 +313,20 @@ constexpr CapList caps_from_archs(const char* archs) {
 
 }  // namespace detail
 
+// ---- Resources (ABI 1.4) ----
+
+// A 'Resource<group.name>' argument as a kernel receives it: a live resource of that type
+// (the core checked both), whose state is what the type's create function made.
+struct ResourceRef {
+  const kreg_resource* resource = nullptr;
+  template <typename T>
+  T& state() const {
+    return *static_cast<T*>(resource->state);
+  }
+  uint64_t id() const { return resource->id; }
+  const char* type() const { return resource->type; }
+};
+
 // ---- Binding: typed function -> kreg_kernel_fn ----
 
 namespace detail {
@@ -364,6 +378,10 @@ template <>
 struct ArgKind<std::string_view> {
   static constexpr char kind = 's';
 };
+template <>
+struct ArgKind<ResourceRef> {
+  static constexpr char kind = 'r';
+};
 
 template <typename F>
 struct FnTraits;
@@ -397,6 +415,8 @@ inline P decode(const kreg_call_frame* f, int idx) {
     return static_cast<P>(f->attrs[idx].value.f);
   } else if constexpr (K == 'b') {
     return f->attrs[idx].value.i != 0;
+  } else if constexpr (K == 'r') {
+    return ResourceRef{f->attrs[idx].value.r};
   } else {
     return P(f->attrs[idx].value.s);
   }
@@ -457,6 +477,7 @@ inline int32_t check_param(const kreg_call_frame* f, int idx, kreg_error* err) {
     constexpr int32_t want = K == 'i'   ? KREG_ATTR_INT
                              : K == 'f' ? KREG_ATTR_FLOAT
                              : K == 'b' ? KREG_ATTR_BOOL
+                             : K == 'r' ? KREG_ATTR_RESOURCE
                                         : KREG_ATTR_STRING;
     if (a.type != want) {
       return frame_error(err, "attribute %d has type %d, the function takes type %d", idx, a.type,
@@ -480,6 +501,10 @@ inline int32_t check_param(const kreg_call_frame* f, int idx, kreg_error* err) {
       }
     } else if constexpr (K == 's') {
       if (a.value.s == nullptr) return frame_error(err, "attribute %d is a null string", idx);
+    } else if constexpr (K == 'r') {
+      if (a.value.r == nullptr || a.value.r->state == nullptr) {
+        return frame_error(err, "attribute %d is a null resource", idx);
+      }
     }
     return KREG_OK;
   }
@@ -546,6 +571,86 @@ inline int32_t bound_kernel(const kreg_call_frame* frame, kreg_error* err) {
 template <auto Fn>
 inline constexpr Binding bind{&bound_kernel<Fn>, detail::FnTraits<decltype(Fn)>::kinds};
 
+// ---- Resource types (ABI 1.4) ----
+//
+// A resource type's create function is typed like a kernel, with the state to fill
+// second and the creation parameters (attributes of the type's signature) after it:
+//   KernelStatus create_comm(Context& ctx, void** state, int64_t rank, int64_t world_size);
+//   void destroy_comm(void* state);
+//   constexpr kreg::ResourceType kResources[] = {
+//       {.type = "communication.comm",
+//        .signature = "comm(int rank, int world_size) -> ()",
+//        .description = "...",
+//        .create = kreg::bind_create<&create_comm>,
+//        .destroy = &destroy_comm}};
+//   KREG_GROUP_WITH_RESOURCES("communication", kOps, kResources, nullptr, nullptr);
+namespace detail {
+
+template <typename F>
+struct CreateTraits;
+template <typename... Ps>
+struct CreateTraits<KernelStatus (*)(Context&, void**, Ps...)> {
+  using Params = std::tuple<Ps...>;
+  static constexpr size_t arity = sizeof...(Ps);
+  static constexpr char kinds[sizeof...(Ps) + 1] = {ArgKind<Ps>::kind..., '\0'};
+};
+
+template <auto Fn, size_t... I>
+inline int32_t invoke_create(const kreg_call_frame* f, void** state, kreg_error* err,
+                             std::index_sequence<I...> seq) {
+  using Traits = CreateTraits<decltype(Fn)>;
+  using Params = typename Traits::Params;
+  static_assert(count_tensors(Traits::kinds) == 0, "a resource's create takes no tensors");
+  if (const int32_t rc = check_frame<Traits>(f, err, seq); rc != KREG_OK) return rc;
+  if (state == nullptr) return frame_error(err, "null state pointer");
+  Context ctx(*f, err);
+  return Fn(ctx, state,
+            decode<std::tuple_element_t<I, Params>, Traits::kinds[I]>(
+                f, index_among<I>(Traits::kinds))...)
+      .code;
+}
+
+}  // namespace detail
+
+using ResourceCreateFn = int32_t (*)(const kreg_call_frame*, void**, kreg_error*);
+
+template <auto Fn>
+inline int32_t bound_create(const kreg_call_frame* frame, void** state, kreg_error* err) {
+  using Traits = detail::CreateTraits<decltype(Fn)>;
+  return detail::invoke_create<Fn>(frame, state, err, std::make_index_sequence<Traits::arity>{});
+}
+
+template <auto Fn>
+inline constexpr ResourceCreateFn bind_create = &bound_create<Fn>;
+
+struct ResourceType {
+  const char* type = "";       // "<group>.<name>"
+  const char* signature = "";  // "<name>(int rank, ...) -> ()": creation parameters only
+  const char* description = "";
+  ResourceCreateFn create = nullptr;
+  void (*destroy)(void* state) = nullptr;
+};
+
+namespace detail {
+
+template <size_t N>
+struct ResourceTable {
+  kreg_resource_type_desc items[N == 0 ? 1 : N] = {};
+};
+
+template <size_t N>
+constexpr ResourceTable<N> make_resource_descs(const ResourceType (&types)[N]) {
+  ResourceTable<N> t{};
+  for (size_t i = 0; i < N; ++i) {
+    t.items[i] = kreg_resource_type_desc{sizeof(kreg_resource_type_desc), types[i].type,
+                                         types[i].signature, types[i].description,
+                                         types[i].create, types[i].destroy};
+  }
+  return t;
+}
+
+}  // namespace detail
+
 // ---- Registration records ----
 
 // One implementation of an op, as listed under it: kreg::cpu(...) or kreg::cuda(...).
@@ -600,6 +705,12 @@ constexpr Implementation cpu(Binding fn, const char* source, int32_t priority = 
 // A CUDA implementation; priority 100 puts it ahead of the CPU reference.
 constexpr Implementation cuda(Binding fn, const char* source, int32_t priority = 100) {
   return Implementation{.backend = "cuda", .impl = fn, .source = source, .priority = priority};
+}
+
+// A collective on NCCL (backend "nccl": CUDA tensors; available where a GPU exists and
+// libnccl.so.2 loads). Its CUDA code, like cuda()'s, claims the architectures it was built for.
+constexpr Implementation nccl(Binding fn, const char* source, int32_t priority = 100) {
+  return Implementation{.backend = "nccl", .impl = fn, .source = source, .priority = priority};
 }
 
 // A JIT implementation (docs/jit.md): the core compiles `desc`'s CUDA source with NVRTC
@@ -1019,7 +1130,7 @@ constexpr auto to_descs(const KernelDef (&defs)[N]) {
 
 // The tables, the metadata section and the exported entry, from kreg_flat_ (an
 // std::array<kreg::detail::FlatKernel, N> defined just before).
-#define KREG_DETAIL_TABLES(GROUP, VERSION, INIT, SHUTDOWN)                                       \
+#define KREG_DETAIL_TABLES(GROUP, VERSION, INIT, SHUTDOWN, RESOURCES, NUM_RESOURCES)              \
   constexpr ::kreg::detail::BuildStrings kreg_build_strings_ = {                                 \
       GROUP, VERSION, KREG_COMPILER_STRING, KREG_PLUGIN_CUDA_VERSION, KREG_PLUGIN_CUDA_ARCHS};   \
   __attribute__((section(KREG_METADATA_SECTION), used))                                          \
@@ -1043,7 +1154,10 @@ constexpr auto to_descs(const KernelDef (&defs)[N]) {
       static_cast<uint32_t>(kreg_flat_.size()),                                                  \
       0,                                                                                         \
       INIT,                                                                                      \
-      SHUTDOWN};                                                                                 \
+      SHUTDOWN,                                                                                  \
+      RESOURCES,                                                                                 \
+      NUM_RESOURCES,                                                                             \
+      0};                                                                                        \
   }                                                                                              \
   extern "C" __attribute__((visibility("default"))) const kreg_plugin_desc* kreg_plugin_entry(   \
       void) {                                                                                    \
@@ -1060,15 +1174,27 @@ constexpr auto to_descs(const KernelDef (&defs)[N]) {
                 "kreg_add_plugin(<group> VERSION x.y.z ...)");                      \
   constexpr char kreg_group_name_[] = GROUP;                                        \
   constexpr auto kreg_flat_ = ::kreg::detail::flatten_ops<OPS, kreg_group_name_>(); \
-  KREG_DETAIL_TABLES(GROUP, KREG_PLUGIN_VERSION, INIT, SHUTDOWN)
+  KREG_DETAIL_TABLES(GROUP, KREG_PLUGIN_VERSION, INIT, SHUTDOWN, nullptr, 0)
 
 #define KREG_GROUP(GROUP, OPS) KREG_GROUP_WITH_HOOKS(GROUP, OPS, nullptr, nullptr)
+
+// A group that also declares resource types (kreg::ResourceType records, ABI 1.4).
+#define KREG_GROUP_WITH_RESOURCES(GROUP, OPS, RESOURCES, INIT, SHUTDOWN)             \
+  namespace {                                                                       \
+  static_assert(KREG_PLUGIN_VERSION[0] != '\0',                                     \
+                "kreg: the plugin version comes from CMake: "                       \
+                "kreg_add_plugin(<group> VERSION x.y.z ...)");                      \
+  constexpr char kreg_group_name_[] = GROUP;                                        \
+  constexpr auto kreg_flat_ = ::kreg::detail::flatten_ops<OPS, kreg_group_name_>(); \
+  constexpr auto kreg_resource_table_ = ::kreg::detail::make_resource_descs(RESOURCES); \
+  KREG_DETAIL_TABLES(GROUP, KREG_PLUGIN_VERSION, INIT, SHUTDOWN, kreg_resource_table_.items, \
+                     static_cast<uint32_t>(std::size(RESOURCES)))
 
 // The low-level form: one KernelDef per implementation, the version given here.
 #define KREG_PLUGIN_WITH_HOOKS(GROUP, VERSION, KERNELS, INIT, SHUTDOWN) \
   namespace {                                                           \
   constexpr auto kreg_flat_ = ::kreg::detail::flatten_defs<KERNELS>();  \
-  KREG_DETAIL_TABLES(GROUP, VERSION, INIT, SHUTDOWN)
+  KREG_DETAIL_TABLES(GROUP, VERSION, INIT, SHUTDOWN, nullptr, 0)
 
 #define KREG_PLUGIN(GROUP, VERSION, KERNELS) \
   KREG_PLUGIN_WITH_HOOKS(GROUP, VERSION, KERNELS, nullptr, nullptr)

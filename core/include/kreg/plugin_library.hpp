@@ -17,6 +17,7 @@
 
 #include "kreg/abi.h"
 #include "kreg/kernel_spec.hpp"
+#include "kreg/resource.hpp"
 #include "kreg/status.hpp"
 
 namespace kreg {
@@ -67,6 +68,8 @@ class PluginLibrary {
 
   const PluginInfo& info() const { return info_; }
   const std::vector<KernelSpec>& kernels() const { return kernels_; }
+  // ABI 1.4: the resource types it declares (resource.hpp).
+  const std::vector<ResourceTypeSpec>& resource_types() const { return resource_types_; }
 
   // Runs the plugin's init hook (once); shutdown runs on destruction if init ran.
   Status init();
@@ -77,6 +80,7 @@ class PluginLibrary {
   std::unique_ptr<Impl> impl_;
   PluginInfo info_;
   std::vector<KernelSpec> kernels_;
+  std::vector<ResourceTypeSpec> resource_types_;
   bool initialized_ = false;
 };
 

@@ -42,6 +42,7 @@
 #include "kreg/kernel_spec.hpp"
 #include "kreg/manifest.hpp"
 #include "kreg/plugin_library.hpp"
+#include "kreg/resource.hpp"
 #include "kreg/status.hpp"
 
 namespace kreg {
@@ -78,6 +79,9 @@ enum class CheckFailure : uint8_t {
   kDimDivisible,
   kContiguous,
   kAttrType,
+  kResourceNull,       // a Resource<...> attribute without a resource
+  kResourceType,       // a resource of another type
+  kResourceDestroyed,  // a resource that was destroyed
 };
 
 struct CheckResult {
@@ -144,6 +148,10 @@ struct CheckPlan {
   FastTensor fast[kMaxTensors];
   DimPair pairs[kMaxTensors * kMaxRank];
   DimDivisor divisors[kMaxSymbols];
+  // Resource<...> attributes (ABI 1.4): their positions and hash_id(type).
+  int8_t num_resources = 0;
+  int8_t resource_attrs[kMaxAttrs] = {};
+  uint64_t resource_hash[kMaxAttrs] = {};
 
   // The call path: true when the arguments satisfy the signature. Plain loads and
   // compares, no allocation.
@@ -176,7 +184,18 @@ struct Impl {
   mutable std::atomic<const Impl*> jit_last{nullptr};
   const JitSource* jit_origin = nullptr;
   int32_t jit_device = -1;
+  // The generation of the group library `fn` belongs to, and the functions of earlier
+  // generations (for calls that pass a resource an earlier generation created). A reload
+  // appends to `history`, then stores `generation`, then `fn`.
+  std::atomic<uint64_t> generation{0};
+  mutable std::mutex history_mu;
+  std::vector<std::pair<uint64_t, kreg_kernel_fn>> history;
 };
+
+// The function of `gen`'s generation of impl's op (null when that generation had none):
+// for a call whose resource an earlier generation created (resource.hpp).
+kreg_kernel_fn fn_of_generation(const Impl& impl, uint64_t gen);
+Status no_generation_error(const Impl& impl, const kreg_resource& r);
 
 struct OpEntry {
   std::string id;
@@ -323,6 +342,16 @@ inline bool CheckPlan::accepts(std::span<DLTensor* const> t, std::span<const kre
     if (a[j].type != attr_types[j]) [[unlikely]]
       return false;
   }
+  // Resources have no default, so they are among the attributes passed.
+  for (int k = 0; k < num_resources; ++k) {
+    const int j = resource_attrs[k];
+    const kreg_resource* r = a[static_cast<size_t>(j)].value.r;
+    if (r == nullptr) return false;
+    const ResourceSlot* slot = slot_of(r);
+    if (slot->type_hash != resource_hash[j] || !slot->live.load(std::memory_order_acquire)) {
+      return false;
+    }
+  }
   return true;
 }
 
@@ -421,7 +450,16 @@ inline Status invoke(const Impl& impl, std::span<DLTensor* const> tensors,
   char message[256];
   message[0] = '\0';
   kreg_error err{sizeof(kreg_error), message, sizeof message};
-  const int32_t rc = impl.fn.load(std::memory_order_acquire)(&frame, &err);
+  kreg_kernel_fn fn = impl.fn.load(std::memory_order_acquire);
+  if (plan.num_resources > 0) [[unlikely]] {
+    // The resource's state belongs to the generation that created it: run that one's code.
+    const kreg_resource* r = attr_ptr[plan.resource_attrs[0]].value.r;
+    if (r->generation != impl.generation.load(std::memory_order_acquire)) {
+      fn = fn_of_generation(impl, r->generation);
+      if (fn == nullptr) return no_generation_error(impl, *r);
+    }
+  }
+  const int32_t rc = fn(&frame, &err);
   if (rc != KREG_OK) [[unlikely]] {
     return kernel_error(impl, rc, message, sizeof message);
   }
@@ -431,9 +469,15 @@ inline Status invoke(const Impl& impl, std::span<DLTensor* const> tensors,
 }  // namespace detail
 
 // A named attribute value, for building attribute lists off the hot path.
+// A resource passed by name (Resource::named, resource.hpp): a distinct type, so that no
+// literal converts to it by accident.
+struct ResourceArg {
+  const kreg_resource* resource = nullptr;
+};
+
 struct NamedAttr {
   std::string name;
-  std::variant<int64_t, double, bool, std::string> value;
+  std::variant<int64_t, double, bool, std::string, ResourceArg> value;
 };
 
 // Attributes in signature order with defaults filled in; owns its strings.
@@ -656,6 +700,19 @@ class Registry {
   // resolve_alias's end of the chain and the first alias's message, when `op` is an alias.
   std::optional<std::pair<std::string, std::string>> alias(std::string_view op) const;
 
+  // Resources (ABI 1.4, resource.hpp): creates one of `type` ("<group>.<name>", declared
+  // by that group's library, which is loaded if lazy) with the type's creation parameters
+  // by name (defaults filled in). The registry lock is not held while the plugin's create
+  // runs (it may wait for other processes), so a reload may happen meanwhile: the resource
+  // then belongs to the generation whose create made it.
+  Result<Resource> create_resource(std::string_view type, const std::vector<NamedAttr>& params = {});
+  // The resource types of the loaded groups, sorted.
+  std::vector<ResourceTypeInfo> resource_types() const;
+  // The resource with this id (Resource::id) for an attribute, live or destroyed (a call
+  // with a destroyed one is refused as such); null for an id this registry never made.
+  // For bindings that pass resources by id (kreg.torch). Takes the registry lock.
+  const kreg_resource* find_resource(uint64_t id) const;
+
  private:
   struct Group;
   struct Alias {
@@ -728,6 +785,11 @@ class Registry {
   OpenOptions open_options_;
   // JIT specializations and the sources they were built from (jit_specialize.cpp).
   std::unique_ptr<detail::JitState> jit_;
+  // Every resource ever created (resource.cpp): kept for the registry's life so that a
+  // stale attribute finds a dead slot, destroyed first when the registry goes.
+  std::vector<std::shared_ptr<detail::ResourceSlot>> resources_;
+  uint64_t next_resource_id_ = 1;
+  void destroy_resources();
 };
 
 // The canonical error message for a rejected selection, exposed for tests.

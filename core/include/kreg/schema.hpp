@@ -10,6 +10,7 @@
 //                ['[' dim (',' dim)* ']'] NAME
 //   dim       := INT | [INT '*'] SYMBOL          e.g. 4096, H, 2*D
 //   attr      := ('int' | 'float' | 'bool' | 'str') NAME ['=' LITERAL]
+//              | 'Resource' '<' GROUP '.' NAME '>' NAME       (ABI 1.4, no default)
 // A tensor without '<...>' takes the implementation's shared dtype (KernelSpec::dtypes):
 // all such tensors of one call must have the same dtype. A tensor without '[...]' may
 // have any rank. '!' marks a tensor the kernel writes; a written tensor whose name starts
@@ -20,6 +21,9 @@
 // kernel's typed parameter is a pointer (`const DLTensor*`, null when absent). An
 // optional tensor is never the first tensor, and its named dimensions must be bound by a
 // required tensor (so a call's shape check never depends on what was omitted).
+// 'Resource<group.name>' is an attribute holding a resource the registry created
+// (Registry::create_resource; docs/design/resources.md): the call checks its type and that
+// it was not destroyed, and the kernel receives its state.
 // 'Tensor@host' may also live in host memory while the call runs on a device: page-locked
 // memory the device reads directly (DLPack kDLCUDAHost, or kDLCPU as PyTorch exports
 // pinned tensors; the kernel must check that the pointer is really page-locked). Never
@@ -48,9 +52,9 @@ inline constexpr int kMaxRank = 8;
 inline constexpr int kMaxSymbols = 16;
 inline constexpr size_t kMaxSignatureBytes = 4096;
 
-enum class ArgKind : uint8_t { kTensor, kInt, kFloat, kBool, kString };
-std::string_view arg_kind_name(ArgKind k);  // "Tensor", "int", "float", "bool", "str"
-char arg_kind_code(ArgKind k);              // 'T', 'i', 'f', 'b', 's' (see plugin.hpp)
+enum class ArgKind : uint8_t { kTensor, kInt, kFloat, kBool, kString, kResource };
+std::string_view arg_kind_name(ArgKind k);  // "Tensor", "int", "float", "bool", "str", "Resource"
+char arg_kind_code(ArgKind k);              // 'T', 'i', 'f', 'b', 's', 'r' (see plugin.hpp)
 
 // One dimension: a literal size, or coef * symbol.
 struct DimExpr {
@@ -74,6 +78,7 @@ struct Param {
   bool has_default = false;
   kreg_attr default_value{};  // for strings, value.s is unset: see default_text
   std::string default_text;   // the literal as written (string defaults unquoted)
+  std::string resource_type;  // kResource: "<group>.<name>"
 
   bool is_tensor() const { return kind == ArgKind::kTensor; }
   bool written() const { return is_tensor() && mutated; }
