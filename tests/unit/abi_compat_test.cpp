@@ -1,6 +1,6 @@
 // ABI compatibility in both directions (abi.h's versioning contract), against real plugin
 // files: a plugin built against the ABI 1.1 headers (tests/fixtures/abi_1_1), a synthetic
-// "1.4" plugin whose structs are longer than 1.3's and full of nonsense past 1.3's fields,
+// "1.5" plugin whose structs are longer than 1.4's and full of nonsense past 1.4's fields,
 // an ABI 2 plugin, and a 1.2 kernel called with a 1.1-sized frame and through the core.
 #include <gtest/gtest.h>
 
@@ -114,19 +114,19 @@ TEST(AbiCompat, Abi11PluginLoadsListsAndRuns) {
 
 // ---- a newer plugin in this core ----
 
-TEST(AbiCompat, Abi14PluginWithLongerStructsLoadsThroughThe13Fields) {
-  const fs::path lib = test_plugin("abi_1_4");
-  auto p = PluginLibrary::open(lib, {"future", std::string("1.4.0")});
+TEST(AbiCompat, Abi15PluginWithLongerStructsLoadsThroughThe14Fields) {
+  const fs::path lib = test_plugin("abi_1_5");
+  auto p = PluginLibrary::open(lib, {"future", std::string("1.5.0")});
   ASSERT_TRUE(p.ok()) << p.status().message();
   const PluginInfo& info = (*p)->info();
   EXPECT_EQ(info.abi_major, 1);
-  EXPECT_EQ(info.abi_minor, 4);
-  EXPECT_EQ(info.abi_string(), "1.4");
-  EXPECT_EQ(info.compiler, "hand-written 1.4") << "its longer build info is read as 1.3's";
+  EXPECT_EQ(info.abi_minor, 5);
+  EXPECT_EQ(info.abi_string(), "1.5");
+  EXPECT_EQ(info.compiler, "hand-written 1.5") << "its longer build info is read as 1.4's";
   ASSERT_EQ((*p)->kernels().size(), 2u);
   for (const KernelSpec& k : (*p)->kernels()) {
     // The frozen caps say cuda sm80-sm90, which a cpu implementation may not claim: had
-    // the core read them instead of the 1.3 records, the load would have failed.
+    // the core read them instead of the 1.4 records, the load would have failed.
     ASSERT_EQ(k.capabilities.size(), 1u) << k.op;
     EXPECT_EQ(k.capabilities[0].device_type, kDLCPU) << k.op;
     EXPECT_EQ(k.capabilities[0].sm_min, 0) << k.op;
@@ -136,8 +136,8 @@ TEST(AbiCompat, Abi14PluginWithLongerStructsLoadsThroughThe13Fields) {
   const KernelSpec& seen = (*p)->kernels()[1];
   EXPECT_EQ(scale.op, "future.scale");
   EXPECT_EQ(seen.op, "future.seen");
-  EXPECT_EQ(scale.description, "out = alpha * x (a 1.4 record)");
-  // The flags are read; the bits 1.3 does not know are dropped.
+  EXPECT_EQ(scale.description, "out = alpha * x (a 1.5 record)");
+  // The flags are read; the bits 1.4 does not know are dropped.
   EXPECT_EQ(scale.flags, 0u);
   EXPECT_EQ(seen.flags, uint32_t{KREG_KERNEL_CAPS_FROM_BUILD});
 
@@ -146,7 +146,7 @@ TEST(AbiCompat, Abi14PluginWithLongerStructsLoadsThroughThe13Fields) {
   auto groups = (*reg)->groups();
   ASSERT_EQ(groups.size(), 1u);
   ASSERT_TRUE(groups[0].plugin.has_value());
-  EXPECT_EQ(groups[0].plugin->abi_string(), "1.4");
+  EXPECT_EQ(groups[0].plugin->abi_string(), "1.5");
   EXPECT_EQ(groups[0].ops, (std::vector<std::string>{"future.scale", "future.seen"}));
 
   F32 x(1, 2, 3, 4), out(0, 0, 0, 0);
@@ -155,7 +155,7 @@ TEST(AbiCompat, Abi14PluginWithLongerStructsLoadsThroughThe13Fields) {
   EXPECT_FLOAT_EQ(out.data[0], 2.0f);
   EXPECT_FLOAT_EQ(out.data[3], 8.0f);
 
-  // Its kernels get this core's frame: 1.3's size and fields.
+  // Its kernels get this core's frame: 1.4's size and fields.
   I64 r(4);
   DLTensor* rargs[] = {&r.t};
   ASSERT_TRUE(
