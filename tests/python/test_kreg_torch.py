@@ -140,7 +140,9 @@ def test_every_op_is_registered_with_kregs_schema(reg):
             is_write = a.alias_info is not None and a.alias_info.is_write
             assert is_write == bool(q.get("written", False)), f"{op}: {a.name}"
             if q["kind"] != "Tensor":
-                assert a.type.kind().lower().startswith({"int": "int", "float": "float", "bool": "bool", "str": "string"}[q["kind"]]), f"{op}: {a.name}"
+                # A resource is its registry id (kreg.Resource.id): a plain int.
+                want = {"int": "int", "float": "float", "bool": "bool", "str": "string", "Resource": "int"}[q["kind"]]
+                assert a.type.kind().lower().startswith(want), f"{op}: {a.name}"
                 assert (a.default_value is not None) == (not q["required"]), f"{op}: {a.name}"
         f = functional(op)
         if f is None:
@@ -179,10 +181,11 @@ def test_eager_matches_kreg(reg, op, device):
     skip_unless_device(device)
     handle = reg.op(op)
     fop = functional(op)
-    for s in torch_samples.samples(op, device):
+    for s in torch_samples.samples(op, device, reg=reg):
+        tkw = torch_samples.torch_kwargs(s.kwargs)  # resources by id
         a, b = copies(s.args), copies(s.args)
         s_b = torch_samples.Sample(b, s.kwargs, s.name, s.keep)
-        mutating(op)(*a, **s.kwargs)
+        mutating(op)(*a, **tkw)
         want = [w.clone() for w in written(reg, op, a, s)]
         # The same call through kreg.Op (transfer_layers writes to s.keep: run it again).
         handle(*b, **s.kwargs)
@@ -191,7 +194,7 @@ def test_eager_matches_kreg(reg, op, device):
             continue
         inputs = functional_inputs(reg, op, copies(s.args))
         before = [copy_of(t) for t in inputs if isinstance(t, torch.Tensor)]
-        got = fop(*inputs, **s.kwargs)
+        got = fop(*inputs, **tkw)
         got = list(got) if isinstance(got, (tuple, list)) else [got]
         assert_same(got, want[: len(got)], f"{op} [{s.name}] functional")
         after = [t for t in inputs if isinstance(t, torch.Tensor)]
@@ -335,19 +338,21 @@ def backend(device):
 @pytest.mark.parametrize("op,device", ALL)
 def test_opcheck(reg, op, device):
     skip_unless_device(device)
-    s = torch_samples.samples(op, device)[0]
-    torch.library.opcheck(mutating(op), copies(s.args), dict(s.kwargs))
+    s = torch_samples.samples(op, device, reg=reg)[0]
+    kw = torch_samples.torch_kwargs(s.kwargs)
+    torch.library.opcheck(mutating(op), copies(s.args), kw)
     fop = functional(op)
     if fop is not None:
-        torch.library.opcheck(fop, functional_inputs(reg, op, copies(s.args)), dict(s.kwargs))
+        torch.library.opcheck(fop, functional_inputs(reg, op, copies(s.args)), kw)
 
 
 @needs_modern
 @pytest.mark.parametrize("op,device", ALL)
 def test_compile_fullgraph(reg, op, device, fresh_dynamo):
     skip_unless_device(device)
-    s = torch_samples.samples(op, device)[0]
-    mop, fop, kw = mutating(op), functional(op), dict(s.kwargs)
+    s = torch_samples.samples(op, device, reg=reg)[0]
+    # A resource is an int in the graph (its id), as any other int attribute.
+    mop, fop, kw = mutating(op), functional(op), torch_samples.torch_kwargs(s.kwargs)
 
     def call(*args):
         mop(*args, **kw)
@@ -374,7 +379,8 @@ def test_compile_fullgraph(reg, op, device, fresh_dynamo):
 
 
 def graph_safe(reg, op):
-    return all(i["graph_safe"] for i in reg.info(op)["implementations"] if i["backend"] == "cuda")
+    # Every device implementation (cuda, jit, nccl), as kreg.torch tags them.
+    return all(i["graph_safe"] for i in reg.info(op)["implementations"] if i["backend"] != "cpu")
 
 
 CUDA_CASES = list(cases("cuda"))
@@ -385,11 +391,11 @@ CUDA_CASES = list(cases("cuda"))
 @pytest.mark.parametrize("op,device", CUDA_CASES)
 def test_reduce_overhead_cuda_graphs(reg, op, device, fresh_dynamo):
     if not graph_safe(reg, op):
-        pytest.skip(f"{op}: its CUDA implementation is not graph-safe (cudagraph_unsafe)")
-    s = torch_samples.samples(op, device)[0]
+        pytest.skip(f"{op}: a device implementation is not graph-safe (cudagraph_unsafe)")
+    s = torch_samples.samples(op, device, reg=reg)[0]
     if any(isinstance(a, torch.Tensor) and a.device.type == "cpu" for a in s.args):
         pytest.skip(f"{op} [{s.name}]: host tensors; CUDA graphs take device tensors only")
-    mop, fop, kw = mutating(op), functional(op), dict(s.kwargs)
+    mop, fop, kw = mutating(op), functional(op), torch_samples.torch_kwargs(s.kwargs)
     params = tensor_params(reg, op)
     a = copies(s.args)
     mop(*a, **kw)

@@ -57,12 +57,25 @@ def test_unknown_op_and_dtype_are_refused():
         torch_samples.samples("layernorm.nope", "cpu")
     with pytest.raises(ValueError, match="dtype"):
         torch_samples.samples("layernorm.rmsnorm", "cpu", torch.int32)
+    # An op that takes a resource needs the registry that will run it.
+    with pytest.raises(ValueError, match=r"communication.all_reduce takes a communication.comm resource"):
+        torch_samples.samples("communication.all_reduce", "cpu")
+
+
+def test_resource_samples_carry_a_live_comm_and_torch_kwargs_its_id(reg):
+    for op in [o for o in torch_samples.OPS if o.startswith("communication.")]:
+        for s in torch_samples.samples(op, "cpu", reg=reg):
+            comm = s.kwargs["comm"]
+            assert isinstance(comm, kreg.Resource) and comm.valid and comm.type == "communication.comm"
+            tk = torch_samples.torch_kwargs(s.kwargs)
+            assert tk["comm"] == comm.id and type(tk["comm"]) is int
+            assert {k: v for k, v in tk.items() if k != "comm"} == {k: v for k, v in s.kwargs.items() if k != "comm"}
 
 
 @pytest.mark.parametrize("op", torch_samples.OPS)
 def test_samples_are_well_formed(reg, op):
-    first = torch_samples.samples(op, "cpu")
-    again = torch_samples.samples(op, "cpu")
+    first = torch_samples.samples(op, "cpu", reg=reg)
+    again = torch_samples.samples(op, "cpu", reg=reg)
     assert 1 <= len(first) <= 3
     assert len({s.name for s in first}) == len(first), "sample names must be distinct"
     for s, t in zip(first, again):
@@ -89,7 +102,7 @@ def test_samples_are_well_formed(reg, op):
 @pytest.mark.parametrize("dtype", [None, torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("op", torch_samples.OPS)
 def test_samples_run_on_cpu(reg, op, dtype):
-    for s in torch_samples.samples(op, "cpu", dtype):
+    for s in torch_samples.samples(op, "cpu", dtype, reg=reg):
         _run(reg, op, s)
 
 
@@ -106,8 +119,8 @@ def test_dtype_is_honoured(reg):
         assert s.args[2].dtype == torch.float32 and s.args[3].dtype == torch.int32
 
 
-def test_some_samples_use_attributes_and_awkward_sizes():
-    with_kwargs = [op for op in torch_samples.OPS if any(s.kwargs for s in torch_samples.samples(op, "cpu"))]
+def test_some_samples_use_attributes_and_awkward_sizes(reg):
+    with_kwargs = [op for op in torch_samples.OPS if any(s.kwargs for s in torch_samples.samples(op, "cpu", reg=reg))]
     assert len(with_kwargs) >= len(torch_samples.OPS) // 2, with_kwargs
     rows = [s.args[0].shape for s in torch_samples.samples("layernorm.rmsnorm", "cpu")]
     assert any(r[0] == 1 for r in rows) and any(r[1] % 8 for r in rows)
@@ -282,3 +295,34 @@ def test_rope_formula(reg):
         _run(reg, "attention.rope", s)
         torch.testing.assert_close(q, want_q, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(k, want_k, atol=1e-5, rtol=1e-5)
+
+
+# ---- communication on a world of one (torch_samples_communication.py) ----
+
+
+def test_all_reduce_of_one_rank_leaves_x(reg):
+    for s in torch_samples.samples("communication.all_reduce", "cpu", reg=reg):
+        (x,) = s.args
+        before = x.clone()
+        _run(reg, "communication.all_reduce", s)
+        assert torch.equal(x, before), s.name
+
+
+@pytest.mark.parametrize("op", ["communication.all_gather", "communication.reduce_scatter"])
+def test_gather_and_scatter_of_one_rank_copy_x(reg, op):
+    for s in torch_samples.samples(op, "cpu", reg=reg):
+        x, out = s.args
+        out.fill_(float("nan"))
+        _run(reg, op, s)
+        assert torch.equal(out.flatten(), x.flatten()), s.name
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_all_reduce_add_rmsnorm_of_one_rank_is_fused_add_rmsnorm(reg, dtype):
+    for s in torch_samples.samples("communication.all_reduce_add_rmsnorm", "cpu", dtype, reg=reg):
+        x, residual, w = s.args
+        x2, residual2 = x.clone(), residual.clone()
+        _run(reg, "communication.all_reduce_add_rmsnorm", s)
+        reg.op("layernorm.fused_add_rmsnorm")(x2, residual2, w, eps=s.kwargs.get("eps", 1e-6))
+        assert torch.equal(residual, residual2), s.name
+        assert torch.equal(x, x2), s.name

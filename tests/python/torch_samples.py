@@ -12,6 +12,12 @@ kv_canary violation per call (CUDA appends violations in unspecified order).
     for s in torch_samples.samples("layernorm.rmsnorm", "cpu"):
         reg.op("layernorm.rmsnorm")(*s.args, **s.kwargs)
 
+Ops that take a resource (Resource<communication.comm> comm) need the registry whose ops
+will run them: samples(op, device, reg=reg) creates the resources there and passes them as
+kreg.Resource attributes (kwargs["comm"]); kreg.torch's torch ops take the resource's id
+instead: op(*s.args, **torch_samples.torch_kwargs(s.kwargs)). The resources live as long
+as the Sample's kwargs.
+
 Every call allocates fresh contiguous tensors (tests mutate them) from a CPU
 torch.Generator seeded per op, so the values are the same on every device and run.
 `dtype` is the shared floating dtype (None: float32 on the CPU, bfloat16 on CUDA); ops
@@ -25,7 +31,7 @@ import zlib
 
 import torch
 
-__all__ = ["OPS", "Sample", "samples"]
+__all__ = ["OPS", "Sample", "samples", "torch_kwargs"]
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 _SHORT = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
@@ -55,11 +61,22 @@ class Sample:
 class _Maker:
     """Seeded random tensors: drawn on the CPU from one generator, then moved."""
 
-    def __init__(self, op_id, device):
+    def __init__(self, op_id, device, reg=None):
         self.gen = torch.Generator()
         self.gen.manual_seed(zlib.crc32(op_id.encode()))
         self.device = device
         self.cuda = device.type == "cuda"
+        self.op_id = op_id
+        self.reg = reg
+
+    def resource(self, type, **params):
+        """A new resource of `type` on the registry the samples are for (samples(reg=))."""
+        if self.reg is None:
+            raise ValueError(
+                f"torch_samples: {self.op_id} takes a {type} resource: pass the registry that "
+                f"will run the samples (samples(op, device, reg=reg))"
+            )
+        return self.reg.create_resource(type, **params)
 
     def to(self, t):
         return t.to(self.device).contiguous()
@@ -724,8 +741,16 @@ _load_group_samples()
 OPS = sorted(_BUILDERS)
 
 
-def samples(op_id, device, dtype=None):
-    """Fresh sample calls of op_id on device (str or torch.device); see the module doc."""
+def torch_kwargs(kwargs):
+    """A sample's kwargs for kreg.torch's torch ops: each kreg.Resource as its id."""
+    import kreg
+
+    return {k: (v.id if isinstance(v, kreg.Resource) else v) for k, v in kwargs.items()}
+
+
+def samples(op_id, device, dtype=None, reg=None):
+    """Fresh sample calls of op_id on device (str or torch.device); see the module doc.
+    reg: the kreg.Registry that will run them (needed by ops that take resources)."""
     if op_id not in _BUILDERS:
         raise KeyError(f"torch_samples: no samples for op '{op_id}' (known: {', '.join(OPS)})")
     device = torch.device(device)
@@ -733,4 +758,4 @@ def samples(op_id, device, dtype=None):
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     if dtype not in _FLOATS:
         raise ValueError(f"torch_samples: dtype {dtype} is not one of float32, float16, bfloat16")
-    return _BUILDERS[op_id](_Maker(op_id, device), dtype)
+    return _BUILDERS[op_id](_Maker(op_id, device, reg), dtype)

@@ -9,6 +9,7 @@
 #include "kreg/registry.hpp"
 #include "kreg/text.hpp"
 #include "op.hpp"
+#include "py_resource.hpp"
 
 namespace py = pybind11;
 
@@ -40,6 +41,7 @@ py::dict param_info(const Signature& sig, const Param& p) {
   } else {
     d["required"] = !p.has_default;
     if (p.has_default) d["default"] = p.default_text;
+    if (p.kind == ArgKind::kResource) d["resource_type"] = p.resource_type;
   }
   return d;
 }
@@ -163,7 +165,9 @@ std::unique_ptr<PyRegistry> open_registry(const std::string& path,
 PYBIND11_MODULE(_kreg, m) {
   using namespace kreg::python;
   m.doc() = "kreg: the kernel registry from Python (docs/python.md).";
-  if (init_op_module(m.ptr()) < 0) throw py::error_already_set();
+  if (init_op_module(m.ptr()) < 0 || init_resource_type(m.ptr()) < 0) {
+    throw py::error_already_set();
+  }
 
   py::class_<PyRegistry>(m, "Registry", py::dynamic_attr(),
                          "The registry of one manifest. Op handles keep it alive.")
@@ -205,6 +209,35 @@ PYBIND11_MODULE(_kreg, m) {
           },
           py::arg("op"), py::arg("backend") = py::none(),
           "A callable handle for the op (an alias works too); backend forces one.")
+      .def(
+          "create_resource",
+          [](py::object self, const std::string& type, py::kwargs params) {
+            const PyRegistry& r = self.cast<const PyRegistry&>();
+            PyObject* res = create_resource(self.ptr(), r.registry.get(), type, params.ptr());
+            if (res == nullptr) throw py::error_already_set();
+            return py::reinterpret_steal<py::object>(res);
+          },
+          py::arg("type"),
+          "A new kreg.Resource of `type` (\"<group>.<name>\", e.g. \"communication.comm\"), "
+          "its creation parameters as keywords (reg.resource_types() lists them). Ops take it "
+          "for their Resource<...> parameters; kreg.torch's ops take its .id.")
+      .def(
+          "resource_types",
+          [](const PyRegistry& r) {
+            py::list out;
+            for (const kreg::ResourceTypeInfo& t : r.registry->resource_types()) {
+              py::dict d;
+              d["type"] = t.type;
+              d["signature"] = t.signature;
+              d["description"] = t.description;
+              d["generation"] = t.generation;
+              d["live"] = t.live;
+              out.append(d);
+            }
+            return out;
+          },
+          "The resource types of the loaded groups, sorted: type, signature (the creation "
+          "parameters), description, generation, live (resources not yet destroyed).")
       .def(
           "reload",
           [](PyRegistry& r, const std::string& group, bool precheck) {

@@ -16,6 +16,7 @@
 
 #include "exchange_api.hpp"
 #include "kreg/text.hpp"
+#include "py_resource.hpp"
 
 namespace kreg::python {
 namespace {
@@ -236,6 +237,7 @@ struct AttrSpec {
   int32_t type = 0;          // KREG_ATTR_*
   bool required = false;
   std::string default_string;  // storage behind defaults[i].value.s
+  std::string resource_type;   // KREG_ATTR_RESOURCE: "<group>.<name>"
 };
 
 struct OpState {
@@ -247,6 +249,11 @@ struct OpState {
   std::vector<std::string> tensor_names;
   std::vector<AttrSpec> attrs;
   kreg_attr defaults[kMaxAttrs] = {};
+  // Resource<...> attributes: how many lead the attribute list (those may also be passed
+  // positionally, after the tensors: all_reduce(x, comm)), and whether there are any.
+  int num_leading_resources = 0;
+  bool has_resources = false;
+  std::string leading_resource_list;  // "comm", for messages
   // The resolution cache: the last (device, dtype of the first tensor) and its handle.
   bool cached = false;
   uint64_t cached_device = 0;
@@ -279,6 +286,8 @@ const char* attr_type_name(int32_t t) {
       return "bool";
     case KREG_ATTR_STRING:
       return "str";
+    case KREG_ATTR_RESOURCE:
+      return "kreg.Resource";
     default:
       return "?";
   }
@@ -340,6 +349,15 @@ bool convert_attr(const OpState& s, const AttrSpec& spec, PyObject* v, kreg_attr
         return true;
       }
       break;
+    case KREG_ATTR_RESOURCE:
+      // The core checks the type and that it is live on every call (with its message).
+      if (is_resource(v)) {
+        out->value.r = reinterpret_cast<ResourceObject*>(v)->pub;
+        return true;
+      }
+      PyErr_Format(PyExc_TypeError, "%s(): %U must be a kreg.Resource of type %s, got %s",
+                   s.requested.c_str(), spec.name, spec.resource_type.c_str(), Py_TYPE(v)->tp_name);
+      return false;
     case KREG_ATTR_STRING:
       if (PyUnicode_Check(v)) {
         // The UTF-8 form is cached in the str object, which the caller keeps alive.
@@ -383,6 +401,20 @@ bool parse_stream(PyObject* v, std::optional<int64_t>* out) {
   *out = s;
   return true;
 }
+
+// The resources of one call, marked in use while it runs (reset() refuses them meanwhile:
+// a CPU call runs with the GIL released, so another thread could try).
+struct ResourcesInUse {
+  ResourceObject* items[kMaxAttrs];  // the first n are set (no clearing on the fast path)
+  int n = 0;
+  void add(PyObject* r) { items[n++] = reinterpret_cast<ResourceObject*>(r); }
+  void enter() const {
+    for (int i = 0; i < n; ++i) ++items[i]->calls;
+  }
+  void leave() const {
+    for (int i = 0; i < n; ++i) --items[i]->calls;
+  }
+};
 
 // The capsules of one call; released (and with them the producers' tensors) at the end.
 struct Capsules {
@@ -474,11 +506,26 @@ PyObject* op_vectorcall(PyObject* self, PyObject* const* args, size_t nargsf, Py
   auto* op = reinterpret_cast<OpObject*>(self);
   OpState& s = *op->state;
   const Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-  if (nargs != s.num_tensors) {
-    PyErr_Format(PyExc_TypeError, "%s() takes %d tensor%s (%s) as positional arguments, got %zd",
-                 s.requested.c_str(), s.num_tensors, s.num_tensors == 1 ? "" : "s",
-                 s.tensor_list.c_str(), nargs);
-    return nullptr;
+  // Positional: the tensors, then optionally the leading resources.
+  const Py_ssize_t num_positional_attrs = nargs - s.num_tensors;
+  if (num_positional_attrs != 0) [[unlikely]] {
+    if (num_positional_attrs < 0 || num_positional_attrs > s.num_leading_resources) {
+      if (s.num_leading_resources > 0) {
+        PyErr_Format(PyExc_TypeError,
+                     "%s() takes %d tensor%s (%s) and then up to %d resource%s (%s) as "
+                     "positional arguments, got %zd",
+                     s.requested.c_str(), s.num_tensors, s.num_tensors == 1 ? "" : "s",
+                     s.tensor_list.c_str(), s.num_leading_resources,
+                     s.num_leading_resources == 1 ? "" : "s", s.leading_resource_list.c_str(),
+                     nargs);
+      } else {
+        PyErr_Format(PyExc_TypeError,
+                     "%s() takes %d tensor%s (%s) as positional arguments, got %zd",
+                     s.requested.c_str(), s.num_tensors, s.num_tensors == 1 ? "" : "s",
+                     s.tensor_list.c_str(), nargs);
+      }
+      return nullptr;
+    }
   }
 
   // Keyword attributes over the defaults.
@@ -486,9 +533,15 @@ PyObject* op_vectorcall(PyObject* self, PyObject* const* args, size_t nargsf, Py
   kreg_attr attrs[kMaxAttrs];
   if (num_attrs > 0) std::memcpy(attrs, s.defaults, sizeof(kreg_attr) * num_attrs);
   std::optional<int64_t> user_stream;
-  if (kwnames != nullptr) {
+  ResourcesInUse resources;
+  if (kwnames != nullptr || num_positional_attrs > 0) {
     bool given[kMaxAttrs] = {};
-    const Py_ssize_t nkw = PyTuple_GET_SIZE(kwnames);
+    for (Py_ssize_t k = 0; k < num_positional_attrs; ++k) {
+      if (!convert_attr(s, s.attrs[k], args[s.num_tensors + k], &attrs[k])) return nullptr;
+      resources.add(args[s.num_tensors + k]);  // the leading attributes are resources
+      given[k] = true;
+    }
+    const Py_ssize_t nkw = kwnames != nullptr ? PyTuple_GET_SIZE(kwnames) : 0;
     for (Py_ssize_t k = 0; k < nkw; ++k) {
       PyObject* name = PyTuple_GET_ITEM(kwnames, k);
       PyObject* value = args[nargs + k];
@@ -513,7 +566,13 @@ PyObject* op_vectorcall(PyObject* self, PyObject* const* args, size_t nargsf, Py
                      s.requested.c_str(), name, names.empty() ? "none" : names.c_str());
         return nullptr;
       }
+      if (given[idx]) {
+        PyErr_Format(PyExc_TypeError, "%s() got multiple values for '%U'", s.requested.c_str(),
+                     name);
+        return nullptr;
+      }
       if (!convert_attr(s, s.attrs[idx], value, &attrs[idx])) return nullptr;
+      if (s.has_resources && s.attrs[idx].type == KREG_ATTR_RESOURCE) resources.add(value);
       given[idx] = true;
     }
     for (int a = 0; a < num_attrs; ++a) {
@@ -675,6 +734,11 @@ PyObject* op_vectorcall(PyObject* self, PyObject* const* args, size_t nargsf, Py
   const uint64_t flags =
       s.num_tensors > 0 && tensors[0]->device.device_type == kDLCUDA ? g_launch_flags : 0;
   const CallOptions call_options{stream_ptr, services, flags};
+  resources.enter();
+  struct Leave {
+    const ResourcesInUse& r;
+    ~Leave() { r.leave(); }
+  } leave{resources};
   Status st;
   if (s.num_tensors > 0 && tensors[0]->device.device_type == kDLCPU && !any_view) {
     // CPU kernels run synchronously and may take a while: let other threads run. Not
@@ -863,12 +927,21 @@ PyObject* make_op(PyObject* owner, Registry* registry, const std::string& reques
     AttrSpec spec;
     spec.name = PyUnicode_InternFromString(p.name.c_str());
     failed = failed || spec.name == nullptr;
-    spec.type = p.kind == ArgKind::kInt     ? KREG_ATTR_INT
-                : p.kind == ArgKind::kFloat ? KREG_ATTR_FLOAT
-                : p.kind == ArgKind::kBool  ? KREG_ATTR_BOOL
-                                            : KREG_ATTR_STRING;
+    spec.type = p.kind == ArgKind::kInt        ? KREG_ATTR_INT
+                : p.kind == ArgKind::kFloat    ? KREG_ATTR_FLOAT
+                : p.kind == ArgKind::kBool     ? KREG_ATTR_BOOL
+                : p.kind == ArgKind::kResource ? KREG_ATTR_RESOURCE
+                                               : KREG_ATTR_STRING;
     spec.required = !p.has_default;
     spec.default_string = p.default_text;
+    spec.resource_type = p.resource_type;
+    if (p.kind == ArgKind::kResource) {
+      state->has_resources = true;
+      if (state->num_leading_resources == a) {
+        ++state->num_leading_resources;
+        state->leading_resource_list += (a == 0 ? "" : ", ") + p.name;
+      }
+    }
     state->attrs.push_back(std::move(spec));
   }
   // Pointers into default_string are taken only once the vector stops growing.

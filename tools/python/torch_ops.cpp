@@ -303,6 +303,21 @@ class Kernel final : public c10::OperatorKernel {
           a.value.s = s.c_str();
           break;
         }
+        case ArgKind::kResource: {
+          // The torch schema carries the resource's id; a destroyed or wrong-typed one is
+          // refused by the call's own check, with its message.
+          const int64_t id = v.toInt();
+          const kreg_resource* r =
+              id > 0 ? e_->registry->find_resource(static_cast<uint64_t>(id)) : nullptr;
+          if (r == nullptr) {
+            fail(Status(KREG_INVALID_ARGUMENT, e_->op + ": attribute '" + sig.attr(i).name +
+                                                   "': no resource with id " + std::to_string(id) +
+                                                   " in this registry"));
+          }
+          a.type = KREG_ATTR_RESOURCE;
+          a.value.r = r;
+          break;
+        }
         case ArgKind::kTensor:
           break;
       }

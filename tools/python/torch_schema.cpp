@@ -59,13 +59,18 @@ Result<std::string> default_literal(const Param& p) {
       return s + "\"";
     }
     case ArgKind::kTensor:
+    case ArgKind::kResource:
       break;
   }
-  return Status(KREG_INTERNAL, "tensor parameter '" + p.name + "' has a default");
+  return Status(KREG_INTERNAL, "parameter '" + p.name + "' of kind " +
+                                   std::string(arg_kind_name(p.kind)) + " has a default");
 }
 
-// "int eps=1" etc.: one attribute as a torch schema argument.
+// "int eps=1" etc.: one attribute as a torch schema argument. A resource is its registry
+// id (Resource::id), a plain int, so that compiled graphs carry it like any other int; the
+// kernel maps it back (Registry::find_resource).
 Result<std::string> attr_arg(const Param& p) {
+  if (p.kind == ArgKind::kResource) return "int " + p.name;
   std::string s = std::string(arg_kind_name(p.kind)) + " " + p.name;
   if (p.has_default) {
     auto lit = default_literal(p);

@@ -12,6 +12,8 @@
 //                      outputs the inputs do not determine (unranked, a dimension no input
 //                      binds, several possible dtypes) have no functional form; `reason`
 //                      says why.
+// A 'Resource<group.name> comm' parameter is 'int comm' in both: the resource's registry
+// id (kreg.Resource.id), which the kernel maps back to the resource.
 #pragma once
 
 #include <cstdint>

@@ -14,9 +14,11 @@ import functools
 import sys
 
 from . import _kreg
-from ._kreg import Error, InvalidArgument, NotFound, Op, Registry, open, pdl  # noqa: F401
+from ._kreg import Error, InvalidArgument, NotFound, Op, Registry, Resource, open, pdl  # noqa: F401
 
-__all__ = ["open", "Registry", "Op", "Error", "InvalidArgument", "NotFound", "set_pdl", "pdl"]
+__all__ = [
+    "open", "Registry", "Op", "Resource", "Error", "InvalidArgument", "NotFound", "set_pdl", "pdl",
+]
 
 
 def set_pdl(enabled):

@@ -100,13 +100,14 @@ def _define(lib, schema, tags):
 
 
 def _graph_unsafe_tags(reg, op):
-    """cudagraph_unsafe for an op whose CUDA implementation is not graph-safe, so that
-    torch.compile's CUDA graphs leave it out rather than capture it."""
+    """cudagraph_unsafe for an op with a device implementation (cuda, jit, nccl: every
+    backend but cpu) that is not graph-safe, so that torch.compile's CUDA graphs leave it
+    out rather than capture it."""
     tag = getattr(getattr(torch, "Tag", None), "cudagraph_unsafe", None)
     if tag is None:
         return ()
     impls = reg.info(op)["implementations"]
-    cuda = [i for i in impls if i["backend"] == "cuda"]
+    cuda = [i for i in impls if i["backend"] != "cpu"]
     return (tag,) if any(not i["graph_safe"] for i in cuda) else ()
 
 
