@@ -734,11 +734,16 @@ PyObject* op_vectorcall(PyObject* self, PyObject* const* args, size_t nargsf, Py
   const uint64_t flags =
       s.num_tensors > 0 && tensors[0]->device.device_type == kDLCUDA ? g_launch_flags : 0;
   const CallOptions call_options{stream_ptr, services, flags};
-  resources.enter();
+  // Only calls that pass resources pay for marking them (n is 0 for every other op).
   struct Leave {
     const ResourcesInUse& r;
-    ~Leave() { r.leave(); }
+    ~Leave() {
+      if (r.n > 0) [[unlikely]]
+        r.leave();
+    }
   } leave{resources};
+  if (resources.n > 0) [[unlikely]]
+    resources.enter();
   Status st;
   if (s.num_tensors > 0 && tensors[0]->device.device_type == kDLCPU && !any_view) {
     // CPU kernels run synchronously and may take a while: let other threads run. Not
