@@ -216,6 +216,29 @@ __device__ __forceinline__ void e4m3_codes_div(const float* v, float s, uint32_t
   }
 }
 
+// The bracket alone, for a whole vector: codes[w] = c(lo) of v[4w .. 4w + 3]; returns 0
+// when every code is decided (else the codes are unusable and the caller divides).
+template <int N>
+__device__ __forceinline__ uint32_t e4m3_codes_bracket(const float* v, float r, uint32_t* codes) {
+  static_assert(N % 4 == 0, "e4m3_codes_bracket: whole words of four codes");
+  uint32_t differ = 0;
+#pragma unroll
+  for (int w = 0; w < N / 4; ++w) {
+    float lo[4], hi[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float p = fmaxf(q_mul(v[4 * w + j], r), -kFp8Max);
+      lo[j] = q_mul(p, kBracketLo);
+      hi[j] = q_mul(p, kBracketHi);
+    }
+    const uint32_t a = e4m3x2(lo[0], lo[1]) | (e4m3x2(lo[2], lo[3]) << 16);
+    const uint32_t b = e4m3x2(hi[0], hi[1]) | (e4m3x2(hi[2], hi[3]) << 16);
+    differ |= a ^ b;
+    codes[w] = a;
+  }
+  return differ;
+}
+
 // Whether 1 / s is exact: s a power of two (with e4m3_recip_ok(s), r = 2^-k is normal).
 // Then RN(x r) is RN(x / s) itself (one rounding of the same real), the UE8M0 case.
 __device__ __forceinline__ bool recip_exact(float s) { return (float_bits(s) & 0x007fffffu) == 0; }
