@@ -5,7 +5,9 @@
 #            AddressSanitizer + UndefinedBehaviorSanitizer; the WHOLE ctest suite runs in it
 #            (the Python tests with the sanitizer runtimes preloaded into the interpreter).
 #   thread:  build-tsan, ThreadSanitizer over the concurrency tests: the hot-swap suite
-#            (reload_test) and the registry's lazy publishing (registry_test).
+#            (reload_test), the registry's lazy publishing (registry_test), swaps under
+#            calls with live resources (resource_test), the store's server and clients
+#            (kreg_comm_store_test) and the CPU collectives on rank threads (comm_impl_test).
 # Any report fails the run. Usage: tools/sanitize.sh [address] [thread]   (default: both)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,8 +36,9 @@ for san in "${sanitizers[@]}"; do
         cmake -S . -B "$dir" -G Ninja -DKREG_SANITIZE=thread -DKREG_ENABLE_CUDA=OFF \
           -DKREG_BUILD_BENCHMARKS=OFF ${KREG_CMAKE_ARGS:-} >/dev/null
       fi
-      cmake --build "$dir" -j"$jobs" --target reload_test registry_test
-      for t in reload_test registry_test; do
+      tsan_tests=(reload_test registry_test resource_test kreg_comm_store_test comm_impl_test)
+      cmake --build "$dir" -j"$jobs" --target "${tsan_tests[@]}"
+      for t in "${tsan_tests[@]}"; do
         TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/tools/tsan.supp" \
           "$dir/tests/unit/$t"
       done

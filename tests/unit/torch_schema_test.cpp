@@ -129,3 +129,18 @@ TEST(TorchSchema, RefusesWhatTorchCannotParse) {
 
 }  // namespace
 }  // namespace kreg::python
+
+namespace kreg::python {
+namespace {
+
+// A resource parameter travels as its registry id: a plain int in both schemas.
+TEST(TorchSchema, ResourcesBecomeIntIds) {
+  const auto p = plan("communication.all_reduce",
+                      "all_reduce(Tensor(a!) x, Resource<communication.comm> comm, "
+                      "str op=\"sum\") -> ()");
+  EXPECT_EQ(p.schema, "all_reduce(Tensor(a!) x, int comm, str op=\"sum\") -> ()");
+  EXPECT_NE(p.functional_schema.find("int comm"), std::string::npos) << p.functional_schema;
+}
+
+}  // namespace
+}  // namespace kreg::python
