@@ -398,6 +398,13 @@ int launch(const Options& o) {
     return kExitUsage;
 #endif
   }
+  // A manifest the ranks cannot read is one message here, not N.
+  if (auto m = kreg::load_manifest(o.manifest, kreg::manifest_options_from_env()); !m) {
+    std::fprintf(stderr, "kreg-tp-demo: cannot use manifest %s:\n%s\n",
+                 kreg::terminal_safe(o.manifest).c_str(),
+                 kreg::terminal_message("  " + m.status().message()).c_str());
+    return kExitUsage;
+  }
   std::string error;
   auto server = kreg::comm::TcpStoreServer::start("127.0.0.1", 0, &error);
   if (!server) {
@@ -529,7 +536,15 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, kMaxRanks - 1));
   app.add_option("--store", o.store, "(internal) the launcher's store URL")->group("");
   app.add_option("--name", o.name, "(internal) the comm's name")->group("");
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "kreg-tp-demo: %s\nRun with --help for more information.\n",
+                 kreg::terminal_message(e.what()).c_str());
+    return kExitUsage;
+  }
   auto usage = [](const std::string& message) {
     std::fprintf(stderr, "kreg-tp-demo: %s\n", message.c_str());
     return kExitUsage;
