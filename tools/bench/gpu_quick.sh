@@ -8,6 +8,11 @@
 # EXTRA (more shell commands after the JIT benches; $k is the kreg CLI), VS_UNTIL (second
 # by which vs_torch.py is stopped, default 560) and VS_ARGS (more vs_torch.py options).
 set -uo pipefail
+# ncu without a kernel filter profiles every launch of the cases' setup too (torch's
+# randperm, sorts): 20 passes each, minutes of device time for nothing.
+if [ -n "${NCU_ONLY:-}" ] && [ -z "${NCU_K:-}" ]; then
+  echo "gpu_quick.sh: NCU_ONLY needs NCU_K (a regex of kreg kernel names, e.g. group_quant)" >&2; exit 2
+fi
 L=${OUT:-/tmp/out}; mkdir -p $L
 PY=${PY:-/opt/torch/.venv/bin/python3}
 DL=$PWD/.deps/usr/lib/x86_64-linux-gnu/cmake/dlpack; dl=(); [ -d "$DL" ] && dl=(-Ddlpack_DIR=$DL)
@@ -29,7 +34,7 @@ tail -n 45 $L/vs_torch.log
 if [ -n "${NCU_ONLY:-}" ]; then
   # One profile per matching launch (kernels named by NCU_K); the whole report is in ncu.log.
   t=$((590 - SECONDS)); [ $t -gt 150 ] && t=150
-  timeout $t ncu --clock-control none -k "regex:${NCU_K:-.}" --section SpeedOfLight \
+  timeout $t ncu --clock-control none -k "regex:${NCU_K}" --section SpeedOfLight \
     --section LaunchStats --section Occupancy --section ComputeWorkloadAnalysis --section WarpStateStats \
     --section MemoryWorkloadAnalysis $PY tools/bench/ncu_case.py --only "$NCU_ONLY" --calls 1 >$L/ncu.log 2>&1
   echo "ncu rc=$? at $SECONDS s"
