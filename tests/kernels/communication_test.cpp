@@ -315,8 +315,8 @@ TEST_F(CommunicationGpu, WorldOfOneOnNccl) {
     SCOPED_TRACE(dtype_name(dt));
     check_world_one(registry(), comm, kGpu, dt);
   }
-  // CUDA tensors on the wrong device are refused (where a second device exists), CPU
-  // tensors go to the cpu implementation and through the store-less comm.
+  // The same comm serves CPU tensors through the cpu implementation (no store needed for
+  // one rank).
   check_world_one(registry(), comm, kCpu, DType::kF32);
 }
 
