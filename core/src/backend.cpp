@@ -1,11 +1,11 @@
 #include "kreg/backend.hpp"
 
 #include <array>
+#include <atomic>
 #include <cstdlib>
+#include <mutex>
 #include <string>
 #include <vector>
-#include <atomic>
-#include <mutex>
 
 #include <boost/dll/shared_library.hpp>
 
@@ -185,8 +185,8 @@ class NcclBackend final : public KernelBackend {
       std::string why;
       for (const std::string& name : tries) {
         try {
-          boost::dll::shared_library lib(
-              name, boost::dll::load_mode::search_system_folders | boost::dll::load_mode::rtld_local);
+          boost::dll::shared_library lib(name, boost::dll::load_mode::search_system_folders |
+                                                   boost::dll::load_mode::rtld_local);
           (void)lib.get<int(int*)>("ncclGetVersion");
           ok_ = true;
           return;  // unloaded again: the plugin opens its own

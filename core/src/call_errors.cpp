@@ -14,16 +14,7 @@ using detail::CheckFailure;
 using detail::CheckPlan;
 using detail::Impl;
 
-namespace {
-
-std::string shape_string(const DLTensor& t) {
-  std::string s = "[";
-  for (int i = 0; i < t.ndim; ++i) {
-    if (i) s += ",";
-    s += std::to_string(t.shape[i]);
-  }
-  return s + "]";
-}
+namespace detail {
 
 const char* attr_type_name(int32_t type) {
   switch (type) {
@@ -40,6 +31,21 @@ const char* attr_type_name(int32_t type) {
     default:
       return "unknown";
   }
+}
+
+}  // namespace detail
+
+using detail::attr_type_name;
+
+namespace {
+
+std::string shape_string(const DLTensor& t) {
+  std::string s = "[";
+  for (int i = 0; i < t.ndim; ++i) {
+    if (i) s += ",";
+    s += std::to_string(t.shape[i]);
+  }
+  return s + "]";
 }
 
 }  // namespace
@@ -191,10 +197,9 @@ Status KernelHandle::explain(const detail::CheckResult& r, std::span<DLTensor* c
     }
     case CheckFailure::kResourceDestroyed: {
       const kreg_resource& r = *attrs[static_cast<size_t>(i)].value.r;
-      return Status(KREG_FAILED_PRECONDITION,
-                    head + "attribute '" + sig.attr(i).name + "': resource " +
-                        std::to_string(r.id) + " (" + detail::slot_of(&r)->type +
-                        ") was destroyed");
+      return Status(KREG_FAILED_PRECONDITION, head + "attribute '" + sig.attr(i).name +
+                                                  "': resource " + std::to_string(r.id) + " (" +
+                                                  detail::slot_of(&r)->type + ") was destroyed");
     }
   }
   return fail("argument check failed");

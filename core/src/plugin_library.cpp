@@ -641,10 +641,10 @@ Result<std::unique_ptr<PluginLibrary>> PluginLibrary::open(const fs::path& file,
     if (desc.resource_types == nullptr) {
       return Status(KREG_INVALID_ARGUMENT, where + ": resource type table is null");
     }
-    auto stride = check_struct(*image, desc.resource_types, alignof(kreg_resource_type_desc),
-                               offsetof(kreg_resource_type_desc, destroy) +
-                                   sizeof(desc.resource_types->destroy),
-                               where + ": resource type record 0");
+    auto stride = check_struct(
+        *image, desc.resource_types, alignof(kreg_resource_type_desc),
+        offsetof(kreg_resource_type_desc, destroy) + sizeof(desc.resource_types->destroy),
+        where + ": resource type record 0");
     if (!stride) return stride.status();
     if (*stride % alignof(kreg_resource_type_desc) != 0) {
       return Status(KREG_INVALID_ARGUMENT, where + ": resource type record 0 has struct_size " +
@@ -653,9 +653,9 @@ Result<std::unique_ptr<PluginLibrary>> PluginLibrary::open(const fs::path& file,
     }
     const uint64_t bytes = uint64_t{nr} * *stride;
     if (image->readable(address_of(desc.resource_types), bytes) == nullptr) {
-      return Status(KREG_INVALID_ARGUMENT,
-                    where + ": resource type table of " + num(nr) + " records (" + num(bytes) +
-                        " bytes) extends past the library's data segment");
+      return Status(KREG_INVALID_ARGUMENT, where + ": resource type table of " + num(nr) +
+                                               " records (" + num(bytes) +
+                                               " bytes) extends past the library's data segment");
     }
     const char* base = reinterpret_cast<const char*>(desc.resource_types);
     for (uint32_t i = 0; i < nr; ++i) {
@@ -685,8 +685,8 @@ Result<std::unique_ptr<PluginLibrary>> PluginLibrary::open(const fs::path& file,
       if (!spec) return Status(spec.status().code(), rec + ": " + spec.status().message());
       for (const ResourceTypeSpec& earlier : p->resource_types_) {
         if (earlier.type == spec->type) {
-          return Status(KREG_ALREADY_EXISTS, rec + ": resource type " + spec->type +
-                                                 " is declared twice");
+          return Status(KREG_ALREADY_EXISTS,
+                        rec + ": resource type " + spec->type + " is declared twice");
         }
       }
       p->resource_types_.push_back(std::move(spec).value());
@@ -708,8 +708,9 @@ Result<std::unique_ptr<PluginLibrary>> PluginLibrary::open(const fs::path& file,
   }
   // What a CUDA implementation claims must be in the library's fatbinary (kreg/fatbin.hpp):
   // checked, or narrowed for claims derived from the build, before anything is published.
-  const bool any_cuda = std::any_of(p->kernels_.begin(), p->kernels_.end(),
-                                    [](const KernelSpec& k) { return k.backend == "cuda" || k.backend == "nccl"; });
+  const bool any_cuda =
+      std::any_of(p->kernels_.begin(), p->kernels_.end(),
+                  [](const KernelSpec& k) { return k.backend == "cuda" || k.backend == "nccl"; });
   if (any_cuda) {
     auto images = read_cuda_images(*elf);
     if (!images) return images.status();  // it names the library already

@@ -56,6 +56,8 @@ namespace detail {
 
 // The checked plan and storage for one spec (check_plan.cpp).
 std::unique_ptr<Impl> make_impl(const KernelSpec& spec);
+// "int", "float", "bool", "str", "Resource" (call_errors.cpp).
+const char* attr_type_name(int32_t type);
 // "cuda:0"
 std::string device_string(const DLDevice& d);
 // Is `sm` inside one of spec's capability windows; "cuda sm75-sm90 or cuda sm100-sm121".

@@ -20,8 +20,7 @@ Result<ResourceTypeSpec> make_resource_type_spec(const kreg_resource_type_desc& 
   spec.type = d.type;
   const std::string prefix = std::string(group) + ".";
   if (spec.type.rfind(prefix, 0) != 0 || spec.type.size() == prefix.size() ||
-      spec.type.find('.', prefix.size()) != std::string::npos ||
-      !is_valid_op_id(spec.type)) {
+      spec.type.find('.', prefix.size()) != std::string::npos || !is_valid_op_id(spec.type)) {
     return Status(KREG_INVALID_ARGUMENT, "resource type '" + excerpt(spec.type) +
                                              "' must be named <group>.<name> with group '" +
                                              std::string(group) + "'");
@@ -38,14 +37,14 @@ Result<ResourceTypeSpec> make_resource_type_spec(const kreg_resource_type_desc& 
   }
   const std::string name = spec.type.substr(prefix.size());
   if (sig->name != name) {
-    return Status(KREG_INVALID_ARGUMENT, "resource type " + spec.type + ": its signature is named '" +
-                                             excerpt(sig->name) + "', expected '" + name + "'");
+    return Status(KREG_INVALID_ARGUMENT, "resource type " + spec.type +
+                                             ": its signature is named '" + excerpt(sig->name) +
+                                             "', expected '" + name + "'");
   }
   for (const Param& p : sig->params) {
     if (p.kind == ArgKind::kTensor || p.kind == ArgKind::kResource) {
-      return Status(KREG_INVALID_ARGUMENT, "resource type " + spec.type + ": parameter '" +
-                                               p.name + "' is a " +
-                                               std::string(arg_kind_name(p.kind)) +
+      return Status(KREG_INVALID_ARGUMENT, "resource type " + spec.type + ": parameter '" + p.name +
+                                               "' is a " + std::string(arg_kind_name(p.kind)) +
                                                "; creation parameters are int, float, bool or str");
     }
   }
@@ -93,10 +92,9 @@ Status no_generation_error(const Impl& impl, const kreg_resource& r) {
   }
   return Status(KREG_FAILED_PRECONDITION,
                 impl.spec.op + " (" + impl.spec.backend + "): resource " + std::to_string(r.id) +
-                    " (" + r.type + ") was created by generation " +
-                    std::to_string(r.generation) + " of its group, which has no " +
-                    impl.spec.backend + " implementation of this op (it came with generation " +
-                    std::to_string(first) +
+                    " (" + r.type + ") was created by generation " + std::to_string(r.generation) +
+                    " of its group, which has no " + impl.spec.backend +
+                    " implementation of this op (it came with generation " + std::to_string(first) +
                     "); create a new resource to use it");
 }
 
@@ -115,19 +113,6 @@ void Resource::reset() {
 }
 
 namespace {
-
-const char* kind_name(int32_t t) {
-  switch (t) {
-    case KREG_ATTR_INT:
-      return "int";
-    case KREG_ATTR_FLOAT:
-      return "float";
-    case KREG_ATTR_BOOL:
-      return "bool";
-    default:
-      return "str";
-  }
-}
 
 // The creation parameters by name -> positional attributes (defaults filled in); strings
 // are kept in `strings`.
@@ -155,9 +140,9 @@ Result<std::vector<kreg_attr>> positional_params(const ResourceTypeSpec& spec,
     if (idx == n) {
       std::string names;
       for (size_t a = 0; a < n; ++a) names += (a ? ", " : "") + sig.attr(static_cast<int>(a)).name;
-      return Status(KREG_INVALID_ARGUMENT, spec.type + ": unknown parameter '" + excerpt(na.name) +
-                                               "' (parameters: " + (names.empty() ? "none" : names) +
-                                               ")");
+      return Status(KREG_INVALID_ARGUMENT,
+                    spec.type + ": unknown parameter '" + excerpt(na.name) +
+                        "' (parameters: " + (names.empty() ? "none" : names) + ")");
     }
     if (given[idx]) {
       return Status(KREG_INVALID_ARGUMENT,
@@ -197,9 +182,10 @@ Result<std::vector<kreg_attr>> positional_params(const ResourceTypeSpec& spec,
         },
         na.value);
     if (!ok) {
-      return Status(KREG_INVALID_ARGUMENT, spec.type + ": parameter '" + na.name + "' must be " +
-                                               kind_name(want) +
-                                               (want == KREG_ATTR_STRING ? " without NUL bytes" : ""));
+      return Status(KREG_INVALID_ARGUMENT,
+                    spec.type + ": parameter '" + na.name + "' must be " +
+                        detail::attr_type_name(want) +
+                        (want == KREG_ATTR_STRING ? " without NUL bytes" : ""));
     }
     given[idx] = true;
   }
@@ -219,8 +205,8 @@ Result<Resource> Registry::create_resource(std::string_view type,
                                            const std::vector<NamedAttr>& params) {
   const size_t dot = type.find('.');
   if (dot == std::string_view::npos || dot == 0 || dot + 1 == type.size()) {
-    return Status(KREG_INVALID_ARGUMENT, "resource type '" + excerpt(type) +
-                                             "' is not of the form <group>.<name>");
+    return Status(KREG_INVALID_ARGUMENT,
+                  "resource type '" + excerpt(type) + "' is not of the form <group>.<name>");
   }
   Group* g = find_group(type.substr(0, dot));
   if (g == nullptr) {
@@ -238,10 +224,11 @@ Result<Resource> Registry::create_resource(std::string_view type,
                            [&](const ResourceTypeSpec& r) { return r.type == type; });
     if (it == g->resource_types.end()) {
       std::string known;
-      for (const ResourceTypeSpec& r : g->resource_types) known += (known.empty() ? "" : ", ") + r.type;
-      return Status(KREG_NOT_FOUND, "group '" + g->name + "' declares no resource type '" +
-                                        excerpt(type) + "' (it declares: " +
-                                        (known.empty() ? "none" : known) + ")");
+      for (const ResourceTypeSpec& r : g->resource_types)
+        known += (known.empty() ? "" : ", ") + r.type;
+      return Status(KREG_NOT_FOUND,
+                    "group '" + g->name + "' declares no resource type '" + excerpt(type) +
+                        "' (it declares: " + (known.empty() ? "none" : known) + ")");
     }
     spec = *it;
     generation = g->generation;

@@ -113,9 +113,9 @@ typedef struct kreg_error {
 
 /* Attribute (non-tensor argument) types, as named in signatures. */
 typedef enum kreg_attr_type {
-  KREG_ATTR_INT = 1,   /* int64_t */
-  KREG_ATTR_FLOAT = 2, /* double  */
-  KREG_ATTR_BOOL = 3,  /* int64_t, 0 or 1 */
+  KREG_ATTR_INT = 1,    /* int64_t */
+  KREG_ATTR_FLOAT = 2,  /* double  */
+  KREG_ATTR_BOOL = 3,   /* int64_t, 0 or 1 */
   KREG_ATTR_STRING = 4, /* const char*, NUL-terminated, owned by the caller */
   /* ABI 1.4: a resource ('Resource<group.name>' in signatures), value.r. A core before
    * 1.4 refuses such a signature at load, so it never sends or receives one. */

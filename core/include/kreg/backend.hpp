@@ -1,6 +1,7 @@
 // KernelBackend: where an implementation runs and how a call is launched. The core ships
-// "cpu", "cuda", "jit" (kreg/jit.hpp) and "nccl" (collectives; libnccl.so.2 probed at run time); the CUDA one probes the driver (libcuda.so.1) at run
-// time, so the core has no CUDA build or link dependency.
+// "cpu", "cuda", "jit" (kreg/jit.hpp) and "nccl" (collectives; libnccl.so.2 probed at run time);
+// the CUDA one probes the driver (libcuda.so.1) at run time, so the core has no CUDA build or link
+// dependency.
 #pragma once
 
 #include <optional>

@@ -642,9 +642,12 @@ template <size_t N>
 constexpr ResourceTable<N> make_resource_descs(const ResourceType (&types)[N]) {
   ResourceTable<N> t{};
   for (size_t i = 0; i < N; ++i) {
-    t.items[i] = kreg_resource_type_desc{sizeof(kreg_resource_type_desc), types[i].type,
-                                         types[i].signature, types[i].description,
-                                         types[i].create, types[i].destroy};
+    t.items[i] = kreg_resource_type_desc{sizeof(kreg_resource_type_desc),
+                                         types[i].type,
+                                         types[i].signature,
+                                         types[i].description,
+                                         types[i].create,
+                                         types[i].destroy};
   }
   return t;
 }
@@ -1130,7 +1133,7 @@ constexpr auto to_descs(const KernelDef (&defs)[N]) {
 
 // The tables, the metadata section and the exported entry, from kreg_flat_ (an
 // std::array<kreg::detail::FlatKernel, N> defined just before).
-#define KREG_DETAIL_TABLES(GROUP, VERSION, INIT, SHUTDOWN, RESOURCES, NUM_RESOURCES)              \
+#define KREG_DETAIL_TABLES(GROUP, VERSION, INIT, SHUTDOWN, RESOURCES, NUM_RESOURCES)             \
   constexpr ::kreg::detail::BuildStrings kreg_build_strings_ = {                                 \
       GROUP, VERSION, KREG_COMPILER_STRING, KREG_PLUGIN_CUDA_VERSION, KREG_PLUGIN_CUDA_ARCHS};   \
   __attribute__((section(KREG_METADATA_SECTION), used))                                          \
@@ -1179,14 +1182,14 @@ constexpr auto to_descs(const KernelDef (&defs)[N]) {
 #define KREG_GROUP(GROUP, OPS) KREG_GROUP_WITH_HOOKS(GROUP, OPS, nullptr, nullptr)
 
 // A group that also declares resource types (kreg::ResourceType records, ABI 1.4).
-#define KREG_GROUP_WITH_RESOURCES(GROUP, OPS, RESOURCES, INIT, SHUTDOWN)             \
-  namespace {                                                                       \
-  static_assert(KREG_PLUGIN_VERSION[0] != '\0',                                     \
-                "kreg: the plugin version comes from CMake: "                       \
-                "kreg_add_plugin(<group> VERSION x.y.z ...)");                      \
-  constexpr char kreg_group_name_[] = GROUP;                                        \
-  constexpr auto kreg_flat_ = ::kreg::detail::flatten_ops<OPS, kreg_group_name_>(); \
-  constexpr auto kreg_resource_table_ = ::kreg::detail::make_resource_descs(RESOURCES); \
+#define KREG_GROUP_WITH_RESOURCES(GROUP, OPS, RESOURCES, INIT, SHUTDOWN)                     \
+  namespace {                                                                                \
+  static_assert(KREG_PLUGIN_VERSION[0] != '\0',                                              \
+                "kreg: the plugin version comes from CMake: "                                \
+                "kreg_add_plugin(<group> VERSION x.y.z ...)");                               \
+  constexpr char kreg_group_name_[] = GROUP;                                                 \
+  constexpr auto kreg_flat_ = ::kreg::detail::flatten_ops<OPS, kreg_group_name_>();          \
+  constexpr auto kreg_resource_table_ = ::kreg::detail::make_resource_descs(RESOURCES);      \
   KREG_DETAIL_TABLES(GROUP, KREG_PLUGIN_VERSION, INIT, SHUTDOWN, kreg_resource_table_.items, \
                      static_cast<uint32_t>(std::size(RESOURCES)))
 

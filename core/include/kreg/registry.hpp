@@ -705,7 +705,8 @@ class Registry {
   // by name (defaults filled in). The registry lock is not held while the plugin's create
   // runs (it may wait for other processes), so a reload may happen meanwhile: the resource
   // then belongs to the generation whose create made it.
-  Result<Resource> create_resource(std::string_view type, const std::vector<NamedAttr>& params = {});
+  Result<Resource> create_resource(std::string_view type,
+                                   const std::vector<NamedAttr>& params = {});
   // The resource types of the loaded groups, sorted.
   std::vector<ResourceTypeInfo> resource_types() const;
   // The resource with this id (Resource::id) for an attribute, live or destroyed (a call
