@@ -40,8 +40,10 @@ struct Fixture {
     const char* dir = std::getenv("KREG_PLUGIN_DIR");
     auto m = kreg::load_manifest(
         KREG_SOURCE_DIR "/registry.yaml",
-        kreg::ManifestOptions{std::filesystem::path(dir && *dir ? dir : KREG_PLUGIN_DIR), true});
+        kreg::ManifestOptions{std::filesystem::path(dir && *dir ? dir : KREG_PLUGIN_DIR), false});
     if (!m.ok()) std::abort();
+    // Only the group measured: the others need not be built (hence no file check above).
+    for (kreg::GroupEntry& g : m->groups) g.enabled = g.name == "activation";
     auto r = kreg::Registry::open(*m);
     if (!r.ok()) {
       std::fprintf(stderr, "%s\n", r.status().message().c_str());
@@ -116,6 +118,44 @@ void BM_Resolve(benchmark::State& state) {
 }
 BENCHMARK(BM_Resolve);
 
+// For instruction counts: N calls of one way in a function of its own, so that callgrind's
+// inclusive cost of count_direct / count_handle divided by N is the cost per call.
+[[gnu::noinline]] void count_direct(Fixture& f, long n) {
+  kreg_kernel_fn fn = f.handle.spec().fn;
+  const kreg_call_frame frame{sizeof(kreg_call_frame), f.args, 2, 0, nullptr, nullptr};
+  for (long i = 0; i < n; ++i) {
+    char message[256];
+    message[0] = '\0';
+    kreg_error err{sizeof(kreg_error), message, sizeof message};
+    int32_t rc = fn(&frame, &err);
+    benchmark::DoNotOptimize(rc);
+    benchmark::ClobberMemory();
+  }
+}
+[[gnu::noinline]] void count_handle(Fixture& f, long n) {
+  for (long i = 0; i < n; ++i) {
+    kreg::Status st = f.handle.call(f.args);
+    benchmark::DoNotOptimize(st);
+    benchmark::ClobberMemory();
+  }
+}
+
 }  // namespace
 
-BENCHMARK_MAIN();
+// KREG_DISPATCH_CALLS=N: run N direct and N handle calls and exit, for
+//   valgrind --tool=callgrind --toggle-collect='*count_*' kreg-bench-dispatch
+// (Ir of count_handle minus count_direct, over N: the handle's instructions per call).
+int main(int argc, char** argv) {
+  if (const char* n = std::getenv("KREG_DISPATCH_CALLS")) {
+    Fixture& f = fixture();
+    const long calls = std::atol(n);
+    count_direct(f, calls);
+    count_handle(f, calls);
+    return 0;
+  }
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
