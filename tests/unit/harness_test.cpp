@@ -9,6 +9,8 @@
 
 #include <cmath>
 #include <limits>
+#include <random>
+#include <utility>
 
 #include "kreg/plugin.hpp"
 #include "kreg/registry.hpp"
@@ -176,6 +178,40 @@ TEST(Harness, RequiredRankFreeTensorIsAnError) {
   const Status fits = harness::check_example_fits(s, {{"N", 4}}, DType::kF32, kCpuDev, true);
   EXPECT_FALSE(fits.ok());
   EXPECT_NE(fits.message().find("tensor 'y'"), std::string::npos) << fits.message();
+}
+
+// FP8 buffers hold values, not raw bytes: written values come back exactly where they are
+// representable, a poisoned FP8 output reads as NaN, and random FP8 inputs are finite.
+TEST(Harness, Fp8BuffersRoundTripTheirValues) {
+  const std::vector<double> e4m3 = {0.0, -0.0, 1.0, -1.75, 448.0, -448.0, 0.001953125, 0.25};
+  const std::vector<double> e5m2 = {
+      0.0, 1.0, -1.5, 57344.0, -0.0000152587890625, 0.75, std::numeric_limits<double>::infinity(),
+      3.0};
+  for (auto [dt, vals] : {std::pair{DType::kF8E4M3, e4m3}, std::pair{DType::kF8E5M2, e5m2}}) {
+    auto b = harness::Buffer::make(kCpuDev, dt, {static_cast<int64_t>(vals.size())});
+    ASSERT_TRUE(b.ok()) << b.status().message();
+    ASSERT_TRUE(b->from_doubles(vals).ok());
+    const std::vector<double> back = *b->to_doubles();
+    for (size_t i = 0; i < vals.size(); ++i) {
+      EXPECT_EQ(back[i], vals[i]) << dtype_name(dt) << " " << i;
+      EXPECT_EQ(std::signbit(back[i]), std::signbit(vals[i])) << dtype_name(dt) << " " << i;
+    }
+    ASSERT_TRUE(b->poison().ok());
+    const std::vector<double> poisoned = *b->to_doubles();
+    for (double v : poisoned) EXPECT_TRUE(std::isnan(v)) << dtype_name(dt) << " " << v;
+    std::mt19937_64 rng(7);
+    ASSERT_TRUE(b->fill_random(rng).ok());
+    const std::vector<double> random = *b->to_doubles();
+    for (double v : random) {
+      EXPECT_TRUE(std::isfinite(v)) << dtype_name(dt);
+      EXPECT_GE(std::fabs(v), 0.04) << dtype_name(dt);
+      EXPECT_LE(std::fabs(v), 2.0) << dtype_name(dt);
+    }
+  }
+  // 448 * 1.1 saturates in E4M3 (the kernels' SATFINITE); 1.1 rounds to its nearest value.
+  auto one = harness::Buffer::make(kCpuDev, DType::kF8E4M3, {2});
+  ASSERT_TRUE(one->from_doubles({448.0 * 1.1, 1.1}).ok());
+  EXPECT_EQ(*one->to_doubles(), (std::vector<double>{448.0, 1.125}));
 }
 
 // Equal infinities match (a masked logit is -inf in both); an infinity against anything

@@ -160,6 +160,21 @@ TEST(Tools, RunRefusesEveryBadNumberNamingTheArgument) {
       << reps.output;
 }
 
+// FP8 outputs are compared as their values: the harness read every e4m3 code as NaN
+// (every element a mismatch, so `kreg bench` refused to time the quantization kernels).
+TEST(Tools, RunComparesFp8Codes) {
+  for (const char* args : {"quantization.per_token_quant_fp8 --shape T=5,H=96",
+                           "quantization.per_tensor_quant_fp8 --shape T=3,H=64",
+                           "quantization.per_token_group_quant_fp8 --shape T=4,H=256,G=2"}) {
+    Outcome r = run(kCli + " run " + args + " --dtype bf16 --backend cpu");
+    EXPECT_EQ(r.exit_code, 0) << args << "\n" << r.output;
+    EXPECT_EQ(r.output.find("nan"), std::string::npos) << args << "\n" << r.output;
+    EXPECT_EQ(r.output.find("MISMATCH"), std::string::npos) << args << "\n" << r.output;
+    EXPECT_NE(r.output.find("out        max_abs_err 0"), std::string::npos) << args << "\n"
+                                                                            << r.output;
+  }
+}
+
 // An optional tensor without a named shape (grammar's indices) is passed absent and the
 // report says so; a required one (memory.copy_rows's src) is still a usage error.
 TEST(Tools, RunLeavesAnOptionalRankFreeTensorAbsent) {

@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "kreg/checked_math.hpp"
+#include "kreg/device/fp8_e4m3.hpp"
 #include "kreg/numeric.hpp"
 #include "kreg/parse_number.hpp"
 #include "kreg/text.hpp"
@@ -49,8 +50,24 @@ constexpr uint64_t kCheckFreeAbove = uint64_t{64} << 20;
   return Status(KREG_UNAVAILABLE, "this kreg was built without CUDA; only CPU tensors work");
 }
 
+// FP8 counts as float: random inputs are real values and a poisoned output is NaN.
 bool is_float(DType d) {
-  return d == DType::kF32 || d == DType::kF16 || d == DType::kBF16 || d == DType::kF64;
+  return d == DType::kF32 || d == DType::kF16 || d == DType::kBF16 || d == DType::kF64 ||
+         d == DType::kF8E4M3 || d == DType::kF8E5M2;
+}
+
+// E5M2 is the upper byte of an IEEE half: decoding is exact; encoding rounds the half's
+// low byte to nearest even (the harness encodes inputs and poison, never results, so the
+// float -> half -> E5M2 double rounding only picks one of two neighbouring inputs).
+float e5m2_to_float(uint8_t b) { return to_float(f16{static_cast<uint16_t>(b << 8)}); }
+
+uint8_t float_to_e5m2(float v) {
+  const uint16_t h = to_f16(v).bits;
+  if ((h & 0x7c00u) == 0x7c00u) {  // infinity stays, NaN stays NaN (a quiet pattern)
+    return static_cast<uint8_t>((h >> 8) | ((h & 0x03ffu) != 0 ? 0x02u : 0u));
+  }
+  const uint32_t rounded = h + 0x7fu + ((h >> 8) & 1u);  // may carry into infinity: right
+  return static_cast<uint8_t>(rounded >> 8);
 }
 
 double read_element(const void* base, DType d, int64_t i) {
@@ -74,6 +91,10 @@ double read_element(const void* base, DType d, int64_t i) {
     case DType::kU8:
     case DType::kBool:
       return static_cast<const uint8_t*>(base)[i];
+    case DType::kF8E4M3:
+      return device::e4m3_to_float(static_cast<const uint8_t*>(base)[i]);
+    case DType::kF8E5M2:
+      return e5m2_to_float(static_cast<const uint8_t*>(base)[i]);
     default:
       return std::numeric_limits<double>::quiet_NaN();
   }
@@ -104,6 +125,12 @@ void write_element(void* base, DType d, int64_t i, double v) {
       break;
     case DType::kI64:
       static_cast<int64_t*>(base)[i] = static_cast<int64_t>(v);
+      break;
+    case DType::kF8E4M3:
+      static_cast<uint8_t*>(base)[i] = device::float_to_e4m3(static_cast<float>(v));
+      break;
+    case DType::kF8E5M2:
+      static_cast<uint8_t*>(base)[i] = float_to_e5m2(static_cast<float>(v));
       break;
     default:
       static_cast<uint8_t*>(base)[i] = static_cast<uint8_t>(v);
