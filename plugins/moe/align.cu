@@ -15,30 +15,49 @@
 // with no valid id are skipped. (Grouping by ballots rather than __match_any_sync: that
 // instruction is slow, and the single block took 81 us at 32768 slots with it, 62 without.)
 //
-// Small N (fewer than kMinChunks chunks of slots): one block of W warps does everything
-// (W = 32 when (32 + 2) * E ints fit in 47 KiB of shared memory, fewer for large E), with
-// C. a block scan of the padded counts for each expert's segment start, between B and D.
+// What does not depend on slot order is written in parallel, never by a serial loop: the
+// whole of out_sorted_token_ids is first filled with the sentinel (16-byte stores; D then
+// overwrites the real slots, ordered after the fill by a barrier or a kernel boundary),
+// the segment starts are one block scan of the padded counts (C below), and
+// out_expert_ids[b] is found by a binary search of b * block_size in the segment starts.
 //
-// Larger N: three kernels over C chunks of at least 512 slots (C <= 128), so that the
-// work spreads over the SMs instead of one:
-//   1. count: one block per chunk counts its slots per expert (shared atomics; order does
-//      not matter for a count) into a workspace counts[E][C];
-//   2. offsets: one block turns each expert's row into exclusive prefixes over the chunks
-//      (in chunk order, which keeps the slot order), scans the padded totals into segment
-//      starts, adds each expert's start to its row, and writes the padding, the expert_ids
-//      blocks, the unused tails and the total;
-//   3. scatter: one block per chunk runs A, B and D above over its chunk, its warps'
-//      prefixes starting at offsets[e][chunk].
-// The workspace (E * C ints) is a device::Workspace: the host's allocator when the call
+// Small N (at most 8 chunks of 512 slots, N <= 4096): one block of W = 16 warps (fewer
+// for large E: the rows must fit in 47 KiB of shared memory) fills, does A, then C (the
+// scan, its thread per expert also turning the expert's column of rows into prefixes: B),
+// then the expert ids and D. Four barriers; no workspace.
+//
+// Larger N: two kernels over C chunks of at least 512 slots (C <= 128), so that the work
+// spreads over the SMs instead of one:
+//   1. count: one block per chunk fills its share of out_sorted_token_ids with the
+//      sentinel and counts its slots per expert (shared atomics; order does not matter for
+//      a count) into a workspace row counts[chunk][E'] (E' = E rounded up to 4: 16-byte
+//      rows; one coalesced store per block);
+//   2. scatter: one block per chunk does A over its chunk, then reads all C rows (16-byte
+//      loads, many in flight: 4 E' C bytes from L2, 64 KiB at C = 64, E = 256) for each
+//      expert's total and its count in the chunks before this one, scans the padded totals
+//      (C, the same in every block), places its warps' prefixes (B: segment start + the
+//      earlier chunks + the earlier warps), writes its share of out_expert_ids (block 0
+//      also the total) and does D.
+// The workspace (4 E' C bytes) is a device::Workspace: the host's allocator when the call
 // frame offers one (torch's caching allocator under the Python extension), else
 // cudaMallocAsync on the call's stream; freed after the scatter is enqueued, in stream
 // order, so graph-capturable.
+//
+// Programmatic dependent launch (ctx.pdl()): each kernel zeroes its shared histograms,
+// then waits (griddepcontrol.wait) before its first global access, and lets the next
+// kernel be scheduled once its loads of the inputs are done. The scatter kernel counts its
+// chunk (A) BEFORE its wait: it reads only topk_ids, which the count kernel does not
+// write, and the scatter kernel cannot start before every block of the count kernel has
+// passed its own wait (a dependent launches once all blocks of the grid before it have
+// signalled, and they signal after waiting), so the kernel that produced topk_ids has
+// completed by then. Its reads of counts[] and its stores come after its wait.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
 
 #include "kreg/device/launch.cuh"
+#include "kreg/device/pdl.cuh"
 #include "kreg/device/warp.cuh"
 #include "kreg/device/workspace.cuh"
 #include "moe.hpp"
@@ -51,16 +70,18 @@ using device::kFullWarpMask;
 constexpr int kLanes = device::kWarpSize;
 constexpr int kMaxWarps = 32;
 // Dynamic shared memory, in ints: 48 KiB (the limit without an opt-in) less 1 KiB for
-// the static arrays. num_experts <= 2048 leaves at least 3 warps.
+// the static arrays.
 constexpr int kSmemInts = (48 * 1024 - 1024) / 4;
 constexpr int kUnroll = 16;
+
+// The single-block path.
+constexpr int kSmallWarps = 16;  // fewer for large E
 
 // The multi-block path.
 constexpr int kMinChunk = 512;   // slots per chunk, at least
 constexpr int kMaxChunks = 128;  // chunks, at most (bigger N: bigger chunks)
 constexpr int kMinChunks = 9;    // fewer chunks than this: the single-block kernel
 constexpr int kChunkWarps = 8;   // warps of a count or scatter block (fewer for large E)
-constexpr int kOffsetsThreads = 1024;
 
 // The lanes whose `valid` expert id equals this lane's (a mask that includes this lane;
 // meaningless for an invalid lane). Ids are below 2^bits: two ids are equal when every
@@ -82,7 +103,8 @@ __device__ __forceinline__ int expert_bits(int num_experts) {
 // A warp's walk over its slots [begin, end), shared by A and D: the ids are loaded
 // kUnroll steps of 32 at a time, and for each step with a valid id in some lane,
 // step(expert, valid, same, slot) runs on every lane, `same` being the lanes with the same
-// expert (same_expert_lanes) and `slot` the lane's slot.
+// expert (same_expert_lanes) and `slot` the lane's slot. The loads bypass L1 (ld.global.cg):
+// the scatter kernel reads topk_ids before its programmatic-launch wait (see above).
 template <typename Step>
 __device__ __forceinline__ void for_each_step(const int32_t* __restrict__ ids, int begin, int end,
                                               int num_experts, Step&& step) {
@@ -93,7 +115,7 @@ __device__ __forceinline__ void for_each_step(const int32_t* __restrict__ ids, i
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int i = base + u * kLanes + lane;
-      e[u] = i < end ? __ldg(ids + i) : -1;
+      e[u] = i < end ? __ldcg(ids + i) : -1;
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
@@ -130,91 +152,133 @@ __device__ __forceinline__ void scatter_piece(const int32_t* __restrict__ ids, i
   });
 }
 
-// C and the outputs that do not depend on slot order, by every thread of the block: from
-// the complete count[E] (shared), start[E] (shared) = exclusive scan of the padded counts;
-// then each expert's padding (the sentinel N) and expert_ids blocks, the unused tails
-// (sentinel, and -1 blocks) and the total. start[] is complete when this returns.
-__device__ void lay_out_segments(const int32_t* count, int32_t* start, int32_t* warp_totals,
-                                 int32_t* __restrict__ sorted, int32_t* __restrict__ blocks,
-                                 int32_t* __restrict__ total_out, const AlignParams& p) {
+// dst[begin, end) = v by every thread of the block: 16-byte stores between a scalar head
+// and tail (dst may be any int32 view).
+__device__ __forceinline__ void block_fill(int32_t* __restrict__ dst, int begin, int end,
+                                           int32_t v) {
+  if (begin >= end) return;
   const int tid = static_cast<int>(threadIdx.x);
   const int nthreads = static_cast<int>(blockDim.x);
-  const int lane = tid % kLanes;
-  const int warp = tid / kLanes;
-  const int nwarps = nthreads / kLanes;
-  const int E = p.num_experts;
-  const int bs = p.block_size;
-  // Each thread owns a contiguous run of experts.
-  const int per = (E + nthreads - 1) / nthreads;
-  const int x0 = min(E, tid * per);
-  const int x1 = min(E, x0 + per);
+  const int misalign = static_cast<int>(reinterpret_cast<uintptr_t>(dst + begin) / 4 % 4);
+  const int head_end = min(end, begin + (4 - misalign) % 4);
+  for (int i = begin + tid; i < head_end; i += nthreads) dst[i] = v;
+  const int body = (end - head_end) / 4;
+  int4* vdst = reinterpret_cast<int4*>(dst + head_end);
+  const int4 v4 = make_int4(v, v, v, v);
+  for (int i = tid; i < body; i += nthreads) vdst[i] = v4;
+  for (int i = head_end + body * 4 + tid; i < end; i += nthreads) dst[i] = v;
+}
+
+// C, by every thread of the block, each owning a contiguous run of experts: start[x] =
+// the exclusive scan of the padded counts ceil(count_of(x) / bs) * bs over the experts;
+// for each expert the owner then calls place(x, start[x]) (B). Returns the padded total
+// to every thread. start[] is complete after the caller's next __syncthreads.
+template <typename CountOf, typename Place>
+__device__ __forceinline__ int scan_segments(int num_experts, int bs, int32_t* start,
+                                             int32_t* warp_totals, CountOf&& count_of,
+                                             Place&& place) {
+  const int tid = static_cast<int>(threadIdx.x);
+  const int nthreads = static_cast<int>(blockDim.x);
+  const int per = (num_experts + nthreads - 1) / nthreads;
+  const int x0 = min(num_experts, tid * per);
+  const int x1 = min(num_experts, x0 + per);
   int local = 0;
-  for (int x = x0; x < x1; ++x) local += (count[x] + bs - 1) / bs * bs;
+  for (int x = x0; x < x1; ++x) {
+    const int c = count_of(x);
+    start[x] = c;  // the count, until the scan below gives the start
+    local += (c + bs - 1) / bs * bs;
+  }
   int total = 0;
   int run = device::block_exclusive_scan(local, warp_totals, &total);
   for (int x = x0; x < x1; ++x) {
+    const int c = start[x];
     start[x] = run;
-    run += (count[x] + bs - 1) / bs * bs;
+    place(x, run);
+    run += (c + bs - 1) / bs * bs;
   }
-  __syncthreads();
+  return total;
+}
 
-  const int sentinel = static_cast<int>(p.slots);
-  for (int x = warp; x < E; x += nwarps) {
-    const int c = count[x];
-    const int padded = (c + bs - 1) / bs * bs;
-    const int s = start[x];
-    for (int j = c + lane; j < padded; j += kLanes) sorted[s + j] = sentinel;
-    for (int b = lane; b < padded / bs; b += kLanes) blocks[s / bs + b] = x;
+// out_expert_ids[b] for b in [b0, b1), by every thread of the block: the expert whose
+// segment holds position b * bs, i.e. the last expert whose start is at most that (the
+// experts before it with the same start are empty); -1 from the padded total on.
+__device__ __forceinline__ void write_block_experts(int32_t* __restrict__ blocks, int b0, int b1,
+                                                    const int32_t* start, int num_experts, int bs,
+                                                    int total) {
+  const int tid = static_cast<int>(threadIdx.x);
+  const int nthreads = static_cast<int>(blockDim.x);
+  for (int b = b0 + tid; b < b1; b += nthreads) {
+    const int64_t pos = static_cast<int64_t>(b) * bs;
+    int expert = -1;
+    if (pos < total) {
+      int lo = 0, hi = num_experts;  // start[lo] <= pos (start[0] = 0), start[hi] > pos
+      while (hi - lo > 1) {
+        const int mid = (lo + hi) / 2;
+        if (start[mid] <= pos) {
+          lo = mid;
+        } else {
+          hi = mid;
+        }
+      }
+      expert = lo;
+    }
+    blocks[b] = expert;
   }
-  for (int j = total + tid; j < p.sorted_len; j += nthreads) sorted[j] = sentinel;
-  for (int b = total / bs + tid; b < p.blocks_len; b += nthreads) blocks[b] = -1;
-  if (tid == 0) total_out[0] = total;
 }
 
 // ---- Small N: one block ----
 
-__global__ void __launch_bounds__(kMaxWarps* kLanes)
+__global__ void __launch_bounds__(kSmallWarps* kLanes)
     align_kernel(const int32_t* __restrict__ ids, int32_t* __restrict__ sorted,
                  int32_t* __restrict__ blocks, int32_t* __restrict__ total_out,
                  const AlignParams p) {
-  extern __shared__ int32_t smem[];
+  extern __shared__ int4 smem4[];
   __shared__ int32_t warp_totals[kMaxWarps];
+  int32_t* smem = reinterpret_cast<int32_t*>(smem4);
   const int tid = static_cast<int>(threadIdx.x);
   const int nthreads = static_cast<int>(blockDim.x);
   const int warp = tid / kLanes;
   const int nwarps = nthreads / kLanes;
   const int E = p.num_experts;
+  const int bs = p.block_size;
   const int n = static_cast<int>(p.slots);
   int32_t* hist = smem;                // [nwarps][E]
-  int32_t* count = smem + nwarps * E;  // [E]
-  int32_t* start = count + E;          // [E]
+  int32_t* start = smem + nwarps * E;  // [E]
   int32_t* my_hist = hist + warp * E;
 
-  const int seg = (n + nwarps - 1) / nwarps;
+  // Pieces of whole 32-slot steps: a small N goes to the first warps, each step full.
+  const int seg = ((n + nwarps - 1) / nwarps + kLanes - 1) / kLanes * kLanes;
   const int seg_begin = min(n, warp * seg);
   const int seg_end = min(n, seg_begin + seg);
 
   for (int i = tid; i < nwarps * E; i += nthreads) hist[i] = 0;
   __syncthreads();
+  device::pdl_wait();  // before the first global access
+  block_fill(sorted, 0, static_cast<int>(p.sorted_len), n);
   count_piece(ids, seg_begin, seg_end, E, my_hist);  // A
-  __syncthreads();
-  for (int x = tid; x < E; x += nthreads) {  // B
-    int run = 0;
-    for (int w = 0; w < nwarps; ++w) {
-      const int c = hist[w * E + x];
-      hist[w * E + x] = run;
-      run += c;
-    }
-    count[x] = run;
-  }
-  __syncthreads();
-  lay_out_segments(count, start, warp_totals, sorted, blocks, total_out, p);  // C
-  for (int i = tid; i < nwarps * E; i += nthreads) hist[i] += start[i % E];
-  __syncthreads();
+  __syncthreads();                  // the rows are complete; the fill is ordered before D's stores
+  const int total = scan_segments(  // C and B
+      E, bs, start, warp_totals,
+      [&](int x) {
+        int c = 0;
+        for (int w = 0; w < nwarps; ++w) c += hist[w * E + x];
+        return c;
+      },
+      [&](int x, int s) {
+        for (int w = 0; w < nwarps; ++w) {
+          const int c = hist[w * E + x];
+          hist[w * E + x] = s;
+          s += c;
+        }
+      });
+  if (tid == 0) total_out[0] = total;
+  __syncthreads();  // start[] and the warps' prefixes are complete
+  device::pdl_launch_dependents();
+  write_block_experts(blocks, 0, static_cast<int>(p.blocks_len), start, E, bs, total);
   scatter_piece(ids, seg_begin, seg_end, E, my_hist, sorted);  // D
 }
 
-// ---- Larger N: count, offsets, scatter ----
+// ---- Larger N: count, scatter ----
 
 struct Chunks {
   int size;   // slots per chunk
@@ -228,101 +292,145 @@ Chunks chunks_for(int64_t slots) {
   return {static_cast<int>(size), static_cast<int>((slots + size - 1) / size)};
 }
 
-// 1. counts[e * C + chunk] = slots of expert e in the chunk.
-__global__ void align_count_kernel(const int32_t* __restrict__ ids, int32_t* __restrict__ counts,
-                                   int slots, int num_experts, int chunk_size, int num_chunks) {
-  extern __shared__ int32_t hist[];  // [E]
+// The workspace row: E rounded up to whole 16-byte vectors.
+int row_len(int num_experts) { return (num_experts + 3) / 4 * 4; }
+
+// Shared ints of a scatter block of `warps` warps: the per-group partial sums (totals and
+// earlier chunks), start[E] and the warps' rows.
+__host__ __device__ __forceinline__ int scatter_groups(int threads, int row) {
+  const int quads = row / 4;
+  return threads / quads > 1 ? threads / quads : 1;
+}
+int scatter_smem_ints(int warps, int num_experts) {
+  const int row = row_len(num_experts);
+  return 2 * scatter_groups(warps * kLanes, row) * row + num_experts + warps * num_experts;
+}
+
+// This block's share [begin, end) of [0, len) cut in `parts` pieces of whole vectors.
+__device__ __forceinline__ void share_of(int64_t len, int parts, int part, int& begin, int& end) {
+  const int64_t per = ((len + parts - 1) / parts + 3) / 4 * 4;
+  const int64_t b = part * per;
+  begin = static_cast<int>(b < len ? b : len);
+  end = static_cast<int>(b + per < len ? b + per : len);
+}
+
+// 1. The sentinel fill of this chunk's share of `sorted`; counts[chunk][e] = slots of
+// expert e in the chunk (0 in the row's padding).
+__global__ void __launch_bounds__(kChunkWarps* kLanes)
+    align_count_kernel(const int32_t* __restrict__ ids, int32_t* __restrict__ counts,
+                       int32_t* __restrict__ sorted, const AlignParams p, int chunk_size,
+                       int num_chunks) {
+  extern __shared__ int32_t row_hist[];  // [row]
   const int tid = static_cast<int>(threadIdx.x);
   const int nthreads = static_cast<int>(blockDim.x);
-  for (int x = tid; x < num_experts; x += nthreads) hist[x] = 0;
+  const int E = p.num_experts;
+  const int row = (E + 3) / 4 * 4;
+  const int slots = static_cast<int>(p.slots);
+  for (int x = tid; x < row; x += nthreads) row_hist[x] = 0;
   __syncthreads();
+  device::pdl_wait();  // before the first global access
   const int chunk = static_cast<int>(blockIdx.x);
+  int fill_begin = 0, fill_end = 0;
+  share_of(p.sorted_len, num_chunks, chunk, fill_begin, fill_end);
+  block_fill(sorted, fill_begin, fill_end, slots);
   const int begin = chunk * chunk_size;
   const int end = min(slots, begin + chunk_size);
   for (int i = begin + tid; i < end; i += nthreads) {
     const int e = __ldg(ids + i);
-    if (e >= 0 && e < num_experts) atomicAdd(&hist[e], 1);
+    if (e >= 0 && e < E) atomicAdd(&row_hist[e], 1);
   }
+  device::pdl_launch_dependents();
   __syncthreads();
-  for (int x = tid; x < num_experts; x += nthreads) counts[x * num_chunks + chunk] = hist[x];
+  int32_t* out = counts + static_cast<int64_t>(chunk) * row;
+  for (int x = tid; x < row; x += nthreads) out[x] = row_hist[x];
 }
 
-// 2. counts[e][c] -> start[e] + (slots of expert e in chunks before c); the layout.
-__global__ void __launch_bounds__(kOffsetsThreads)
-    align_offsets_kernel(int32_t* __restrict__ counts, int32_t* __restrict__ sorted,
-                         int32_t* __restrict__ blocks, int32_t* __restrict__ total_out,
-                         const AlignParams p, int num_chunks) {
-  extern __shared__ int32_t smem[];
+// 2. One chunk's slots: A; the totals and earlier-chunk counts from every row; C and B
+// from the chunk's place in the output; its share of out_expert_ids; D.
+__global__ void __launch_bounds__(kChunkWarps* kLanes)
+    align_scatter_kernel(const int32_t* __restrict__ ids, const int32_t* __restrict__ counts,
+                         int32_t* __restrict__ sorted, int32_t* __restrict__ blocks,
+                         int32_t* __restrict__ total_out, const AlignParams p, int chunk_size,
+                         int num_chunks) {
+  extern __shared__ int4 smem4[];
   __shared__ int32_t warp_totals[kMaxWarps];
-  const int tid = static_cast<int>(threadIdx.x);
-  const int nthreads = static_cast<int>(blockDim.x);
-  const int E = p.num_experts;
-  const int C = num_chunks;
-  int32_t* count = smem;      // [E]
-  int32_t* start = smem + E;  // [E]
-
-  // `tpe` adjacent lanes (a power of two <= 32) share an expert's row: each sums a run of
-  // it, an exclusive scan over the tpe lanes places the runs, and each writes its run's
-  // prefixes. Every thread takes the same number of rounds (shuffles need the whole warp).
-  int tpe = 1;
-  while (tpe < kLanes && tpe * 2 * E <= nthreads) tpe *= 2;
-  const int sub = tid % tpe;
-  const int experts_per_round = nthreads / tpe;
-  const int per = (C + tpe - 1) / tpe;
-  const int c0 = min(C, sub * per);
-  const int c1 = min(C, c0 + per);
-  for (int e0 = 0; e0 < E; e0 += experts_per_round) {
-    const int e = e0 + tid / tpe;
-    const bool active = e < E;
-    int32_t* row = counts + static_cast<int64_t>(e) * C;
-    int sum = 0;
-    if (active) {
-#pragma unroll 8
-      for (int c = c0; c < c1; ++c) sum += row[c];
-    }
-    const int incl = device::warp_inclusive_scan(sum, tpe);
-    if (active) {
-      device::serial_exclusive_scan(row, row, c0, c1, incl - sum);
-      if (sub == tpe - 1) count[e] = incl;
-    }
-  }
-  __syncthreads();
-  lay_out_segments(count, start, warp_totals, sorted, blocks, total_out, p);
-  for (int i = tid; i < E * C; i += nthreads) counts[i] += start[i / C];
-}
-
-// 3. One chunk's slots, A, B and D, the warps' prefixes starting at offsets[e][chunk].
-__global__ void align_scatter_kernel(const int32_t* __restrict__ ids,
-                                     const int32_t* __restrict__ offsets,
-                                     int32_t* __restrict__ sorted, int slots, int num_experts,
-                                     int chunk_size, int num_chunks) {
-  extern __shared__ int32_t hist[];  // [nwarps][E]
+  int32_t* smem = reinterpret_cast<int32_t*>(smem4);
   const int tid = static_cast<int>(threadIdx.x);
   const int nthreads = static_cast<int>(blockDim.x);
   const int warp = tid / kLanes;
   const int nwarps = nthreads / kLanes;
-  const int E = num_experts;
+  const int E = p.num_experts;
+  const int bs = p.block_size;
+  const int C = num_chunks;
+  const int row = (E + 3) / 4 * 4;
+  const int quads = row / 4;
+  const int groups = scatter_groups(nthreads, row);
+  int32_t* part_total = smem;                   // [groups][row], 16-byte aligned rows
+  int32_t* part_before = smem + groups * row;   // [groups][row]
+  int32_t* start = part_before + groups * row;  // [E]
+  int32_t* hist = start + E;                    // [nwarps][E]
+  int32_t* my_hist = hist + warp * E;
+
+  const int slots = static_cast<int>(p.slots);
   const int chunk = static_cast<int>(blockIdx.x);
   const int begin = chunk * chunk_size;
   const int end = min(slots, begin + chunk_size);
-  const int seg = (end - begin + nwarps - 1) / nwarps;
+  const int seg = ((end - begin + nwarps - 1) / nwarps + kLanes - 1) / kLanes * kLanes;
   const int seg_begin = min(end, begin + warp * seg);
   const int seg_end = min(end, seg_begin + seg);
-  int32_t* my_hist = hist + warp * E;
 
   for (int i = tid; i < nwarps * E; i += nthreads) hist[i] = 0;
   __syncthreads();
-  count_piece(ids, seg_begin, seg_end, E, my_hist);  // A
-  __syncthreads();
-  for (int x = tid; x < E; x += nthreads) {  // B, from the chunk's place in the output
-    int run = offsets[static_cast<int64_t>(x) * num_chunks + chunk];
-    for (int w = 0; w < nwarps; ++w) {
-      const int c = hist[w * E + x];
-      hist[w * E + x] = run;
-      run += c;
+  count_piece(ids, seg_begin, seg_end, E, my_hist);  // A: topk_ids only, before the wait
+  device::pdl_wait();                                // the count kernel's rows and fill
+
+  // Group g of threads sums rows g, g + groups, ...: per expert (4 a thread), the total
+  // and the count in the chunks before this one. Independent 16-byte loads.
+  {
+    const int g = tid / quads;
+    const int4* rows = reinterpret_cast<const int4*>(counts);
+    for (int q = tid % quads; g < groups && q < quads; q += nthreads) {
+      int4 total = make_int4(0, 0, 0, 0), before = make_int4(0, 0, 0, 0);
+#pragma unroll 8
+      for (int c = g; c < C; c += groups) {
+        const int4 v = rows[static_cast<int64_t>(c) * quads + q];
+        total.x += v.x;
+        total.y += v.y;
+        total.z += v.z;
+        total.w += v.w;
+        if (c < chunk) {
+          before.x += v.x;
+          before.y += v.y;
+          before.z += v.z;
+          before.w += v.w;
+        }
+      }
+      reinterpret_cast<int4*>(part_total + g * row)[q] = total;
+      reinterpret_cast<int4*>(part_before + g * row)[q] = before;
     }
   }
-  __syncthreads();
+  device::pdl_launch_dependents();
+  __syncthreads();                  // the partial sums and the rows are complete
+  const int total = scan_segments(  // C and B
+      E, bs, start, warp_totals,
+      [&](int x) {
+        int c = 0;
+        for (int g = 0; g < groups; ++g) c += part_total[g * row + x];
+        return c;
+      },
+      [&](int x, int s) {
+        for (int g = 0; g < groups; ++g) s += part_before[g * row + x];
+        for (int w = 0; w < nwarps; ++w) {
+          const int c = hist[w * E + x];
+          hist[w * E + x] = s;
+          s += c;
+        }
+      });
+  if (chunk == 0 && tid == 0) total_out[0] = total;
+  __syncthreads();  // start[] and the warps' prefixes are complete
+  int b0 = 0, b1 = 0;
+  share_of(p.blocks_len, C, chunk, b0, b1);
+  write_block_experts(blocks, b0, b1, start, E, bs, total);
   scatter_piece(ids, seg_begin, seg_end, E, my_hist, sorted);  // D
 }
 
@@ -350,26 +458,37 @@ KernelStatus align_block_size_cuda(Context& ctx, const DLTensor& topk_ids,
   const Chunks chunks = chunks_for(p.slots);
 
   if (chunks.count < kMinChunks) {
-    const int warps = std::min(kMaxWarps, kSmemInts / E - 2);
-    const size_t smem = static_cast<size_t>(warps + 2) * E * sizeof(int32_t);
-    align_kernel<<<1, warps * kLanes, smem, stream>>>(ids, sorted, blocks, total, p);
-    return device::launch_status(ctx, op);
+    // E <= 2048 leaves at least 4 warps.
+    const int warps = std::min(kSmallWarps, kSmemInts / E - 1);
+    const size_t smem = static_cast<size_t>(warps + 1) * E * sizeof(int32_t);
+    return device::launch_status(ctx, op,
+                                 device::launch(align_kernel, dim3(1), dim3(warps * kLanes), smem,
+                                                stream, ctx.pdl(), ids, sorted, blocks, total, p));
   }
 
-  const device::Workspace ws(ctx, static_cast<size_t>(E) * chunks.count * sizeof(int32_t),
+  // The rows as whole 16-byte vectors: 16 bytes more, and the pointer rounded up.
+  const int row = row_len(E);
+  const device::Workspace ws(ctx, static_cast<size_t>(row) * chunks.count * sizeof(int32_t) + 16,
                              topk_ids.device);
   if (!ws.ok()) return ws.fail(ctx);
-  auto* counts = static_cast<int32_t*>(ws.data());
-  const int slots = static_cast<int>(p.slots);
-  const int scatter_warps = std::min(kChunkWarps, kSmemInts / E - 1);
-  align_count_kernel<<<chunks.count, kChunkWarps * kLanes, E * sizeof(int32_t), stream>>>(
-      ids, counts, slots, E, chunks.size, chunks.count);
-  align_offsets_kernel<<<1, kOffsetsThreads, 2 * E * sizeof(int32_t), stream>>>(
-      counts, sorted, blocks, total, p, chunks.count);
-  align_scatter_kernel<<<chunks.count, scatter_warps * kLanes,
-                         static_cast<size_t>(scatter_warps) * E * sizeof(int32_t), stream>>>(
-      ids, counts, sorted, slots, E, chunks.size, chunks.count);
-  return device::launch_status(ctx, op);  // ws is freed after the scatter, in stream order
+  auto* counts = reinterpret_cast<int32_t*>((reinterpret_cast<uintptr_t>(ws.data()) + 15) &
+                                            ~static_cast<uintptr_t>(15));
+  int scatter_warps = kChunkWarps;  // E = 2048: 2
+  while (scatter_warps > 1 && scatter_smem_ints(scatter_warps, E) > kSmemInts) --scatter_warps;
+  const size_t scatter_smem =
+      static_cast<size_t>(scatter_smem_ints(scatter_warps, E)) * sizeof(int32_t);
+  if (cudaError_t err =
+          device::launch(align_count_kernel, dim3(chunks.count), dim3(kChunkWarps * kLanes),
+                         static_cast<size_t>(row) * sizeof(int32_t), stream, ctx.pdl(), ids, counts,
+                         sorted, p, chunks.size, chunks.count);
+      err != cudaSuccess) {
+    return device::launch_status(ctx, op, err);
+  }
+  return device::launch_status(  // ws is freed after the scatter, in stream order
+      ctx, op,
+      device::launch(align_scatter_kernel, dim3(chunks.count), dim3(scatter_warps * kLanes),
+                     scatter_smem, stream, ctx.pdl(), ids, static_cast<const int32_t*>(counts),
+                     sorted, blocks, total, p, chunks.size, chunks.count));
 }
 
 }  // namespace kreg::moe

@@ -13,6 +13,11 @@
 // two, and topk_group warp argmaxes over the group scores choose the kept groups. Pick j
 // is held by lane j (j < 32) and stored coalesced after the renormalization sum; picks past
 // 32 are written by lane 0 and rescaled after a __syncwarp.
+//
+// Programmatic dependent launch (ctx.pdl(), pdl.cuh): the kernel waits before its first
+// load of gating and signals the next kernel once the bias is loaded, so a routing call
+// behind another kernel (the router GEMM) or in front of one (align_block_size) overlaps
+// its launch with that kernel's tail.
 #include <cuda_runtime.h>
 
 #include <climits>
@@ -20,6 +25,7 @@
 #include <cstdint>
 
 #include "kreg/device/launch.cuh"
+#include "kreg/device/pdl.cuh"
 #include "kreg/device/reduce.cuh"
 #include "kreg/device/vec.cuh"
 #include "kreg/dtype.hpp"
@@ -64,6 +70,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kLanes)
   float l[kSlots];
   uint32_t excluded = 0;  // bit s: slot s cannot be picked (absent, picked, or group cut)
   const T* row = gating + token * E;
+  device::pdl_wait();  // programmatic launch: gating may be the previous kernel's output
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) {
     const int base = (c * kLanes + lane) * kVec;
@@ -118,6 +125,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kLanes)
     if (p.bias != nullptr && e < E) v = v + __ldg(p.bias + e);
     key[s] = isnan(v) ? kNegInf : v;
   }
+  device::pdl_launch_dependents();  // every input is loaded (the rest is registers and shared)
 
   // Group limit: keep the topk_group groups with the largest top-2 key sums.
   if (p.n_group > 1) {
@@ -229,31 +237,31 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kLanes)
   }
 }
 
+// `pdl`: programmatic dependent launch (the caller's KREG_LAUNCH_PDL; pdl.cuh).
 template <typename T, int kVec, int kSlots>
 cudaError_t launch(const T* gating, float* w, int32_t* ids, const RoutingParams& p,
-                   cudaStream_t stream) {
+                   cudaStream_t stream, bool pdl) {
   const auto blocks = static_cast<unsigned>((p.tokens + kWarpsPerBlock - 1) / kWarpsPerBlock);
-  routing_kernel<T, kVec, kSlots>
-      <<<blocks, kWarpsPerBlock * kLanes, 0, stream>>>(gating, w, ids, p);
-  return cudaGetLastError();
+  return device::launch(routing_kernel<T, kVec, kSlots>, dim3(blocks),
+                        dim3(kWarpsPerBlock * kLanes), 0, stream, pdl, gating, w, ids, p);
 }
 
 template <typename T, int kSlots>
 cudaError_t launch_slots(const T* gating, float* w, int32_t* ids, const RoutingParams& p,
-                         cudaStream_t stream) {
+                         cudaStream_t stream, bool pdl) {
   return device::visit_vec_elems<T>(device::max_vec_elems<T>(p.experts, gating), [&](auto vec) {
-    return launch<T, decltype(vec)::value, kSlots>(gating, w, ids, p, stream);
+    return launch<T, decltype(vec)::value, kSlots>(gating, w, ids, p, stream, pdl);
   });
 }
 
 template <typename T>
 cudaError_t launch_typed(const DLTensor& gating, DLTensor& out_w, DLTensor& out_ids,
-                         const RoutingParams& p, cudaStream_t stream) {
+                         const RoutingParams& p, cudaStream_t stream, bool pdl) {
   const T* g = data_ptr<const T>(gating);
   float* w = data_ptr<float>(out_w);
   int32_t* ids = data_ptr<int32_t>(out_ids);
-  if (p.experts <= 8 * kLanes) return launch_slots<T, 8>(g, w, ids, p, stream);
-  return launch_slots<T, 16>(g, w, ids, p, stream);
+  if (p.experts <= 8 * kLanes) return launch_slots<T, 8>(g, w, ids, p, stream, pdl);
+  return launch_slots<T, 16>(g, w, ids, p, stream, pdl);
 }
 
 KernelStatus route_launch(Context& ctx, const DLTensor& gating, DLTensor& out_w, DLTensor& out_ids,
@@ -264,8 +272,8 @@ KernelStatus route_launch(Context& ctx, const DLTensor& gating, DLTensor& out_w,
   if (!guard.ok()) return guard.fail(ctx, op);
   const auto stream = static_cast<cudaStream_t>(ctx.stream());
   return device::visit_float_dtype(ctx, op, gating, [&](auto tag) {
-    return device::launch_status(ctx, op,
-                                 launch_typed<decltype(tag)>(gating, out_w, out_ids, p, stream));
+    return device::launch_status(
+        ctx, op, launch_typed<decltype(tag)>(gating, out_w, out_ids, p, stream, ctx.pdl()));
   });
 }
 
