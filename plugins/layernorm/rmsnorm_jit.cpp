@@ -63,7 +63,10 @@ KernelStatus launch(Context& ctx, const DLTensor& x, DLTensor* residual, const D
 // the weights read as scalars: rmsnorm H = 4097 533 -> 221 us, fused 630 -> 298 us; at
 // H = 4096 and 7168 the AOT kernel is as fast or faster (rmsnorm 7168: 256 vs 311 us), so
 // it keeps those. (Blocks walking 32 rows of one shift class with the weights held in
-// registers were slower: 256 and 446 us at H = 4097; one row per block stays.)
+// registers were slower: 256 and 446 us at H = 4097; one row per block stays.) The plain
+// forms then held x in fp32 over 288 threads (41 registers: 4 blocks an SM, 56%
+// occupancy); they now hold it in its storage type over 256 threads in 32 registers
+// (8 blocks an SM, twice the bytes in flight), not yet measured.
 // Rows read as 16-byte vectors also need 16-byte aligned base pointers; views that are
 // not (an offset into a larger buffer) take the AOT kernel.
 // Decode sizes go to the AOT kernel too: at T = 64, H = 4097 (a CUDA graph) it took
