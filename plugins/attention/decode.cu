@@ -9,16 +9,25 @@
 // length. A block streams its range's K and V rows through shared memory in tiles of
 // 2048 / D tokens (8 KiB for K and V together), kStages tiles in flight with cp.async
 // (zero-filled for tokens past the end or whose page id is out of range; those tokens are
-// masked out of the softmax). Each K/V row is read from HBM once for the kG query heads of
-// the block: all of a kv head's query heads when Hq / Hk is 1, 2, 4 or 8 (else chunks of
-// the largest of those dividing it).
+// masked out of the softmax); the block table is read one tile ahead, so its latency is
+// off the copies' path. Each K/V row is read from HBM once for the kG query heads of the
+// block: all of a kv head's query heads when Hq / Hk is 1, 2 or 4, chunks of 4 for groups
+// of 8 or more (8 heads a thread would need 247 registers: 2 blocks an SM instead of 4),
+// else chunks of the largest of 4, 2, 1 dividing the group.
 //
 // Within a tile, a row is spread over D / 8 lanes (16 bytes each) and a warp takes
 // 256 / D rows at a time; each such lane group keeps its own running max, sum and output
-// for the kG heads (online softmax in the log2 domain: scale * log2(e) is folded into q).
-// At the end the block's lane groups are merged in shared memory. With one split the block
-// writes out = acc / sum directly; with more it writes (acc, max, sum) partials to a
-// workspace and a merge kernel combines the splits by log-sum-exp.
+// for the kG heads (online softmax in the log2 domain: scale * log2(e) is folded into q),
+// updated once per tile for the group's rows of the tile. At the end the block's lane
+// groups are merged in shared memory. With one split the block writes out = acc / sum
+// directly; with more it writes (acc, max, sum) partials to a workspace and a merge kernel
+// (launched with PDL, so its launch overlaps the split kernel) combines the splits by
+// log-sum-exp, all splits of a (sequence, head) read at once.
+//
+// num_splits comes from the SM count and the split kernel's occupancy (asked once per
+// device) and the table's capacity: enough splits of at least 64 tokens that small
+// batches fill the GPU (B=1 ctx 4096 Llama-3-8B: 64 splits, 512 blocks), few or one for
+// large batches (choose_splits).
 //
 // Workspace: B * Hq * num_splits * (D + 2) floats, a device::Workspace: the host's
 // allocator when the call frame offers one (torch's caching allocator under the Python
@@ -26,12 +35,17 @@
 // (stream-ordered, so it is graph-capturable: a capture records allocation and free
 // nodes). No workspace when one split suffices.
 //
+// PDL: the split kernel is a programmatic launch when the caller asks (ctx.pdl()); it
+// waits before its first load and lets dependents be scheduled once every block has
+// started. The merge waits before reading the partials.
+//
 // Empty sequences (seq_lens[b] == 0) give zeros. Lengths are clamped to [0, max_pages *
 // page_size] and page ids outside [0, num_pages) contribute nothing: no read outside the
 // caches or the table. The CPU reference reports both as errors.
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 
@@ -39,6 +53,7 @@
 #include "checks.hpp"
 #include "kreg/device/fast_divisor.cuh"
 #include "kreg/device/launch.cuh"
+#include "kreg/device/pdl.cuh"
 #include "kreg/device/reduce.cuh"
 #include "kreg/device/vec.cuh"
 #include "kreg/device/workspace.cuh"
@@ -55,7 +70,9 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kStages = 4;
 constexpr int kVec = 8;  // 16 bytes of a 16-bit type
 constexpr int kMaxSplits = 128;
-constexpr int kMinTokensPerSplit = 256;
+constexpr int kMinTokensPerSplit = 64;
+constexpr int kBlockCostTokens = 64;  // a split block's fixed cost, in tokens (choose_splits)
+constexpr int kMergeThreads = 128;
 
 __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool pred) {
   const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
@@ -96,7 +113,8 @@ struct DecodeParams {
 };
 
 template <typename T, int kDim, int kG>
-__global__ void __launch_bounds__(kThreads) decode_split_kernel(DecodeParams<T> p) {
+// At most 128 registers (4 blocks an SM, which choose_splits' occupancy query then sees).
+__global__ void __launch_bounds__(kThreads, 4) decode_split_kernel(DecodeParams<T> p) {
   constexpr int kLanes = kDim / kVec;                          // lanes per row: 8, 16, 32
   constexpr int kRowsPerWarp = 32 / kLanes;                    // rows a warp takes at once
   constexpr int kGroups = kWarps * kRowsPerWarp;               // lane groups per block
@@ -124,16 +142,29 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(DecodeParams<T> 
   const int group_id = (tid / 32) * kRowsPerWarp + lane / kLanes;
   const int dl = lane % kLanes;  // this lane's 8 elements: [dl * 8, dl * 8 + 8)
 
+  // With PDL: every input may be the previous kernel's output (a cache append, rope on q).
+  device::pdl_wait();
+
   // This split's token range [begin, end) of sequence b.
   const int capacity = p.max_pages * p.page_size;
   const int len = min(max(p.seq_lens[b], 0), capacity);
   const int per_split = ((len + p.num_splits - 1) / p.num_splits + kTile - 1) / kTile * kTile;
-  const int begin = split * per_split;
+  const int begin = min(len, split * per_split);
   const int end = min(len, begin + per_split);
-  const int num_tiles = end > begin ? (end - begin + kTile - 1) / kTile : 0;
+  const int num_tiles = (end - begin + kTile - 1) / kTile;
 
+  // The page ids of this thread's copy chunks of a tile, read one tile ahead of their
+  // use: the table load's latency then overlaps a tile's math instead of delaying the
+  // tile's copies (it was on every iteration's critical path). -1 past the end.
   const int32_t* table = p.block_table + static_cast<int64_t>(b) * p.max_pages;
-  auto issue = [&](int tile, int stage) {
+  auto lookup = [&](int tile, int32_t(&pages)[kChunksPerThread]) {
+#pragma unroll
+    for (int i = 0; i < kChunksPerThread; ++i) {
+      const int tok = begin + tile * kTile + (tid + i * kThreads) / kLanes;
+      pages[i] = tok < end ? table[p.page_div.div(static_cast<uint32_t>(tok))] : -1;
+    }
+  };
+  auto issue = [&](int tile, int stage, const int32_t(&pages)[kChunksPerThread]) {
     T* ks = tiles + (2 * stage) * kStageElems;
     T* vs = tiles + (2 * stage + 1) * kStageElems;
 #pragma unroll
@@ -142,25 +173,35 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(DecodeParams<T> 
       const int tt = cid / kLanes;
       const int dc = cid % kLanes;
       const int tok = begin + tile * kTile + tt;
-      bool ok = tok < end;
+      const int64_t page = pages[i];
+      const bool ok = page >= 0 && page < p.num_pages;  // also false past the end (-1)
       const T* src_k = p.k_cache;
       const T* src_v = p.v_cache;
       if (ok) {
-        const int page_index = static_cast<int>(p.page_div.div(static_cast<uint32_t>(tok)));
-        const int slot = tok - page_index * p.page_size;
-        const int64_t page = table[page_index];
-        ok = page >= 0 && page < p.num_pages;
-        if (ok) {
-          const int64_t row = (page * p.page_size + slot) * p.heads_k + kh;
-          src_k += row * kDim + dc * kVec;
-          src_v += row * kDim + dc * kVec;
-        }
+        const int slot =
+            tok - static_cast<int>(p.page_div.div(static_cast<uint32_t>(tok))) * p.page_size;
+        const int64_t row = (page * p.page_size + slot) * p.heads_k + kh;
+        src_k += row * kDim + dc * kVec;
+        src_v += row * kDim + dc * kVec;
       }
       cp_async_16(ks + tt * kDim + dc * kVec, src_k, ok);
       cp_async_16(vs + tt * kDim + dc * kVec, src_v, ok);
       if (dc == 0) valid_s[stage][tt] = ok;
     }
   };
+
+  // Prologue: the first tiles' page ids all loaded before any copy waits on one.
+  int32_t pages[kStages][kChunksPerThread];
+#pragma unroll
+  for (int s = 0; s < kStages; ++s) lookup(s, pages[s]);
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < num_tiles) issue(s, s, pages[s]);
+    cp_async_commit();
+  }
+  int32_t next_pages[kChunksPerThread];
+#pragma unroll
+  for (int i = 0; i < kChunksPerThread; ++i) next_pages[i] = pages[kStages - 1][i];
 
   float qf[kG][kVec];
 #pragma unroll
@@ -170,6 +211,10 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(DecodeParams<T> 
 #pragma unroll
     for (int j = 0; j < kVec; ++j) qf[g][j] = v[j] * p.scale_log2;
   }
+  // Every block has started reading: the merge kernel (or the caller's next kernel) may be
+  // scheduled; it waits for this grid to complete before it reads anything.
+  device::pdl_launch_dependents();
+
   float m[kG], l[kG], acc[kG][kVec];
 #pragma unroll
   for (int g = 0; g < kG; ++g) {
@@ -179,55 +224,75 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(DecodeParams<T> 
     for (int j = 0; j < kVec; ++j) acc[g][j] = 0.0f;
   }
 
-#pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < num_tiles) issue(s, s);
-    cp_async_commit();
-  }
   for (int tile = 0; tile < num_tiles; ++tile) {
     const int next = tile + kStages - 1;
-    if (next < num_tiles) issue(next, next % kStages);
+    if (next < num_tiles) issue(next, next % kStages, next_pages);
     cp_async_commit();
+    if (next + 1 < num_tiles) lookup(next + 1, next_pages);
     cp_async_wait<kStages - 1>();
     __syncthreads();
     const int stage = tile % kStages;
     const T* ks = tiles + (2 * stage) * kStageElems;
     const T* vs = tiles + (2 * stage + 1) * kStageElems;
+    // The lane group's kRounds rows of the tile: all scores first, then one max update
+    // and one rescale per head for the tile (not one per row, and no divergent branch).
+    float s[kRounds][kG];
 #pragma unroll
     for (int r = 0; r < kRounds; ++r) {
-      const int tt = r * kGroups + group_id;
-      const bool ok = valid_s[stage][tt];
       vec_t<float, kVec> kf;
-      kf.cast_load(ks + tt * kDim + dl * kVec);
-      float s[kG];
+      kf.cast_load(ks + (r * kGroups + group_id) * kDim + dl * kVec);
 #pragma unroll
       for (int g = 0; g < kG; ++g) {
         float dot = 0.0f;
 #pragma unroll
         for (int j = 0; j < kVec; ++j) dot += qf[g][j] * kf[j];
-        s[g] = dot;
+        s[r][g] = dot;
       }
+    }
 #pragma unroll
-      for (int off = kLanes / 2; off > 0; off /= 2) {
+    for (int off = kLanes / 2; off > 0; off /= 2) {
 #pragma unroll
-        for (int g = 0; g < kG; ++g) s[g] += __shfl_xor_sync(device::kFullWarpMask, s[g], off);
+      for (int r = 0; r < kRounds; ++r) {
+#pragma unroll
+        for (int g = 0; g < kG; ++g) {
+          s[r][g] += __shfl_xor_sync(device::kFullWarpMask, s[r][g], off);
+        }
       }
+    }
+#pragma unroll
+    for (int r = 0; r < kRounds; ++r) {
+      if (!valid_s[stage][r * kGroups + group_id]) {
+#pragma unroll
+        for (int g = 0; g < kG; ++g) s[r][g] = -INFINITY;
+      }
+    }
+#pragma unroll
+    for (int g = 0; g < kG; ++g) {
+      float mx = m[g];
+#pragma unroll
+      for (int r = 0; r < kRounds; ++r) mx = fmaxf(mx, s[r][g]);
+      // While nothing was seen (mx -inf) the reference 0 keeps exp2f's arguments -inf, not
+      // NaN: corr and the weights are then 0.
+      const float ref = mx == -INFINITY ? 0.0f : mx;
+      const float corr = exp2f(m[g] - ref);
+      m[g] = mx;
+      l[g] *= corr;
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) acc[g][j] *= corr;
+#pragma unroll
+      for (int r = 0; r < kRounds; ++r) {
+        s[r][g] = exp2f(s[r][g] - ref);  // now the row's weight
+        l[g] += s[r][g];
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < kRounds; ++r) {
       vec_t<float, kVec> vf;
-      vf.cast_load(vs + tt * kDim + dl * kVec);
+      vf.cast_load(vs + (r * kGroups + group_id) * kDim + dl * kVec);
 #pragma unroll
       for (int g = 0; g < kG; ++g) {
-        const float sg = ok ? s[g] : -INFINITY;
-        if (sg > m[g]) {
-          const float corr = exp2f(m[g] - sg);  // 0 while m is -inf
-          l[g] *= corr;
 #pragma unroll
-          for (int j = 0; j < kVec; ++j) acc[g][j] *= corr;
-          m[g] = sg;
-        }
-        const float pr = ok ? exp2f(sg - m[g]) : 0.0f;
-        l[g] += pr;
-#pragma unroll
-        for (int j = 0; j < kVec; ++j) acc[g][j] += pr * vf[j];
+        for (int j = 0; j < kVec; ++j) acc[g][j] += s[r][g] * vf[j];
       }
     }
     __syncthreads();
@@ -275,52 +340,171 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(DecodeParams<T> 
   }
 }
 
-// One block of D threads per (sequence, query head): the splits' partials combined by
-// log-sum-exp, in split order. Splits that saw no token (max -inf) are skipped.
-template <typename T>
-__global__ void decode_merge_kernel(const float* __restrict__ ws_acc,
-                                    const float2* __restrict__ ws_ml, T* __restrict__ out,
-                                    int num_splits, int dim) {
+// One block of kMergeThreads per (sequence, query head): the splits' partials combined by
+// log-sum-exp. All splits' (max, sum) are read at once (one per thread) and reduced
+// across the block; then kDim / 4 threads take a split's row as float4s and the block
+// takes kRows splits at a time, so the loads of many splits are in flight together.
+// Splits that saw no token (max -inf) get weight 0 (their acc is 0).
+template <typename T, int kDim>
+__global__ void __launch_bounds__(kMergeThreads)
+    decode_merge_kernel(const float* __restrict__ ws_acc, const float2* __restrict__ ws_ml,
+                        T* __restrict__ out, int num_splits) {
+  constexpr int kLanes = kDim / 4;
+  constexpr int kRows = kMergeThreads / kLanes;  // 8, 4, 2
+  static_assert(kMergeThreads >= kMaxSplits && kRows * kLanes == kMergeThreads);
+  __shared__ float scratch[2][device::kWarpSize];
+  __shared__ float w_s[kMergeThreads];
+  __shared__ alignas(16) float part[kRows][kDim];
+
+  // The split kernel's partials: launched with PDL, this grid may start before it ends.
+  device::pdl_wait();
   const int64_t bh = blockIdx.x;
-  const int d = static_cast<int>(threadIdx.x);
-  const float2* ml = ws_ml + bh * num_splits;
-  float mx = -INFINITY;
-  for (int s = 0; s < num_splits; ++s) mx = fmaxf(mx, ml[s].x);
-  float sum = 0.0f, a = 0.0f;
-  if (mx != -INFINITY) {
-    for (int s = 0; s < num_splits; ++s) {
-      const float2 v = ml[s];
-      if (v.x == -INFINITY) continue;
-      const float w = exp2f(v.x - mx);
-      sum += w * v.y;
-      a += w * ws_acc[(bh * num_splits + s) * dim + d];
-    }
+  const int tid = static_cast<int>(threadIdx.x);
+  const float2 ml = tid < num_splits ? ws_ml[bh * num_splits + tid] : make_float2(-INFINITY, 0.0f);
+  const float mx = device::block_row_max(ml.x, scratch[0]);
+  const float w = ml.x == -INFINITY ? 0.0f : exp2f(ml.x - mx);
+  const float sum = device::block_row_sum(w * ml.y, scratch[1]);
+  w_s[tid] = w;
+  __syncthreads();
+
+  const int row = tid / kLanes;
+  const int c = (tid % kLanes) * 4;
+  const float* src = ws_acc + bh * num_splits * kDim + c;
+  float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 4
+  for (int s = row; s < num_splits; s += kRows) {
+    const float ws = w_s[s];
+    const float4 v = *reinterpret_cast<const float4*>(src + static_cast<int64_t>(s) * kDim);
+    a.x += ws * v.x;
+    a.y += ws * v.y;
+    a.z += ws * v.z;
+    a.w += ws * v.w;
   }
-  out[bh * dim + d] = device::from_float<T>(sum > 0.0f ? a / sum : 0.0f);
+  device::pdl_launch_dependents();
+  *reinterpret_cast<float4*>(&part[row][c]) = a;
+  __syncthreads();
+  for (int d = tid; d < kDim; d += kMergeThreads) {
+    float t = 0.0f;
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) t += part[r][d];
+    out[bh * kDim + d] = device::from_float<T>(sum > 0.0f ? t / sum : 0.0f);
+  }
 }
 
-// Splits per sequence: enough blocks for about four per SM, at least kMinTokensPerSplit
-// tokens of the table's capacity per split, at most kMaxSplits.
-int choose_splits(int64_t base_blocks, int64_t capacity, int sms) {
-  const int64_t want = (4 * static_cast<int64_t>(sms) + base_blocks - 1) / base_blocks;
-  const int64_t by_length = std::max<int64_t>(1, capacity / kMinTokensPerSplit);
-  return static_cast<int>(std::clamp<int64_t>(std::min(want, by_length), 1, kMaxSplits));
+// Splits per sequence. A block's time is about its tokens plus a fixed cost (the pipeline
+// filling, the block merge, the partials' write: kBlockCostTokens), the grid runs in
+// waves of `resident` blocks (SMs times blocks per SM), and a ragged batch leaves up to
+// about half a block of tail; the count minimizing that estimate, at most kMaxSplits and
+// at least kMinTokensPerSplit tokens of the table's capacity per split. Small batches get
+// many short splits (B=1, Hk=8, ctx 4096: 64 splits of 64 tokens, 512 blocks, instead of
+// 16 splits on 128 SMs), large ones few or one (no merge).
+int choose_splits(int64_t base_blocks, int64_t capacity, int64_t resident) {
+  thread_local int64_t last_key[3] = {-1, -1, -1};
+  thread_local int last_splits = 1;
+  if (last_key[0] == base_blocks && last_key[1] == capacity && last_key[2] == resident) {
+    return last_splits;
+  }
+  const int64_t most = std::clamp<int64_t>(capacity / kMinTokensPerSplit, 1, kMaxSplits);
+  int best = 1;
+  double best_cost = INFINITY;
+  for (int64_t s = 1; s <= most; ++s) {
+    const double per_block = static_cast<double>(capacity) / static_cast<double>(s);
+    const auto waves = static_cast<double>((base_blocks * s + resident - 1) / resident);
+    const double cost = waves * (per_block + kBlockCostTokens) + 0.5 * per_block;
+    if (cost < best_cost) {
+      best_cost = cost;
+      best = static_cast<int>(s);
+    }
+  }
+  last_key[0] = base_blocks;
+  last_key[1] = capacity;
+  last_key[2] = resident;
+  last_splits = best;
+  return best;
+}
+
+// SMs times the split kernel's resident blocks per SM, asked once per device.
+template <typename T, int kDim, int kG>
+cudaError_t resident_blocks(int64_t& out) {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> known[kMaxDevices];  // 0: not asked yet
+  int dev = 0;
+  if (const cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
+  const bool cached = dev >= 0 && dev < kMaxDevices;
+  if (cached) {
+    if (const int n = known[dev].load(std::memory_order_relaxed); n > 0) {
+      out = n;
+      return cudaSuccess;
+    }
+  }
+  int sms = 0, per_sm = 0;
+  if (const cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+      e != cudaSuccess) {
+    return e;
+  }
+  if (const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+          &per_sm, decode_split_kernel<T, kDim, kG>, kThreads, 0);
+      e != cudaSuccess) {
+    return e;
+  }
+  const int n = std::max(1, sms * per_sm);
+  if (cached) known[dev].store(n, std::memory_order_relaxed);
+  out = n;
+  return cudaSuccess;
 }
 
 template <typename T, int kDim, int kG>
-cudaError_t launch_split(const DecodeParams<T>& p, int batch, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(p.num_splits),
-                  static_cast<unsigned>(p.heads_k * (p.group / kG)), static_cast<unsigned>(batch));
-  decode_split_kernel<T, kDim, kG><<<grid, kThreads, 0, stream>>>(p);
-  return cudaGetLastError();
+KernelStatus launch_split(Context& ctx, const char* op, DecodeParams<T> p, int batch,
+                          DLDevice device) {
+  int64_t resident = 0;
+  if (const cudaError_t e = resident_blocks<T, kDim, kG>(resident); e != cudaSuccess) {
+    cudaGetLastError();
+    return device::launch_status(ctx, op, e);
+  }
+  const int64_t base_blocks = int64_t{batch} * p.heads_k * (p.group / kG);
+  p.num_splits = choose_splits(base_blocks, int64_t{p.max_pages} * p.page_size, resident);
+
+  const auto stream = static_cast<cudaStream_t>(ctx.stream());
+  const size_t partials =
+      p.num_splits > 1 ? static_cast<size_t>(batch) * p.heads_q * p.num_splits : 0;
+  const size_t acc_bytes = partials * kDim * sizeof(float);
+  cudaError_t err;
+  {
+    const device::Workspace ws(ctx, acc_bytes + partials * sizeof(float2), device);
+    if (!ws.ok()) return ws.fail(ctx);
+    if (p.num_splits > 1) {
+      p.ws_acc = static_cast<float*>(ws.data());
+      p.ws_ml = reinterpret_cast<float2*>(static_cast<char*>(ws.data()) + acc_bytes);
+    }
+    const dim3 grid(static_cast<unsigned>(p.num_splits),
+                    static_cast<unsigned>(p.heads_k * (p.group / kG)),
+                    static_cast<unsigned>(batch));
+    err = device::launch(decode_split_kernel<T, kDim, kG>, grid, dim3(kThreads), 0, stream,
+                         ctx.pdl(), p);
+    if (err == cudaSuccess && p.num_splits > 1) {
+      // Always a programmatic launch (where supported): the merge's blocks are scheduled
+      // while the split kernel's last ones run, and wait in griddepcontrol.wait for its
+      // partials; that hides the second launch's latency.
+      err = device::launch(
+          decode_merge_kernel<T, kDim>, dim3(static_cast<unsigned>(int64_t{batch} * p.heads_q)),
+          dim3(kMergeThreads), 0, stream, true, static_cast<const float*>(p.ws_acc),
+          static_cast<const float2*>(p.ws_ml), p.out, p.num_splits);
+    }
+  }  // ws freed here, after the merge in stream order
+  // A failed cudaFreeAsync shows as the last error; read (and clear) it in any case.
+  if (const cudaError_t free_err = cudaGetLastError(); err == cudaSuccess) err = free_err;
+  return device::launch_status(ctx, op, err);
 }
 
 template <typename T, int kDim>
-cudaError_t launch_dim(const DecodeParams<T>& p, int batch, cudaStream_t stream) {
-  if (p.group % 8 == 0) return launch_split<T, kDim, 8>(p, batch, stream);
-  if (p.group % 4 == 0) return launch_split<T, kDim, 4>(p, batch, stream);
-  if (p.group % 2 == 0) return launch_split<T, kDim, 2>(p, batch, stream);
-  return launch_split<T, kDim, 1>(p, batch, stream);
+KernelStatus launch_dim(Context& ctx, const char* op, const DecodeParams<T>& p, int batch,
+                        DLDevice device) {
+  // Groups of 8 (Llama-3-70B) run as two chunks of 4: with 8 heads a thread holds 128
+  // floats of q and output (247 registers, 2 blocks an SM); two blocks of 4 heads (126
+  // registers, 4 blocks an SM) read the same K/V rows about together, the second from L2.
+  if (p.group % 4 == 0) return launch_split<T, kDim, 4>(ctx, op, p, batch, device);
+  if (p.group % 2 == 0) return launch_split<T, kDim, 2>(ctx, op, p, batch, device);
+  return launch_split<T, kDim, 1>(ctx, op, p, batch, device);
 }
 
 template <typename T>
@@ -348,50 +532,15 @@ KernelStatus run(Context& ctx, const char* op, const DLTensor& q, const DLTensor
     return ctx.fail(KREG_INVALID_ARGUMENT,
                     "%s: arguments 'q', 'k_cache' and 'v_cache' must be 16-byte aligned", op);
   }
-
-  int dev = 0;
-  int sms = 132;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
-    return device::launch_status(ctx, op);
+  const auto b = static_cast<int>(batch);
+  switch (dim) {
+    case 64:
+      return launch_dim<T, 64>(ctx, op, p, b, q.device);
+    case 128:
+      return launch_dim<T, 128>(ctx, op, p, b, q.device);
+    default:
+      return launch_dim<T, 256>(ctx, op, p, b, q.device);
   }
-  const int kg = p.group % 8 == 0 ? 8 : p.group % 4 == 0 ? 4 : p.group % 2 == 0 ? 2 : 1;
-  const int64_t base_blocks = batch * heads_k * (p.group / kg);
-  p.num_splits = choose_splits(base_blocks, int64_t{p.max_pages} * p.page_size, sms);
-
-  const auto stream = static_cast<cudaStream_t>(ctx.stream());
-  const size_t partials =
-      p.num_splits > 1 ? static_cast<size_t>(batch * heads_q * p.num_splits) : 0;
-  const size_t acc_bytes = partials * static_cast<size_t>(dim) * sizeof(float);
-  cudaError_t err;
-  {
-    const device::Workspace ws(ctx, acc_bytes + partials * sizeof(float2), q.device);
-    if (!ws.ok()) return ws.fail(ctx);
-    if (p.num_splits > 1) {
-      p.ws_acc = static_cast<float*>(ws.data());
-      p.ws_ml = reinterpret_cast<float2*>(static_cast<char*>(ws.data()) + acc_bytes);
-    }
-    switch (dim) {
-      case 64:
-        err = launch_dim<T, 64>(p, static_cast<int>(batch), stream);
-        break;
-      case 128:
-        err = launch_dim<T, 128>(p, static_cast<int>(batch), stream);
-        break;
-      default:
-        err = launch_dim<T, 256>(p, static_cast<int>(batch), stream);
-        break;
-    }
-    if (err == cudaSuccess && p.num_splits > 1) {
-      decode_merge_kernel<T>
-          <<<static_cast<unsigned>(batch * heads_q), static_cast<unsigned>(dim), 0, stream>>>(
-              p.ws_acc, p.ws_ml, p.out, p.num_splits, static_cast<int>(dim));
-      err = cudaGetLastError();
-    }
-  }  // ws freed here, after the merge in stream order
-  // A failed cudaFreeAsync shows as the last error; read (and clear) it in any case.
-  if (const cudaError_t free_err = cudaGetLastError(); err == cudaSuccess) err = free_err;
-  return device::launch_status(ctx, op, err);
 }
 
 }  // namespace
