@@ -12,6 +12,11 @@
 // the flat index splits into (token, head, chunk) with multiply-high dividers. A token's
 // cache row is re-read by every head of the token and stays in L1/L2.
 //
+// Programmatic dependent launch (the caller's KREG_LAUNCH_PDL, device::launch): a thread
+// waits (griddepcontrol.wait) before its first load, since q, k and the positions may be
+// the previous kernel's output, and lets the next kernel be scheduled once its last load
+// (the cache row) is issued.
+//
 // Out-of-range positions (< 0 or >= max_pos) cannot be reported from the device without a
 // synchronization: such a token is skipped (its q and k rows stay unrotated) and nothing
 // outside the cache is read. The CPU reference reports them as an error.
@@ -24,6 +29,7 @@
 #include "checks.hpp"
 #include "kreg/device/fast_divisor.cuh"
 #include "kreg/device/launch.cuh"
+#include "kreg/device/pdl.cuh"
 #include "kreg/device/vec.cuh"
 
 namespace kreg::attention {
@@ -86,6 +92,7 @@ __global__ void __launch_bounds__(kBlockThreads)
   T* x = head < shape.heads_q ? q + (t * shape.heads_q + head) * shape.head_dim
                               : k + (t * shape.heads_k + (head - shape.heads_q)) * shape.head_dim;
   const int half = shape.rotary_dim / 2;
+  device::pdl_wait();
   // The head's elements are loaded before the position is known: the two loads overlap
   // instead of the cache row waiting behind the position.
   constexpr int kPairs = kNeox ? kVec : kVec / 2;
@@ -100,13 +107,17 @@ __global__ void __launch_bounds__(kBlockThreads)
   }
   const int64_t pos = shape.pos64 ? static_cast<const int64_t*>(positions)[t]
                                   : static_cast<const int32_t*>(positions)[t];
-  if (pos < 0 || pos >= shape.max_pos) return;
+  if (pos < 0 || pos >= shape.max_pos) {
+    device::pdl_launch_dependents();
+    return;
+  }
   const float* cos_row = cache + pos * shape.rotary_dim;
   const float* sin_row = cos_row + half;
   const int first_pair = kNeox ? first : first / 2;
   float c[kPairs], s[kPairs];
   load_floats<kPairs, kAligned>(c, cos_row + first_pair);
   load_floats<kPairs, kAligned>(s, sin_row + first_pair);
+  device::pdl_launch_dependents();
   if constexpr (!kNeox) {
 #pragma unroll
     for (int p = 0; p < kPairs; ++p) {
@@ -135,7 +146,7 @@ __global__ void __launch_bounds__(kBlockThreads)
 
 template <typename T, int kVec, bool kNeox, bool kAligned>
 cudaError_t launch(T* q, T* k, const float* cache, const void* positions, const RopeShape& shape,
-                   int64_t tokens, cudaStream_t stream) {
+                   int64_t tokens, cudaStream_t stream, bool pdl) {
   const int64_t chunks_per_head = (kNeox ? shape.rotary_dim / 2 : shape.rotary_dim) / kVec;
   const int64_t chunks_per_token = (shape.heads_q + shape.heads_k) * chunks_per_head;
   const int64_t tokens_per_launch = std::max<int64_t>(1, INT32_MAX / chunks_per_token);
@@ -145,22 +156,29 @@ cudaError_t launch(T* q, T* k, const float* cache, const void* positions, const 
     const int64_t n = std::min(tokens_per_launch, tokens - t0);
     const auto total = static_cast<uint32_t>(n * chunks_per_token);
     const auto blocks = static_cast<unsigned>((total + kBlockThreads - 1) / kBlockThreads);
-    rope_kernel<T, kVec, kNeox, kAligned><<<blocks, kBlockThreads, 0, stream>>>(
-        q, k, cache, positions, shape, t0, total, token_div, head_div);
-    if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
+    const cudaError_t err =
+        device::launch(rope_kernel<T, kVec, kNeox, kAligned>, dim3(blocks), dim3(kBlockThreads), 0,
+                       stream, pdl, q, k, cache, positions, shape, t0, total, token_div, head_div);
+    if (err != cudaSuccess) {
+      cudaGetLastError();  // returned here; not reported again by a later check
+      return err;
+    }
   }
   return cudaSuccess;
 }
 
 template <typename T, bool kNeox>
 cudaError_t launch_typed(T* q, T* k, const float* cache, const void* positions,
-                         const RopeShape& shape, int64_t tokens, cudaStream_t stream) {
+                         const RopeShape& shape, int64_t tokens, cudaStream_t stream, bool pdl) {
   constexpr int kWide = 16 / sizeof(T);
   const int span = kNeox ? shape.rotary_dim / 2 : shape.rotary_dim;
   const bool fast = span % kWide == 0 && shape.head_dim % kWide == 0 && device::aligned16(q) &&
                     device::aligned16(k) && device::aligned16(cache);
-  if (fast) return launch<T, kWide, kNeox, true>(q, k, cache, positions, shape, tokens, stream);
-  return launch < T, kNeox ? 1 : 2, kNeox, false > (q, k, cache, positions, shape, tokens, stream);
+  if (fast) {
+    return launch<T, kWide, kNeox, true>(q, k, cache, positions, shape, tokens, stream, pdl);
+  }
+  return launch < T, kNeox ? 1 : 2, kNeox,
+         false > (q, k, cache, positions, shape, tokens, stream, pdl);
 }
 
 }  // namespace
@@ -188,9 +206,10 @@ KernelStatus rope_cuda(Context& ctx, DLTensor& q, DLTensor& k, const DLTensor& c
     using T = decltype(tag);
     T* qp = data_ptr<T>(q);
     T* kp = data_ptr<T>(k);
-    const cudaError_t err = is_neox
-                                ? launch_typed<T, true>(qp, kp, cache, pos, shape, tokens, stream)
-                                : launch_typed<T, false>(qp, kp, cache, pos, shape, tokens, stream);
+    const bool pdl = ctx.pdl();
+    const cudaError_t err =
+        is_neox ? launch_typed<T, true>(qp, kp, cache, pos, shape, tokens, stream, pdl)
+                : launch_typed<T, false>(qp, kp, cache, pos, shape, tokens, stream, pdl);
     return device::launch_status(ctx, op, err);
   });
 }
