@@ -570,6 +570,40 @@ TEST_F(AttentionGpu, LargeShapes) {
   check_gpu_against_cpu(find("attention.decode"), bf, decode, 0);
 }
 
+// The split counts decode picks from the SM count: many short splits for one sequence
+// with a long table (B=1: up to 128 splits of 64+ tokens), far more splits than a short
+// sequence can fill (empty splits in the merge), ragged batches with empty and length-1
+// sequences next to long ones, and a group of 8 (run as two chunks of 4 heads).
+TEST_F(AttentionGpu, DecodeSplitRegimes) {
+  std::mt19937_64 rng(14);
+  const auto cases = op_cases();
+  const OpCase& c = *std::find_if(cases.begin(), cases.end(), [](const OpCase& oc) {
+    return std::string(oc.op) == "attention.decode";
+  });
+  for (DType dt : {DType::kBF16, DType::kF16}) {
+    // Llama-3-8B heads, one long sequence: tens of splits.
+    Call one = decode_call(dt, {16384}, 32, 8, 128, 16, 1024, rng);
+    check_gpu_against_cpu(c, dt, one, 0);
+    // One kv head, 8192-token table: the split count at its maximum (128), all used.
+    Call full = decode_call(dt, {8192}, 4, 1, 128, 16, 512, rng);
+    check_gpu_against_cpu(c, dt, full, 0);
+    // The same split count for 100 tokens: most splits see no token.
+    Call sparse = decode_call(dt, {100}, 4, 1, 128, 16, 1024, rng);
+    check_gpu_against_cpu(c, dt, sparse, 0);
+    // Ragged: empty and length-1 sequences among long ones.
+    Call ragged = decode_call(dt, {0, 1, 4000, 17, 0, 1, 2500, 64}, 32, 8, 128, 16, 256, rng);
+    check_gpu_against_cpu(c, dt, ragged, 0);
+    // Llama-3-70B heads (group 8), ragged.
+    Call g8 = decode_call(dt, {3000, 1, 0, 777}, 64, 8, 128, 16, 200, rng);
+    check_gpu_against_cpu(c, dt, g8, 0);
+  }
+  // The other head sizes with many splits; page 7 ends pages off tiles.
+  for (int64_t dim : {64, 256}) {
+    Call call = decode_call(DType::kBF16, {5000, 0, 1}, 8, 1, dim, 7, 800, rng);
+    check_gpu_against_cpu(c, DType::kBF16, call, 0);
+  }
+}
+
 TEST_F(AttentionGpu, MisalignedViewsTakeTheScalarPaths) {
   std::mt19937_64 rng(9);
   for (const OpCase& c : op_cases()) {
@@ -676,6 +710,67 @@ TEST_F(AttentionGpu, OutOfRangeIndicesAreSkippedNotRead) {
     for (const Buffer& b : call.buffers) in.push_back(values(b));
     expect_close("out", device_values(d, 5, 0), decode_oracle(call, in)[5],
                  harness::tolerance_for(DType::kBF16));
+  }
+}
+
+// Programmatic dependent launch (KREG_LAUNCH_PDL): a kernel may start before the one it
+// follows has finished and must wait before reading that kernel's output. A chain whose
+// links read the previous link's output, behind a large first rope (so that an early read
+// would see stale memory): rope again in place, decode on the first tokens of the rotated
+// q, rope once more (rewriting q after decode read it). Bit for bit what the same chain
+// gives without PDL, repeated so that a race has chances to show.
+TEST_F(AttentionGpu, PdlChainsReadWhatTheKernelBeforeWrote) {
+  const int64_t t = 4096, hq = 32, hk = 8, dim = 128;
+  std::mt19937_64 rng(16);
+  Call rope_host = rope_call(DType::kBF16, t, hq, hk, dim, dim, true, DType::kI64, rng);
+  Call dec_host = decode_call(DType::kBF16, {300, 1, 0, 77}, hq, hk, dim, 16, 20, rng);
+  auto rope = handle("attention.rope", "cuda");
+  auto dec = handle("attention.decode", "cuda");
+  auto dec_attrs = dec.attrs(dec_host.attrs);
+  ASSERT_TRUE(dec_attrs.ok()) << dec_attrs.status().message();
+  DeviceCall rope_in = to_device(rope_host, 0);  // q, k, cache, positions: the start state
+  DeviceCall dec_in = to_device(dec_host, 0);
+  auto copy = [](const Buffer& b) {
+    auto d = Buffer::make(kGpu, b.dtype(), b.shape());
+    EXPECT_TRUE(d.ok());
+    EXPECT_TRUE(d->copy_from(b).ok());
+    return std::move(d).value();
+  };
+  auto run_chain = [&](uint64_t flags) {
+    Buffer q = copy(rope_in.storage[0]), k = copy(rope_in.storage[1]);
+    Buffer out = copy(dec_in.storage[5]);
+    // The views of to_device (shapes, dtypes) over this run's copies.
+    DLTensor qt = rope_in.views[0], kt = rope_in.views[1], dout = dec_in.views[5];
+    qt.data = q.tensor()->data;
+    kt.data = k.tensor()->data;
+    dout.data = out.tensor()->data;
+    // Decode's q: the first B tokens of rope's q.
+    int64_t dec_q_shape[3] = {4, hq, dim};
+    DLTensor dq = qt;
+    dq.shape = dec_q_shape;
+    const CallOptions first{nullptr, nullptr, 0};
+    const CallOptions next{nullptr, nullptr, flags};
+    DLTensor* r[] = {&qt, &kt, &rope_in.views[2], &rope_in.views[3]};
+    DLTensor* d[] = {&dq,  &dec_in.views[1], &dec_in.views[2], &dec_in.views[3], &dec_in.views[4],
+                     &dout};
+    for (int i = 0; i < 4; ++i) {
+      EXPECT_TRUE(rope.call(r, {}, first).ok());
+      EXPECT_TRUE(rope.call(r, {}, next).ok());                // reads q, k
+      EXPECT_TRUE(dec.call(d, dec_attrs->view(), next).ok());  // reads q
+      EXPECT_TRUE(rope.call(r, {}, next).ok());                // rewrites q after decode
+    }
+    EXPECT_TRUE(harness::device_synchronize().ok());
+    return std::vector<std::vector<uint8_t>>{test::bytes_of(q), test::bytes_of(k),
+                                             test::bytes_of(out)};
+  };
+  const auto want = run_chain(0);
+  for (int rep = 0; rep < 5; ++rep) {
+    const auto got = run_chain(KREG_LAUNCH_PDL);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_TRUE(got[i] == want[i])
+          << "result " << i << " differs with PDL (repetition " << rep << ")";
+    }
   }
 }
 
