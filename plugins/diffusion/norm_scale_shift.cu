@@ -16,6 +16,11 @@
 //  - Longer rows and narrow vectors (odd H, misaligned views): blockDim.x lanes
 //    per row (up to 1024) with kItems vectors each and block reductions; the
 //    part of a row beyond the register window is re-read (from L2) per pass.
+//  - Few rows (decode-sized calls, e.g. B=1 S=16 H=3072: a warp per row was 16
+//    warps on 132 SMs, each lane holding 12 vectors, 80 registers, 9.9 us): a block
+//    per row with one or two 16-byte vectors a lane (H/8 threads in bf16), while
+//    the blocks fit in one wave (2048 threads an SM); the latency is then one
+//    load, two block reductions and one store.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -38,6 +43,10 @@ using device::vec_t;
 constexpr int kMaxThreadsPerRow = 1024;
 constexpr int kWarpRowBlockThreads = 128;             // rows of at most one warp: 4+ rows a block
 constexpr int kWarpRowVecs = 16 * device::kWarpSize;  // the longest warp-per-row row
+// One wave of the H200 (132 SMs of 2048 threads): calls whose block-per-row launch fits
+// in it take that launch (the count only steers the choice, never the results).
+constexpr int64_t kSms = 132;
+constexpr int64_t kThreadsPerSm = 2048;
 
 struct NormArgs {
   const void* x;
@@ -208,8 +217,9 @@ cudaError_t launch(const NormArgs& a, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-// 16-byte vectors: a warp per row up to 512 vectors (kItems = the smallest of
-// 1, 2, 4, 8, 12, 16 that covers the row), else up to 1024 lanes of 8 vectors.
+// 16-byte vectors: a block per row for calls of few rows (above); otherwise a warp
+// per row up to 512 vectors (kItems = the smallest of 1, 2, 4, 8, 12, 16 that covers
+// the row), else up to 1024 lanes of 8 vectors.
 // Narrow vectors (odd H or misaligned views) always hold four.
 template <typename T, int kVec>
 cudaError_t launch_with_vec(const NormArgs& a, cudaStream_t stream) {
@@ -217,6 +227,15 @@ cudaError_t launch_with_vec(const NormArgs& a, cudaStream_t stream) {
   if constexpr (kVec * sizeof(T) == 16) {
     constexpr int kW = device::kWarpSize;
     static_assert(kWarpRowVecs == 16 * kW);
+    // Few rows of more than a warp's vectors: a block per row, 1 or 2 vectors a lane.
+    if (vecs > kW && vecs <= 2 * kMaxThreadsPerRow) {
+      const bool one = vecs <= kMaxThreadsPerRow;
+      const int64_t threads = round_up(static_cast<int>(one ? vecs : (vecs + 1) / 2), kW);
+      if (a.rows <= kSms * (kThreadsPerSm / threads)) {
+        return one ? launch<T, kVec, 1, kMaxThreadsPerRow>(a, stream)
+                   : launch<T, kVec, 2, kMaxThreadsPerRow>(a, stream);
+      }
+    }
     if (vecs <= 1 * kW) return launch<T, kVec, 1, kWarpRowBlockThreads>(a, stream);
     if (vecs <= 2 * kW) return launch<T, kVec, 2, kWarpRowBlockThreads>(a, stream);
     if (vecs <= 4 * kW) return launch<T, kVec, 4, kWarpRowBlockThreads>(a, stream);
