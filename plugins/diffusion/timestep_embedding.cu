@@ -2,7 +2,7 @@
 // with args[i] = t[n] * freq[i] * scale, freq[i] = exp(-ln(max_period) * i /
 // (half - shift)), and a zero last column for odd dim.
 //
-// Launch shape: each thread owns 4 consecutive frequencies, computed once (exp
+// Launch shape (large calls): each thread owns 4 consecutive frequencies, computed once (exp
 // in double, rounded to fp32, bit-identical to the CPU reference's) and kept in
 // registers while it walks rows n = blockIdx.y, blockIdx.y + gridDim.y, ...;
 // per row it writes its 4 sines and 4 cosines, as two float4 stores when dim %
@@ -14,6 +14,11 @@
 // of 128 threads, one wave of 16 blocks per SM. The argument is rounded exactly as
 // diffusers' fp32 code rounds it ((t * freq) * scale); the sine and cosine come
 // from sincosf (full-range argument reduction, no fast-math).
+//
+// Small calls (N * dim/2 up to one wave of threads; N = 2, dim = 320 was one block of 64
+// threads per row, 40 of them busy, each computing 4 double exps and 4 sincosf, 3.5 us in
+// ncu): one frequency per thread, a block row of up to 256 threads per row, so a thread's
+// latency is one exp and one sincosf.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -28,19 +33,21 @@ namespace kreg::diffusion {
 namespace {
 
 constexpr int kMaxThreads = 256;
-constexpr int kFreqsPerThread = 4;
+constexpr int kFreqsPerThread = 4;                       // large calls; small ones take one
+constexpr int64_t kSmallMaxPairs = int64_t{132} * 2048;  // rows * half: one wave of threads
 constexpr int64_t kMaxRowBlocks = 65535;
 constexpr int64_t kRowsPerBlock = 32;  // rows a block walks, about
 
-template <typename T, bool kFloat4>
+// kFreqs consecutive frequencies a thread; kFloat4 (kFreqs == 4): float4 stores.
+template <typename T, int kFreqs, bool kFloat4>
 __global__ void __launch_bounds__(kMaxThreads)
     timestep_embedding_kernel(const T* __restrict__ t, float* __restrict__ out, int64_t rows,
                               int64_t dim, TimestepEmbedding e) {
-  const int64_t i0 =
-      (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kFreqsPerThread;
-  float freq[kFreqsPerThread];
+  static_assert(!kFloat4 || kFreqs == 4);
+  const int64_t i0 = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kFreqs;
+  float freq[kFreqs];
 #pragma unroll
-  for (int j = 0; j < kFreqsPerThread; ++j) {
+  for (int j = 0; j < kFreqs; ++j) {
     freq[j] = i0 + j < e.half ? timestep_frequency(e, i0 + j) : 0.0f;
   }
   const int64_t sin_col = e.flip ? e.half : 0;
@@ -48,9 +55,9 @@ __global__ void __launch_bounds__(kMaxThreads)
   const bool writes_pad = e.pad && blockIdx.x == 0 && threadIdx.x == 0;
   for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
     const float tv = device::to_float(t[r]);
-    float s[kFreqsPerThread], c[kFreqsPerThread];
+    float s[kFreqs], c[kFreqs];
 #pragma unroll
-    for (int j = 0; j < kFreqsPerThread; ++j) {
+    for (int j = 0; j < kFreqs; ++j) {
       const float arg = (tv * freq[j]) * e.scale;
       sincosf(arg, &s[j], &c[j]);
     }
@@ -63,7 +70,7 @@ __global__ void __launch_bounds__(kMaxThreads)
       }
     } else {
 #pragma unroll
-      for (int j = 0; j < kFreqsPerThread; ++j) {
+      for (int j = 0; j < kFreqs; ++j) {
         if (i0 + j < e.half) {
           row[sin_col + i0 + j] = s[j];
           row[cos_col + i0 + j] = c[j];
@@ -79,23 +86,33 @@ cudaError_t launch(const DLTensor& t, DLTensor& out, const TimestepEmbedding& e,
                    cudaStream_t stream) {
   const int64_t rows = t.shape[0];
   const int64_t dim = out.shape[1];
+  const T* tp = data_ptr<const T>(t);
+  float* op = data_ptr<float>(out);
+  if (rows * e.half <= kSmallMaxPairs) {
+    // One frequency a thread, one row per block row (rows beyond 65535 are walked).
+    const int64_t threads_needed = std::max<int64_t>(1, e.half);
+    const int64_t threads = std::min<int64_t>(kMaxThreads, (threads_needed + 31) / 32 * 32);
+    const dim3 grid(static_cast<unsigned>((threads_needed + threads - 1) / threads),
+                    static_cast<unsigned>(std::min(rows, kMaxRowBlocks)));
+    timestep_embedding_kernel<T, 1, false>
+        <<<grid, static_cast<unsigned>(threads), 0, stream>>>(tp, op, rows, dim, e);
+    return cudaGetLastError();
+  }
   const int64_t threads_needed =
       std::max<int64_t>(1, (e.half + kFreqsPerThread - 1) / kFreqsPerThread);
   const int64_t threads = std::min<int64_t>(kMaxThreads, (threads_needed + 31) / 32 * 32);
-  // Small calls keep one row per block (latency); large ones ~32 rows a block.
+  // ~32 rows a block (at least min(rows, 1024) blocks), amortizing the frequencies.
   const int64_t row_blocks =
       std::min(std::max((rows + kRowsPerBlock - 1) / kRowsPerBlock, std::min<int64_t>(rows, 1024)),
                kMaxRowBlocks);
   const dim3 grid(static_cast<unsigned>((threads_needed + threads - 1) / threads),
                   static_cast<unsigned>(row_blocks));
-  const T* tp = data_ptr<const T>(t);
-  float* op = data_ptr<float>(out);
   const bool float4_ok = dim % 8 == 0 && device::aligned16(op);
   if (float4_ok) {
-    timestep_embedding_kernel<T, true>
+    timestep_embedding_kernel<T, kFreqsPerThread, true>
         <<<grid, static_cast<unsigned>(threads), 0, stream>>>(tp, op, rows, dim, e);
   } else {
-    timestep_embedding_kernel<T, false>
+    timestep_embedding_kernel<T, kFreqsPerThread, false>
         <<<grid, static_cast<unsigned>(threads), 0, stream>>>(tp, op, rows, dim, e);
   }
   return cudaGetLastError();
