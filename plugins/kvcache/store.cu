@@ -1,18 +1,28 @@
 // CUDA kernels for kvcache.store and kvcache.set_mla_kv_buffer: scattering rows into a
 // cache at indices, as whole 16-byte words where the sizes and pointers allow.
 //
-// Launch shape (both ops): 256-thread blocks; each row (a token) is owned by a group of
-// G lanes, G the smallest power of two >= the row's word count, at most 32 (a warp), so
-// short rows still fill the warp with several rows. A lane loads up to kUnroll words of
-// its row (k and v rows back to back for store) before it stores any, which keeps 8
-// 16-byte loads in flight per lane: at Hk * D = 1024 bf16 one warp moves its token's
-// 4 KiB in one round. Grid: ceil(rows / (256 / G)) blocks. Source rows are read once
-// (evict-first loads); cache rows are stored normally, attention reads them next.
+// Launch shape (kvcache.store; set_mla_kv_buffer's fallback): 256-thread blocks; each row (a token)
+// is owned by a group of G lanes, G the smallest power of two >= the row's word count, at most 32
+// (a warp), so short rows still fill the warp with several rows. A lane loads up to kUnroll words
+// of its row (k and v rows back to back for store) before it stores any, which keeps 8 16-byte
+// loads in flight per lane: at Hk * D = 1024 bf16 one warp moves its token's 4 KiB in one round.
+// Grid: ceil(rows / (256 / G)) blocks. Source rows are read once (evict-first loads); cache rows
+// are stored normally, attention reads them next.
 //
 // The row's index is loaded together with the row's first words, not before them: its
 // value is needed only at the first store, so the index and the data take one round trip
 // to memory instead of two; with short rows (set_mla_kv_buffer's 1152 bytes) the second
 // round trip was a large share of each row's time.
+//
+// set_mla_kv_buffer moves one 16-byte word per thread instead (flat index over the n
+// rows' words, split into (row, word) with a multiply-high divider), 256-thread blocks,
+// smaller ones (about one per SM) when the call is small. With 16 lanes of ~4.5 words
+// per 1152-byte row, one load-then-store round per thread, the SMs held (by count) ~19 MB
+// of loads at once: n = 32768 (38 MB) ran as about two bulk rounds of
+// loads, then stores (55-69% of copy). One word per thread keeps ~4 MB in flight, the
+// blocks retire and refill continuously (copy_rows' shape, 95% of copy at 256 MiB), and
+// a decode-sized call (n = 16: 1152 words) is 36 blocks of 32 threads instead of one block.
+// The old kernel remains for calls of 2^31 words or more.
 //
 // Indices outside [0, rows of the cache) (-1 is the padding convention) skip the row.
 // Duplicate indices race: one of the rows lands, which one is unspecified.
@@ -25,6 +35,7 @@
 #include <initializer_list>
 #include <type_traits>
 
+#include "kreg/device/fast_divisor.cuh"
 #include "kreg/device/launch.cuh"
 #include "kreg/device/vec.cuh"
 #include "kvcache.hpp"
@@ -217,6 +228,26 @@ __global__ void __launch_bounds__(kBlockThreads)
   }
 }
 
+// One word per thread: thread i moves word i % total of row i / total.
+template <typename Idx, typename W>
+__global__ void __launch_bounds__(kBlockThreads)
+    set_mla_flat_kernel(W* __restrict__ kv_buffer, const Idx* __restrict__ loc,
+                        const W* __restrict__ k_nope, const W* __restrict__ k_rope,
+                        uint32_t total_threads, int64_t rows, uint32_t nope_words,
+                        uint32_t rope_words, device::FastDivisor row_words) {
+  const uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= total_threads) return;
+  const uint32_t r = row_words.div(i);
+  const uint32_t j = i - r * row_words.divisor;
+  // The index and the word are independent loads: one round trip for both.
+  const int64_t dst_row = load_index(loc, r);
+  const W w = j < nope_words
+                  ? __ldcs(k_nope + static_cast<int64_t>(r) * nope_words + j)
+                  : __ldcs(k_rope + static_cast<int64_t>(r) * rope_words + (j - nope_words));
+  if (dst_row < 0 || dst_row >= rows) return;
+  kv_buffer[dst_row * row_words.divisor + j] = w;
+}
+
 // ---- Host launchers ----
 
 unsigned grid_for(int64_t rows, int log2_lanes) {
@@ -302,6 +333,25 @@ void launch_set_mla(void* buf, const void* loc, const void* nope, const void* ro
                     int64_t rows, int64_t nope_bytes, int64_t rope_bytes, cudaStream_t stream) {
   using W = device::word_t<kWordBytes>;
   const int64_t nope_words = nope_bytes / kWordBytes, rope_words = rope_bytes / kWordBytes;
+  const int64_t row_words = nope_words + rope_words;
+  // n * row_words < 2^31: 32-bit flat indices and the FastDivisor's range.
+  if (n <= (int64_t{INT32_MAX} - 1) / row_words) {
+    const int64_t threads = n * row_words;
+    // Small calls: blocks of at least a warp, about one per SM (of 132), rather than a
+    // few 256-thread blocks that serialize their rows' loads on a few SMs.
+    constexpr int64_t kSms = 132;
+    int64_t block = kBlockThreads;
+    if (threads < kBlockThreads * kSms) {
+      block = std::clamp<int64_t>(((threads + kSms - 1) / kSms + 31) / 32 * 32, 32, kBlockThreads);
+    }
+    set_mla_flat_kernel<Idx, W><<<static_cast<unsigned>((threads + block - 1) / block),
+                                  static_cast<unsigned>(block), 0, stream>>>(
+        static_cast<W*>(buf), static_cast<const Idx*>(loc), static_cast<const W*>(nope),
+        static_cast<const W*>(rope), static_cast<uint32_t>(threads), rows,
+        static_cast<uint32_t>(nope_words), static_cast<uint32_t>(rope_words),
+        device::FastDivisor(static_cast<uint32_t>(row_words)));
+    return;
+  }
   const int log2_lanes = log2_lanes_for_copy(nope_words + rope_words, kUnroll);
   set_mla_kernel<Idx, W><<<grid_for(n, log2_lanes), kBlockThreads, 0, stream>>>(
       static_cast<W*>(buf), static_cast<const Idx*>(loc), static_cast<const W*>(nope),
