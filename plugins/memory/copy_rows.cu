@@ -13,6 +13,13 @@
 // us for 2048 grid-striding blocks of 4 words per thread and 135.0 us for
 // cudaMemcpyAsync; scratch micro-benchmark, 2026-11-30); the loop only covers grids
 // beyond 2^31 blocks.
+//
+// Small calls with the offset on dst (src_row is 0 whatever the scalars say): each thread
+// loads its source word before the two scalars come back, so the scalars' round trip and
+// the data's overlap instead of following each other (a decode-sized copy is two such
+// round trips and a store; torch's copy, which knows its addresses, is one). The
+// speculative load reads every word the grid covers (all in bounds of src), so it is
+// taken only while that is at most kEarlyMaxBytes; larger calls load after the scalars.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -27,16 +34,29 @@ namespace {
 constexpr int kBlockThreads = 256;
 constexpr int kUnroll = 1;
 constexpr int64_t kMaxBlocks = (int64_t{1} << 31) - 1;  // the grid's x limit
+constexpr int64_t kEarlyMaxBytes = int64_t{1} << 20;    // speculative loads: at most 1 MiB
 
 __device__ __forceinline__ int64_t read_index(const void* p, bool is64) {
   return is64 ? *static_cast<const int64_t*>(p) : *static_cast<const int32_t*>(p);
 }
 
-template <typename Word>
+template <typename Word, bool kEarly>
 __global__ void __launch_bounds__(kBlockThreads)
     copy_rows_kernel(const Word* __restrict__ src, Word* __restrict__ dst, const void* offset,
                      bool offset64, const void* count, bool count64, bool offset_on_src,
                      int64_t src_rows, int64_t dst_rows, int64_t row_words) {
+  if constexpr (kEarly) {
+    // !offset_on_src, one word a thread, grid = min(src_rows, dst_rows) * row_words words
+    // (below 2^31 blocks: no loop): word i of src is in bounds before the range is known.
+    const int64_t i = static_cast<int64_t>(blockIdx.x) * kBlockThreads + threadIdx.x;
+    const int64_t max_words = (src_rows < dst_rows ? src_rows : dst_rows) * row_words;
+    Word w{};
+    if (i < max_words) w = __ldcs(src + i);
+    const RowRange r = clamp_row_range(read_index(offset, offset64), read_index(count, count64),
+                                       false, src_rows, dst_rows);
+    if (i < r.rows * row_words) __stcs(dst + r.dst_row * row_words + i, w);
+    return;
+  }
   const RowRange r = clamp_row_range(read_index(offset, offset64), read_index(count, count64),
                                      offset_on_src, src_rows, dst_rows);
   const int64_t total = r.rows * row_words;
@@ -68,7 +88,10 @@ cudaError_t launch(const DLTensor& src, DLTensor& dst, const DLTensor& offset,
   const int64_t per_block = int64_t{kBlockThreads} * kUnroll;
   const auto blocks =
       static_cast<unsigned>(std::min(kMaxBlocks, (max_words + per_block - 1) / per_block));
-  copy_rows_kernel<Word><<<blocks, kBlockThreads, 0, stream>>>(
+  const bool early =
+      !offset_on_src && max_words * static_cast<int64_t>(sizeof(Word)) <= kEarlyMaxBytes;
+  auto kernel = early ? copy_rows_kernel<Word, true> : copy_rows_kernel<Word, false>;
+  kernel<<<blocks, kBlockThreads, 0, stream>>>(
       data_ptr<const Word>(src), data_ptr<Word>(dst), data_ptr<const void>(offset),
       offset.dtype.bits == 64, data_ptr<const void>(count), count.dtype.bits == 64, offset_on_src,
       plan.src_rows, plan.dst_rows, row_words);
