@@ -394,12 +394,45 @@ TEST_F(GpuDiffusionKernels, MatchTheCpuReferenceOverAShapeSweep) {
   }
 }
 
+// The launch shapes chosen by call size, on both sides of each switch (the thresholds
+// assume 132 SMs of 2048 threads; the results must not depend on which side a call is):
+// norm_scale_shift's block per row for few rows (bf16/f16 H = 3072: up to 660 rows, f32:
+// 264; H = 8192 and 16384: one and two vectors a lane) against a warp per row;
+// timestep_embedding's one frequency a thread (N * dim/2 <= 270336) against four.
+TEST_F(GpuDiffusionKernels, LaunchShapesOnBothSidesOfTheSizeSwitches) {
+  std::vector<Case> cs;
+  for (auto [b, s, h] : std::vector<std::array<int64_t, 3>>{{1, 16, 3072},
+                                                            {1, 660, 3072},
+                                                            {1, 661, 3072},
+                                                            {2, 132, 3072},
+                                                            {1, 265, 3072},
+                                                            {3, 5, 8192},
+                                                            {1, 133, 8192},
+                                                            {2, 3, 16384},
+                                                            {1, 7, 4096},
+                                                            {1, 529, 4096},
+                                                            {4, 9, 512}}) {
+    cs.push_back(norm_scale_shift_case(b, s, h, false, false, 0));
+    cs.push_back(norm_scale_shift_case(b, s, h, true, true, 3));
+  }
+  for (auto [n, dim] : std::vector<std::pair<int64_t, int64_t>>{
+           {2, 320}, {16, 256}, {1056, 512}, {1057, 512}, {600, 1024}, {3, 1023}, {1, 641}}) {
+    cs.push_back(timestep_embedding_case(n, dim, false, 1.0, 1.0, 10000, true));
+    cs.push_back(timestep_embedding_case(n, dim, true, 0.0, 1000.0, 100, false));
+  }
+  uint64_t seed = 5000;
+  for (const Case& c : cs) {
+    for (DType dt : {DType::kBF16, DType::kF16, DType::kF32}) check_on_gpu(c, dt, seed++);
+  }
+}
+
 TEST_F(GpuDiffusionKernels, MisalignedViews) {
   // Every tensor one element into its allocation: no 16-byte vectors anywhere.
   for (const Case& c :
        {residual_gate_add_case(2, 3, 4096, false), residual_gate_add_case(2, 3, 4096, true),
         norm_scale_shift_case(2, 3, 3072, false, true, 1), group_norm_silu_case({2, 64, 8, 8}, 32),
-        timestep_embedding_case(5, 1024, true, 0.0, 1.0, 10000, true)}) {
+        timestep_embedding_case(5, 1024, true, 0.0, 1.0, 10000, true),
+        timestep_embedding_case(600, 1024, false, 1.0, 1.0, 10000, true)}) {
     SCOPED_TRACE(c.op + " " + c.label + " misaligned");
     const DType dt = DType::kBF16;
     auto cuda = resolve(c.op, kGpu, dt);
