@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstring>
 #include <deque>
+#include <initializer_list>
 #include <numeric>
 #include <optional>
 #include <random>
@@ -794,6 +795,17 @@ TEST_F(KvcacheGpu, SetMlaMatchesTheCpuReference) {
   const KernelHandle cpu = handle("kvcache.set_mla_kv_buffer", "cpu");
   std::vector<MlaShape> shapes(std::begin(kMlaShapes), std::end(kMlaShapes));
   shapes.push_back({2000, 4096, 512, 64});
+  // One word a thread: blocks of 32-256 threads for calls below 33792 words (bf16 512+64
+  // is 72 words a row: n = 469 the last small call, 470 the first 256-thread one), the
+  // vs_torch shapes (n = 16, 64, 32768) and 9-word rows (64 + 8 bf16) that straddle warps.
+  for (MlaShape s : std::initializer_list<MlaShape>{{16, 4096, 512, 64},
+                                                    {64, 4096, 512, 64},
+                                                    {469, 1000, 512, 64},
+                                                    {470, 1000, 512, 64},
+                                                    {32768, 65536, 512, 64},
+                                                    {3001, 4000, 64, 8}}) {
+    shapes.push_back(s);
+  }
   uint64_t seed = 2000;
   for (const MlaShape& s : shapes) {
     for (DType dt : kMlaDtypes) {
