@@ -197,6 +197,15 @@ TEST_F(GpuMemoryKernels, LargeCopiesAndMisalignedViews) {
       {DType::kBF16, 100, 100, 4096, 3, 50, true, 1},         // 2-byte words
       {DType::kF32, 100, 100, 1023, 0, 99, false, 1},         // 4-byte words, odd rows
       {DType::kI8, 64, 64, 4095, 1, 63, true, 3},             // 1-byte words
+      // Offset on dst, grids of at most 1 MiB of source words load before the range is
+      // known: at the limit (64 rows of 16 KB) and one row past it, the vs_torch decode
+      // shape, clamped and empty ranges with the speculative loads, a 2-byte-word view.
+      {DType::kF32, 64, 200, 4096, 150, 64, false, 0},  // 1 MiB grid, clamped to 50 rows
+      {DType::kF32, 65, 200, 4096, 10, 65, false, 0},   // 1 MiB + 16 KB: loads after
+      {DType::kBF16, 8, 4096, 576, 100, 8, false, 0},
+      {DType::kBF16, 40, 50, 576, 30, 40, false, 1},  // clamped to 20 rows, 2-byte words
+      {DType::kBF16, 40, 50, 576, 60, 5, false, 0},   // offset past dst: nothing copied
+      {DType::kBF16, 40, 50, 576, 3, -2, false, 0},   // negative count: nothing copied
   };
   for (const Big& c : cases) {
     const CopyCase cc{c.dt,      DType::kI64, c.src_rows, c.dst_rows,
