@@ -10,6 +10,7 @@
 
 #include "kreg/plugin_library.hpp"
 #include "kreg/registry.hpp"
+#include "kreg/resource.hpp"
 #include "kreg/validation.hpp"
 
 namespace fs = std::filesystem;
@@ -242,6 +243,47 @@ TEST(PluginCapabilities, CountsAndPointersAreChecked) {
   m = open_error("bad_caps_heap_records");
   EXPECT_TRUE(has(m, ": kernel record 0: capability record 0 at 0x")) << m;
   EXPECT_TRUE(has(m, "is outside the library's loaded segments")) << m;
+}
+
+// ---- ABI 1.4 resource-type tables read defensively (fixtures/plugins/bad_resources.cpp) ----
+
+TEST(PluginResourceTypes, BadRecordStridesAreRefused) {
+  PluginLibrary::Stage stage;
+  std::string m = open_error("bad_res_small_stride", &stage);
+  EXPECT_TRUE(has(m, ": resource type record 0 too small (struct_size 16)")) << m;
+  m = open_error("bad_res_odd_stride");
+  EXPECT_TRUE(has(m, ": resource type record 0 has struct_size 52, not a multiple of 8")) << m;
+  m = open_error("bad_res_mixed_stride");
+  EXPECT_TRUE(has(m, ": resource type record 1 has struct_size 56, but record 0 has 64")) << m;
+}
+
+TEST(PluginResourceTypes, CountsAndPointersAreChecked) {
+  std::string m = open_error("bad_res_too_many");
+  EXPECT_TRUE(has(m, ": num_resource_types is 65, above the limit of " +
+                         std::to_string(kMaxPluginResourceTypes)))
+      << m;
+  m = open_error("bad_res_null_table");
+  EXPECT_TRUE(has(m, ": resource type table is null")) << m;
+  m = open_error("bad_res_heap_table");
+  EXPECT_TRUE(has(m, ": resource type record 0 at 0x")) << m;
+  EXPECT_TRUE(has(m, "is outside the library's loaded segments")) << m;
+  m = open_error("bad_res_heap_name");
+  EXPECT_TRUE(has(m, ": resource type record 1: its type points to 0x")) << m;
+  EXPECT_TRUE(has(m, "outside the library's loaded segments")) << m;
+  m = open_error("bad_res_create_in_data");
+  EXPECT_TRUE(has(m, ": resource type record 1: its create function 0x")) << m;
+  EXPECT_TRUE(has(m, " is outside the library's code")) << m;
+}
+
+TEST(PluginResourceTypes, DuplicateAndUndeclaredTypesAreRefused) {
+  std::string m = open_error("bad_res_duplicate");
+  EXPECT_TRUE(has(m, ": resource type record 1: resource type testgrp.state is declared twice"))
+      << m;
+  m = open_error("bad_res_undeclared");
+  EXPECT_TRUE(has(m,
+                  ": testgrp.noop (cpu) takes 'Resource<testgrp.missing> s', a resource type "
+                  "this library does not declare"))
+      << m;
 }
 
 TEST(PluginCapabilities, KernelRecordShorterThanAbi10IsRefused) {
