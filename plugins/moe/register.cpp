@@ -79,8 +79,9 @@ constexpr Op kOps[] = {
                     "block_size), num_experts <= 2048. Ids outside [0, num_experts): skipped with "
                     "ignore_invalid, else an error on CPU and skipped too on CUDA (a kernel cannot "
                     "fail after launch without a synchronization); CUDA: per-warp shared "
-                    "histograms; one block up to 4608 slots, else count, offsets and scatter "
-                    "kernels over <= 128 chunks",
+                    "histograms, sentinel fill first, one block scan of the padded counts; one "
+                    "block up to 4096 slots, else count and scatter kernels over <= 128 chunks "
+                    "(a workspace of 4*E*chunks bytes)",
      .impls = {cpu(bind<&align_block_size_cpu>, "reference.cpp"),
                KREG_IF_CUDA(cuda(bind<&align_block_size_cuda>, "align.cu"))}},
 };
