@@ -11,6 +11,7 @@ namespace kreg {
 using detail::CheckFailure;
 using detail::CheckPlan;
 using detail::CheckResult;
+using detail::ExactShapeCache;
 using detail::Impl;
 
 namespace {
@@ -136,6 +137,37 @@ std::unique_ptr<Impl> make_impl(const KernelSpec& spec) {
     }
   }
   return impl;
+}
+
+void ExactShapeCache::remember(std::span<DLTensor* const> t) {
+  uint64_t m = 0;
+  for (size_t i = 0; i < t.size(); ++i) {
+    const DLTensor* x = t[i];
+    if (x == nullptr) {
+      m |= uint64_t{1} << i;
+      continue;
+    }
+    if (x->ndim > kMaxRank) return;  // keeps what it has: accepted too, still valid
+    if (x->strides != nullptr) m |= uint64_t{1} << (32 + i);
+  }
+  // One writer: whoever moves seq from even to odd. The others skip (their words were
+  // accepted too; their next call stores them if it misses again).
+  uint64_t s = seq.load(std::memory_order_relaxed);
+  if ((s & 1) || !seq.compare_exchange_strong(s, s + 1, std::memory_order_relaxed)) return;
+  // Orders the odd seq before the words: a reader that sees any new word sees seq changed.
+  std::atomic_thread_fence(std::memory_order_release);
+  masks.store(m, std::memory_order_relaxed);
+  for (size_t i = 0; i < t.size(); ++i) {
+    const DLTensor* x = t[i];
+    if (x == nullptr) continue;
+    device[i].store(device_word(x->device), std::memory_order_relaxed);
+    rank_dtype[i].store(rank_dtype_word(*x), std::memory_order_relaxed);
+    for (int k = 0; k < x->ndim; ++k) {
+      shape[i][k].store(x->shape[k], std::memory_order_relaxed);
+      if (x->strides != nullptr) strides[i][k].store(x->strides[k], std::memory_order_relaxed);
+    }
+  }
+  seq.store(s + 2, std::memory_order_release);  // 64 bits: never wraps back to 0
 }
 
 // The same rules as accepts(), one at a time, to say which one failed.

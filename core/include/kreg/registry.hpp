@@ -124,6 +124,31 @@ struct FastTensor {
   DTypeMask dtypes = 0;  // explicit set; 0: the shared dtype
 };
 
+// KernelHandle::call's fast path: the tensor words of the last call the full check
+// accepted. accepts_tensors() is a function of the plan and, per tensor, of nothing but
+// its nullness, device word, rank+dtype word, shape and strides (never data or
+// byte_offset), so a call whose words are all equal to an accepted call's is accepted too,
+// without the symbolic check. Anything else falls back to the full check, which stores the
+// new words when it accepts. A seqlock: readers on any number of threads take no lock and
+// retry nothing (a read that overlaps a store is a miss); one writer at a time, others skip
+// storing. Attributes and resources are not cached: a resource may be destroyed any time.
+struct ExactShapeCache {
+  // Per tensor, a fixed slot of kMaxRank shape and kMaxRank stride words: a call with a
+  // tensor of higher rank is not stored, so every stored rank indexes inside its slot.
+  // Even: stable; odd: being written; 0: nothing stored yet.
+  std::atomic<uint64_t> seq{0};
+  std::atomic<uint64_t> masks{0};  // bit i: tensor i null; bit 32 + i: tensor i has strides
+  std::atomic<uint64_t> device[kMaxTensors] = {};
+  std::atomic<uint64_t> rank_dtype[kMaxTensors] = {};
+  std::atomic<int64_t> shape[kMaxTensors][kMaxRank] = {};
+  std::atomic<int64_t> strides[kMaxTensors][kMaxRank] = {};
+
+  // True only when t's words equal the stored ones (t.size() must be the plan's count).
+  bool matches(std::span<DLTensor* const> t) const;
+  // Stores t's words; t must have passed accepts_tensors().
+  void remember(std::span<DLTensor* const> t);
+};
+
 // Everything a call is checked against, flattened for speed.
 struct CheckPlan {
   int32_t device_type = kDLCPU;
@@ -153,11 +178,19 @@ struct CheckPlan {
   int8_t resource_attrs[kMaxAttrs] = {};
   uint64_t resource_hash[kMaxAttrs] = {};
 
+  // The tensor words last accepted through accepts_call() (the handle's fast path).
+  mutable ExactShapeCache last;
+
   // The call path: true when the arguments satisfy the signature. Plain loads and
   // compares, no allocation.
   bool accepts(std::span<DLTensor* const> t, std::span<const kreg_attr> a) const;
+  // accepts(), with the tensors first compared word for word with the last accepted ones
+  // (KernelHandle::call); the full check on a miss, remembering what it accepts.
+  bool accepts_call(std::span<DLTensor* const> t, std::span<const kreg_attr> a) const;
   // The tensors alone (selection: attributes are checked per call).
   bool accepts_tensors(std::span<DLTensor* const> t) const;
+  // The attributes alone: their count, types, and resources (type and liveness).
+  bool accepts_attrs(std::span<const kreg_attr> a) const;
   // Off the call path: which argument is wrong, and how (for the error message).
   CheckResult diagnose(std::span<DLTensor* const> t, std::span<const kreg_attr> a) const;
 };
@@ -332,12 +365,26 @@ inline bool dim_pair_matches(const DimPair& p, std::span<DLTensor* const> t) {
 }
 
 inline bool CheckPlan::accepts(std::span<DLTensor* const> t, std::span<const kreg_attr> a) const {
+  return accepts_attrs(a) && accepts_tensors(t);
+}
+
+inline bool CheckPlan::accepts_call(std::span<DLTensor* const> t,
+                                    std::span<const kreg_attr> a) const {
+  if (!accepts_attrs(a)) [[unlikely]]
+    return false;
+  if (t.size() == static_cast<size_t>(num_tensors) && last.matches(t)) [[likely]]
+    return true;
+  if (!accepts_tensors(t)) [[unlikely]]
+    return false;
+  last.remember(t);
+  return true;
+}
+
+inline bool CheckPlan::accepts_attrs(std::span<const kreg_attr> a) const {
   if (a.size() > static_cast<size_t>(num_attrs) ||
       a.size() < static_cast<size_t>(num_required_attrs)) [[unlikely]] {
     return false;
   }
-  if (!accepts_tensors(t)) [[unlikely]]
-    return false;
   for (size_t j = 0; j < a.size(); ++j) {
     if (a[j].type != attr_types[j]) [[unlikely]]
       return false;
@@ -429,6 +476,77 @@ inline bool CheckPlan::accepts_tensors(std::span<DLTensor* const> t) const {
   return true;
 }
 
+// Bits that differ between a caller's n words and stored ones (n <= kMaxRank), without a
+// loop: one jump on n, then loads and xors.
+inline uint64_t words_differ(const int64_t* a, const std::atomic<int64_t>* b, uint32_t n) {
+  static_assert(kMaxRank == 8, "one case per rank");
+  uint64_t d = 0;
+  auto x = [&](int k) { d |= static_cast<uint64_t>(a[k] ^ b[k].load(std::memory_order_relaxed)); };
+  switch (n) {
+    case 8:
+      x(7);
+      [[fallthrough]];
+    case 7:
+      x(6);
+      [[fallthrough]];
+    case 6:
+      x(5);
+      [[fallthrough]];
+    case 5:
+      x(4);
+      [[fallthrough]];
+    case 4:
+      x(3);
+      [[fallthrough]];
+    case 3:
+      x(2);
+      [[fallthrough]];
+    case 2:
+      x(1);
+      [[fallthrough]];
+    case 1:
+      x(0);
+      [[fallthrough]];
+    default:
+      break;
+  }
+  return d;
+}
+
+inline bool ExactShapeCache::matches(std::span<DLTensor* const> t) const {
+  const uint64_t s = seq.load(std::memory_order_acquire);
+  if (s == 0 || (s & 1)) [[unlikely]]
+    return false;
+  uint64_t seen = 0;  // the call's null and strided bits, as in `masks`
+  uint64_t diff = 0;  // any bit set: some word differs
+  for (size_t i = 0; i < t.size(); ++i) {
+    const DLTensor* x = t[i];
+    if (x == nullptr) [[unlikely]] {
+      seen |= uint64_t{1} << i;
+      continue;
+    }
+    diff |= (device_word(x->device) ^ device[i].load(std::memory_order_relaxed)) |
+            (rank_dtype_word(*x) ^ rank_dtype[i].load(std::memory_order_relaxed));
+    // On equal words ndim is a stored rank, so at most kMaxRank; said again here so that
+    // no index can leave the slot whatever was read.
+    const auto nd = static_cast<uint32_t>(x->ndim);
+    const int64_t* xs = x->shape;
+    if (diff != 0 || nd > static_cast<uint32_t>(kMaxRank) || (xs == nullptr && nd > 0))
+        [[unlikely]] {
+      return false;
+    }
+    diff |= words_differ(xs, shape[i], nd);
+    if (const int64_t* st = x->strides; st != nullptr) {
+      seen |= uint64_t{1} << (32 + i);
+      diff |= words_differ(st, strides[i], nd);
+    }
+  }
+  if ((diff | (seen ^ masks.load(std::memory_order_relaxed))) != 0) return false;
+  // The loads above happen before the second read of seq: an overlapping store changed it.
+  std::atomic_thread_fence(std::memory_order_acquire);
+  return seq.load(std::memory_order_relaxed) == s;
+}
+
 // Fills in default attributes and calls the kernel through the C frame. The arguments
 // must already have passed impl.plan.accepts().
 inline Status invoke(const Impl& impl, std::span<DLTensor* const> tensors,
@@ -514,7 +632,7 @@ class KernelHandle {
               const CallOptions& options) const {
     const detail::Impl& impl = *impl_;
     const detail::CheckPlan& plan = impl.plan;
-    if (!plan.accepts(tensors, attrs)) [[unlikely]] {
+    if (!plan.accepts_call(tensors, attrs)) [[unlikely]] {
       return explain(plan.diagnose(tensors, attrs), tensors, attrs);
     }
     return detail::invoke(impl, tensors, attrs, options);
