@@ -5,12 +5,6 @@
 // the token's k_rope row, which every head of the token re-reads from L1/L2); kVec rows
 // (heads) per block, so blocks are 192 threads. Grid: (T, ceil(H / kVec)). k_nope and k
 // are touched once (evict-first hints); k_rope is read with the default policy.
-//
-// Large calls (T * H >= kManyRows, e.g. T = 8192, H = 128: 131072 blocks that each moved
-// 3 KiB, 89% of copy) give each thread kHeads = 4 heads, kVec * 4 apart: a k_nope thread
-// has 4 loads in flight before its 4 stores, a k_rope thread loads the token's rope vector
-// once and stores it 4 times (a quarter of the L1/L2 rope reads), and the grid is a
-// quarter as many blocks (32768 at that shape). The index math is shared by 4 vectors.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -29,35 +23,23 @@ constexpr int kNope = 128;
 constexpr int kRope = 64;
 constexpr int kRow = kNope + kRope;
 
-constexpr int64_t kManyRows = int64_t{1} << 16;  // T * H from which a thread takes 4 heads
-
-// Heads h0 + k * blockDim.y (k < kHeads) of token blockIdx.x, vector threadIdx.x of each.
-template <typename T, int kVec, int kHeads>
+template <typename T, int kVec>
 __global__ void __launch_bounds__(kRow)
     concat_mla_k_kernel(const T* __restrict__ k_nope, const T* __restrict__ k_rope,
                         T* __restrict__ out, int heads) {
   constexpr int kNopeVecs = kNope / kVec;
   const int c = static_cast<int>(threadIdx.x);  // vector within the row, < kRow / kVec
-  const int h0 = static_cast<int>(blockIdx.y * blockDim.y * kHeads + threadIdx.y);
-  if (h0 >= heads) return;
+  const int h = static_cast<int>(blockIdx.y * blockDim.y + threadIdx.y);
+  if (h >= heads) return;
   const int64_t t = blockIdx.x;
-  const bool from_nope = c < kNopeVecs;
-  // All loads first, then the stores; a rope thread loads its vector once (k = 0).
-  vec_t<T, kVec> v[kHeads];
-#pragma unroll
-  for (int k = 0; k < kHeads; ++k) {
-    const int h = h0 + k * static_cast<int>(blockDim.y);
-    if (from_nope) {
-      if (h < heads) v[k].load_stream(k_nope + (t * heads + h) * kNope + c * kVec);
-    } else if (k == 0) {
-      v[0].load(k_rope + t * kRope + (c - kNopeVecs) * kVec);
-    }
+  const int64_t row = t * heads + h;
+  vec_t<T, kVec> v;
+  if (c < kNopeVecs) {
+    v.load_stream(k_nope + row * kNope + c * kVec);
+  } else {
+    v.load(k_rope + t * kRope + (c - kNopeVecs) * kVec);
   }
-#pragma unroll
-  for (int k = 0; k < kHeads; ++k) {
-    const int h = h0 + k * static_cast<int>(blockDim.y);
-    if (h < heads) v[from_nope ? k : 0].store_stream(out + (t * heads + h) * kRow + c * kVec);
-  }
+  v.store_stream(out + row * kRow + c * kVec);
 }
 
 template <typename T, int kVec>
@@ -65,17 +47,10 @@ cudaError_t launch(const T* k_nope, const T* k_rope, T* out, int64_t tokens, int
                    cudaStream_t stream) {
   const int rows_per_block = static_cast<int>(std::min<int64_t>(kVec, heads));
   const dim3 block(kRow / kVec, static_cast<unsigned>(rows_per_block));
-  const bool many = tokens * heads >= kManyRows && heads >= 4 * rows_per_block;
-  const int heads_per_block = rows_per_block * (many ? 4 : 1);
   const dim3 grid(static_cast<unsigned>(tokens),
-                  static_cast<unsigned>((heads + heads_per_block - 1) / heads_per_block));
-  if (many) {
-    concat_mla_k_kernel<T, kVec, 4>
-        <<<grid, block, 0, stream>>>(k_nope, k_rope, out, static_cast<int>(heads));
-  } else {
-    concat_mla_k_kernel<T, kVec, 1>
-        <<<grid, block, 0, stream>>>(k_nope, k_rope, out, static_cast<int>(heads));
-  }
+                  static_cast<unsigned>((heads + rows_per_block - 1) / rows_per_block));
+  concat_mla_k_kernel<T, kVec>
+      <<<grid, block, 0, stream>>>(k_nope, k_rope, out, static_cast<int>(heads));
   return cudaGetLastError();
 }
 
