@@ -1,8 +1,9 @@
-// attention.concat_mla_k's CUDA launch shapes against its CPU reference (attention_test.cpp
-// checks the reference itself against an oracle and sweeps small shapes): from T * H =
-// 65536 rows a thread copies 4 heads (its k_rope vector loaded once, stored 4 times) when
-// H >= 4 * the heads of a block row (kVec: 8 in bf16, 4 in f32, fewer for misaligned
-// views). A pure copy: the results must be identical, element for element.
+// attention.concat_mla_k's CUDA kernel at large and awkward shapes against its CPU
+// reference (attention_test.cpp checks the reference itself against an oracle and sweeps
+// small shapes): T * H past 65536 rows, H ending inside a block's last group, H = 1, views
+// 1-2 elements into their allocations. A pure copy: the results must be identical, element
+// for element. (A 4-heads-a-thread launch these shapes were written for was slower on the
+// H200 and reverted; the shapes still cover the kernel's grid edges.)
 #include <gtest/gtest.h>
 
 #include <cstdint>
