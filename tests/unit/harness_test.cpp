@@ -238,3 +238,88 @@ TEST(Harness, CompareValuesTreatsInfinitiesExactly) {
 
 }  // namespace
 }  // namespace kreg
+
+// ---- Example values (example_values.hpp) ----
+
+#include <algorithm>
+#include <vector>
+
+namespace kreg {
+namespace {
+
+// What an in-process moe.align_block_size received; it writes zeros.
+thread_local std::vector<int32_t> g_align_ids;
+
+KernelStatus align_stub(Context&, const DLTensor& topk_ids, DLTensor& sorted, DLTensor& experts,
+                        DLTensor& total, int64_t, int64_t, bool) {
+  const int32_t* ids = data_ptr<const int32_t>(topk_ids);
+  g_align_ids.assign(ids, ids + numel(topk_ids));
+  for (DLTensor* t : {&sorted, &experts, &total}) {
+    for (int64_t i = 0; i < numel(*t); ++i) data_ptr<int32_t>(*t)[i] = 0;
+  }
+  return kOk;
+}
+
+// kreg run / bench inputs for moe.align_block_size are routing ids: every row's K experts
+// distinct, drawn over all num_experts (the attribute), not the random fill's [0, 16).
+TEST(Harness, AlignBlockSizeExamplesAreRoutingIds) {
+  kreg_kernel_desc d{};
+  d.struct_size = sizeof d;
+  d.op = "moe.align_block_size";
+  d.backend = "cpu";
+  d.caps = kCpu;
+  d.num_caps = 1;
+  d.signature =
+      "align_block_size(Tensor<i32>[T,K] topk_ids, Tensor<i32>(a!)[P] out_sorted_token_ids, "
+      "Tensor<i32>(b!)[B] out_expert_ids, Tensor<i32>(c!)[1] out_num_tokens_post_pad, int "
+      "num_experts, int block_size, bool ignore_invalid=false) -> ()";
+  d.dtypes = "f32";
+  const Binding b = bind<&align_stub>;
+  d.arg_kinds = b.arg_kinds;
+  d.description = "test";
+  d.source_file = "harness_test.cpp";
+  d.fn = b.fn;
+  auto s = make_kernel_spec(d, Provenance{"moe", "0.1.0", "", ""});
+  ASSERT_TRUE(s.ok()) << s.status().message();
+  Registry reg;
+  ASSERT_TRUE(reg.add(*s).ok());
+  auto h = reg.resolve("moe.align_block_size", Target{kCpuDev, DType::kF32});
+  ASSERT_TRUE(h.ok()) << h.status().message();
+  const int64_t T = 512, K = 8, E = 256, bs = 64;
+  const harness::SymbolMap sizes = {
+      {"T", T}, {"K", K}, {"P", T * K + E * (bs - 1)}, {"B", (T * K + E * (bs - 1)) / bs + 1}};
+  auto attrs = h->attrs({{"num_experts", E}, {"block_size", bs}});
+  ASSERT_TRUE(attrs.ok()) << attrs.status().message();
+  g_align_ids.clear();
+  auto cmp = harness::check_against_reference(reg, *h, sizes, DType::kF32, *attrs, 11);
+  ASSERT_TRUE(cmp.ok()) << cmp.status().message();
+  ASSERT_EQ(g_align_ids.size(), static_cast<size_t>(T * K));
+  std::vector<int> uses(E, 0);
+  for (int64_t t = 0; t < T; ++t) {
+    std::vector<int32_t> row(g_align_ids.begin() + t * K, g_align_ids.begin() + (t + 1) * K);
+    for (int32_t e : row) {
+      ASSERT_TRUE(e >= 0 && e < E) << "token " << t << ": expert " << e;
+      ++uses[static_cast<size_t>(e)];
+    }
+    std::sort(row.begin(), row.end());
+    EXPECT_EQ(std::adjacent_find(row.begin(), row.end()), row.end()) << "token " << t;
+  }
+  // 4096 uniform picks over 256 experts: 16 each on average; every expert used, none
+  // far above the mean (a fill over 16 experts would give 256 each).
+  for (int64_t e = 0; e < E; ++e) {
+    EXPECT_GT(uses[static_cast<size_t>(e)], 0) << "expert " << e << " never picked";
+    EXPECT_LT(uses[static_cast<size_t>(e)], 48) << "expert " << e;
+  }
+  // The same seed gives the same ids; without attributes (make_example alone) the random
+  // fill stays: the table needs num_experts.
+  const std::vector<int32_t> first = g_align_ids;
+  ASSERT_TRUE(harness::check_against_reference(reg, *h, sizes, DType::kF32, *attrs, 11).ok());
+  EXPECT_EQ(g_align_ids, first);
+  auto plain = harness::make_example(h->spec(), sizes, DType::kF32, kCpuDev, 11);
+  ASSERT_TRUE(plain.ok()) << plain.status().message();
+  const std::vector<double> random_ids = *plain->buffers[0].to_doubles();
+  for (double v : random_ids) EXPECT_LT(v, 16.0);
+}
+
+}  // namespace
+}  // namespace kreg

@@ -5,7 +5,9 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <span>
 
+#include "example_values.hpp"
 #include "kreg/checked_math.hpp"
 #include "kreg/device/fp8_e4m3.hpp"
 #include "kreg/numeric.hpp"
@@ -614,8 +616,12 @@ Status check_example_fits(const KernelSpec& spec, const SymbolMap& symbols, DTyp
   return OkStatus();
 }
 
-Result<ExampleArgs> make_example(const KernelSpec& spec, const SymbolMap& symbols, DType dtype,
-                                 DLDevice device, uint64_t seed) {
+namespace {
+
+// make_example, with the call's attributes for the table of example_values.hpp.
+Result<ExampleArgs> make_example_for(const KernelSpec& spec, const SymbolMap& symbols,
+                                     std::span<const kreg_attr> attrs, DType dtype, DLDevice device,
+                                     uint64_t seed) {
   auto plan = plan_example(spec, symbols, dtype);
   if (!plan) return plan.status();
   if (Status st = plan_fits(spec, *plan, device); !st.ok()) return st;
@@ -634,7 +640,15 @@ Result<ExampleArgs> make_example(const KernelSpec& spec, const SymbolMap& symbol
   // The views once every buffer is in place (a growing vector moves its Buffers).
   size_t b = 0;
   for (bool here : present) args.tensors.push_back(here ? args.buffers[b++].tensor() : nullptr);
+  if (Status st = apply_example_values(spec, symbols, attrs, args, seed); !st.ok()) return st;
   return args;
+}
+
+}  // namespace
+
+Result<ExampleArgs> make_example(const KernelSpec& spec, const SymbolMap& symbols, DType dtype,
+                                 DLDevice device, uint64_t seed) {
+  return make_example_for(spec, symbols, {}, dtype, device, seed);
 }
 
 Result<ExampleArgs> copy_example(const ExampleArgs& src, DLDevice device) {
@@ -717,7 +731,7 @@ Result<std::vector<Comparison>> check_against_reference(Registry& registry,
   const KernelSpec& spec = handle.spec();
   const DLDevice device{static_cast<DLDeviceType>(spec.device_type()), 0};
   if (Status st = check_example_fits(spec, symbols, dtype, device, true); !st.ok()) return st;
-  auto host = make_example(spec, symbols, dtype, DLDevice{kDLCPU, 0}, seed);
+  auto host = make_example_for(spec, symbols, attrs.view(), dtype, DLDevice{kDLCPU, 0}, seed);
   if (!host) return host.status();
   auto dev = copy_example(*host, device);
   if (!dev) return dev.status();
@@ -795,7 +809,7 @@ Result<Timing> time_on_gpu(const KernelHandle& handle, const SymbolMap& symbols,
   }
   int l2 = 0;
   cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0);
-  auto first = make_example(spec, symbols, dtype, DLDevice{kDLCUDA, 0}, seed);
+  auto first = make_example_for(spec, symbols, attrs.view(), dtype, DLDevice{kDLCUDA, 0}, seed);
   if (!first) return first.status();
   Timing t;
   t.bytes = bytes_moved(spec, *first);

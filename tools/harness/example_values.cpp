@@ -1,0 +1,94 @@
+#include "example_values.hpp"
+
+#include <algorithm>
+#include <numeric>
+#include <string>
+#include <vector>
+
+namespace kreg::harness {
+namespace {
+
+// topk_ids[T, K] over the op's num_experts: what moe.topk_softmax / grouped_topk produce.
+Status routing_ids_over_num_experts(const ExampleSetting& s, Buffer& buf, std::mt19937_64& rng) {
+  const std::optional<int64_t> experts = s.int_attr("num_experts");
+  if (!experts || *experts < 1) return OkStatus();  // the op refuses it; keep the random fill
+  return fill_routing_ids(buf, *experts, rng);
+}
+
+// The table. Add a row per (op, tensor) whose values must look like a model's.
+constexpr ExampleValues kTable[] = {
+    {"moe.align_block_size", "topk_ids",
+     "routing ids: each row's K experts distinct, uniform over num_experts",
+     routing_ids_over_num_experts},
+};
+
+}  // namespace
+
+std::optional<int64_t> ExampleSetting::int_attr(std::string_view name) const {
+  size_t n = 0;
+  for (const Param& p : spec.signature.params) {
+    if (p.is_tensor()) continue;
+    const size_t index = n++;
+    if (p.name != name) continue;
+    if (index < attrs.size()) {
+      const kreg_attr& a = attrs[index];
+      if (a.type == KREG_ATTR_INT) return a.value.i;
+      return std::nullopt;
+    }
+    if (p.has_default && p.default_value.type == KREG_ATTR_INT) return p.default_value.value.i;
+    return std::nullopt;
+  }
+  return std::nullopt;
+}
+
+std::span<const ExampleValues> example_values() { return kTable; }
+
+Status fill_routing_ids(Buffer& buf, int64_t num_experts, std::mt19937_64& rng) {
+  if (buf.shape().size() != 2) {
+    return Status(KREG_INVALID_ARGUMENT, "fill_routing_ids: a [T, K] tensor, not rank " +
+                                             std::to_string(buf.shape().size()));
+  }
+  if (num_experts < 1) {
+    return Status(KREG_INVALID_ARGUMENT, "fill_routing_ids: num_experts = " +
+                                             std::to_string(num_experts) + " must be positive");
+  }
+  const int64_t T = buf.shape()[0], K = buf.shape()[1];
+  // A partial Fisher-Yates shuffle per row over a pool that stays a permutation: the row's
+  // first min(K, E) picks are a uniform random choice in random order, O(K) a row.
+  std::vector<int64_t> pool(static_cast<size_t>(num_experts));
+  std::iota(pool.begin(), pool.end(), 0);
+  std::vector<double> values;
+  values.reserve(static_cast<size_t>(T * K));
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t j = 0; j < std::min(K, num_experts); ++j) {
+      std::uniform_int_distribution<int64_t> pick(j, num_experts - 1);
+      std::swap(pool[static_cast<size_t>(j)], pool[static_cast<size_t>(pick(rng))]);
+    }
+    for (int64_t j = 0; j < K; ++j) {
+      values.push_back(static_cast<double>(pool[static_cast<size_t>(j % num_experts)]));
+    }
+  }
+  return buf.from_doubles(values);
+}
+
+Status apply_example_values(const KernelSpec& spec, const SymbolMap& symbols,
+                            std::span<const kreg_attr> attrs, ExampleArgs& args, uint64_t seed) {
+  const ExampleSetting setting{spec, symbols, attrs};
+  // A stream of its own, so that the table does not shift make_example's random fill.
+  std::mt19937_64 rng(seed ^ 0x6a09e667f3bcc909ull);
+  for (const ExampleValues& row : kTable) {
+    if (row.op != spec.op) continue;
+    size_t n = 0;
+    for (const Param& p : spec.signature.params) {
+      if (!p.is_tensor()) continue;
+      Buffer* buf = args.buffer(n++);
+      if (p.name != row.tensor || buf == nullptr || !p.read()) continue;
+      if (Status st = row.make(setting, *buf, rng); !st.ok()) {
+        return Status(st.code(), spec.op + " example '" + p.name + "': " + st.message());
+      }
+    }
+  }
+  return OkStatus();
+}
+
+}  // namespace kreg::harness
