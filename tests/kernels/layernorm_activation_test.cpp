@@ -174,15 +174,21 @@ TEST_F(GpuKernels, MatchTheCpuReferenceOverAShapeSweep) {
 }
 
 // The JIT norms (plugins/layernorm/rmsnorm_jit.cpp), specialized for each width through
-// Target::dims as kreg run does: odd widths take the JIT kernel (one row per block, every
-// shift of a row against the 16-byte boundaries: row * H mod 8 takes every value).
+// Target::dims as kreg run does: odd widths take the JIT kernel (every shift of a row
+// against the 16-byte boundaries: row * H mod 8 takes every value; the head and tail
+// scalars on their own lanes). Launch shapes (jit/rmsnorm_config.h, bf16; layernorm_jit_test
+// checks them): short rows several to a block with a last block part empty (T not a
+// multiple of 8, 4 or 2 rows a block), 4095 one vector a thread over 512 threads, 4097 and
+// 4103 the longest body filling all 2 x 256 slots, 2047 one row of 256 threads, 16399
+// three vectors a thread; f32 4097 fills 1024 threads, 4101 two vectors a thread.
 TEST_F(GpuKernels, JitNormsMatchTheCpuReference) {
   const DType dtypes[] = {DType::kBF16, DType::kF16, DType::kF32};
   // Rows above 256 take the JIT kernel (decode sizes and widths a multiple of the vector
   // go to the AOT kernel through the same handle: the last two).
   const std::pair<int64_t, int64_t> shapes[] = {
-      {257, 1},     {300, 7},    {1000, 33},  {640, 100},  {300, 1001}, {4099, 4097},
-      {1030, 4099}, {300, 5121}, {260, 8191}, {20000, 33}, {64, 4097},  {5, 4096}};
+      {257, 1},    {300, 7},     {1000, 33},   {640, 100},   {259, 500},  {300, 1001}, {301, 1001},
+      {257, 2047}, {300, 4095},  {4099, 4097}, {1030, 4099}, {280, 4101}, {290, 4103}, {300, 5121},
+      {260, 8191}, {260, 16399}, {20000, 33},  {64, 4097},   {5, 4096}};
   uint64_t seed = 900;
   int jit_calls = 0;
   for (const OpCase& c : op_cases()) {
