@@ -391,7 +391,14 @@ std::vector<AlignShape> align_shapes() {
           {5000, 1, 1, 4},
           {700, 7, 3, 5, 11},
           {20000, 8, 2048, 16},
-          {32768, 8, 256, 64}};
+          {32768, 8, 256, 64},
+          // The launch shapes' edges: the single block's largest N (8 chunks, every warp's
+          // piece full), the multi-block path's smallest (4097 slots: 9 chunks), E not a
+          // multiple of 4 (padded workspace rows), E = 2048 on one block (4 warps).
+          {512, 8, 256, 64},
+          {4097, 1, 256, 64},
+          {1024, 8, 1000, 8},
+          {300, 8, 2048, 64, 9}};
 }
 
 // topk_ids for an align case: each token's k experts distinct when k <= E (as routing
@@ -737,6 +744,128 @@ TEST_F(MoeGpu, AlignMatchesTheCpuReference) {
       ASSERT_TRUE(gpu.ok()) << gpu.status().message();
       for (size_t i = 1; i < 4; ++i)
         expect_equal("output " + std::to_string(i), (*gpu)[i], (*cpu)[i]);
+    }
+  }
+}
+
+// The outputs as views 1-3 elements into larger buffers (the sentinel fill's scalar head
+// and tail around its 16-byte stores), with guard elements on both sides that must stay
+// untouched; both launch shapes (one block; count + scatter).
+TEST_F(MoeGpu, AlignWritesMisalignedViewsAndNothingOutsideThem) {
+  std::mt19937_64 rng(37);
+  auto h = handle("moe.align_block_size", "cuda");
+  for (const AlignShape& s : {AlignShape{64, 8, 256, 64}, AlignShape{4096, 8, 256, 64, 5}}) {
+    const auto ids = align_ids(s, rng);
+    auto cpu = run_align("cpu", s, ids, false);
+    ASSERT_TRUE(cpu.ok()) << cpu.status().message();
+    auto al = h.attrs({{"num_experts", s.E}, {"block_size", s.bs}});
+    ASSERT_TRUE(al.ok()) << al.status().message();
+    auto [P, B] = align_sizes(s);
+    for (int64_t offset : {1, 2, 3}) {
+      SCOPED_TRACE("T=" + std::to_string(s.T) + " offset=" + std::to_string(offset));
+      constexpr int64_t kGuard = 7;
+      auto in = Buffer::make(kGpu, DType::kI32, {s.T, s.K});
+      auto sorted = Buffer::make(kGpu, DType::kI32, {offset + P + kGuard});
+      auto blocks = Buffer::make(kGpu, DType::kI32, {offset + B + kGuard});
+      auto total = Buffer::make(kGpu, DType::kI32, {1});
+      ASSERT_TRUE(in.ok() && sorted.ok() && blocks.ok() && total.ok());
+      ASSERT_TRUE(in->from_doubles(ids).ok());
+      ASSERT_TRUE(sorted->from_doubles(std::vector<double>(at(offset + P + kGuard), -77.0)).ok());
+      ASSERT_TRUE(blocks->from_doubles(std::vector<double>(at(offset + B + kGuard), -77.0)).ok());
+      DLTensor sv = *sorted->tensor(), bv = *blocks->tensor();
+      int64_t s_shape[1] = {P}, b_shape[1] = {B};
+      sv.shape = s_shape;
+      sv.strides = nullptr;
+      sv.byte_offset = static_cast<uint64_t>(offset) * 4;
+      bv.shape = b_shape;
+      bv.strides = nullptr;
+      bv.byte_offset = static_cast<uint64_t>(offset) * 4;
+      DLTensor* args[] = {in->tensor(), &sv, &bv, total->tensor()};
+      ASSERT_TRUE(h.call(args, al->view()).ok());
+      ASSERT_TRUE(harness::device_synchronize().ok());
+      auto check = [&](const Buffer& buf, int64_t len, const std::vector<double>& want,
+                       const char* what) {
+        auto got = buf.to_doubles();
+        ASSERT_TRUE(got.ok());
+        std::vector<double> inside(got->begin() + offset, got->begin() + offset + len);
+        expect_equal(what, inside, want);
+        for (int64_t i = 0; i < offset; ++i) EXPECT_EQ((*got)[at(i)], -77.0) << what << " " << i;
+        for (int64_t i = offset + len; i < offset + len + kGuard; ++i)
+          EXPECT_EQ((*got)[at(i)], -77.0) << what << " " << i;
+      };
+      check(*sorted, P, (*cpu)[1], "out_sorted_token_ids");
+      check(*blocks, B, (*cpu)[2], "out_expert_ids");
+      expect_equal("out_num_tokens_post_pad", *total->to_doubles(), (*cpu)[3]);
+    }
+  }
+}
+
+// Programmatic dependent launch (KREG_LAUNCH_PDL): a kernel may start before the one it
+// follows has finished and must wait before reading that kernel's output. Routing writes
+// topk_ids, align_block_size reads them (count + scatter at 32768 x 8, whose scatter also
+// reads the count kernel's rows; the single block at 64 x 8), the next routing call
+// rewrites the ids that align read; behind a large first routing call, so that an early
+// read would see stale memory. Bit for bit what the same chain gives without PDL,
+// repeated so that a race has chances to show.
+TEST_F(MoeGpu, PdlChainsReadWhatTheKernelBeforeWrote) {
+  const int64_t big = 32768, small = 64, E = 256, K = 8, bs = 64;
+  // Random inputs (seed > 0), poisoned outputs (seed 0).
+  auto make = [&](DType dt, std::vector<int64_t> shape, uint64_t seed) {
+    auto b = Buffer::make(kGpu, dt, std::move(shape));
+    EXPECT_TRUE(b.ok());
+    std::mt19937_64 rng(seed);
+    EXPECT_TRUE(seed == 0 ? b->poison().ok() : b->fill_random(rng).ok());
+    return std::move(b).value();
+  };
+  auto topk = handle("moe.topk_softmax", "cuda");
+  auto route = handle("moe.route", "cuda");
+  auto align = handle("moe.align_block_size", "cuda");
+  auto al = align.attrs({{"num_experts", E}, {"block_size", bs}});
+  ASSERT_TRUE(al.ok()) << al.status().message();
+  Buffer g1 = make(DType::kBF16, {big, E}, 1), g2 = make(DType::kBF16, {big, E}, 2);
+  Buffer gs = make(DType::kBF16, {small, E}, 3);
+  auto run_chain = [&](uint64_t flags) {
+    std::vector<Buffer> out;  // w, ids (big, small), then (sorted, blocks, total) per align
+    out.push_back(make(DType::kF32, {big, K}, 0));
+    out.push_back(make(DType::kI32, {big, K}, 0));
+    out.push_back(make(DType::kF32, {small, K}, 0));
+    out.push_back(make(DType::kI32, {small, K}, 0));
+    for (int64_t T : {big, big, small}) {
+      const int64_t P = T * K + E * (bs - 1);
+      out.push_back(make(DType::kI32, {P}, 0));
+      out.push_back(make(DType::kI32, {(P + bs - 1) / bs}, 0));
+      out.push_back(make(DType::kI32, {1}, 0));
+    }
+    auto aligned = [&](Buffer& ids, size_t first_out, const CallOptions& o) {
+      DLTensor* a[] = {ids.tensor(), out[first_out].tensor(), out[first_out + 1].tensor(),
+                       out[first_out + 2].tensor()};
+      EXPECT_TRUE(align.call(a, al->view(), o).ok());
+    };
+    const CallOptions first{nullptr, nullptr, 0};
+    const CallOptions next{nullptr, nullptr, flags};
+    for (int i = 0; i < 3; ++i) {
+      DLTensor* r1[] = {g1.tensor(), nullptr, out[0].tensor(), out[1].tensor()};
+      EXPECT_TRUE(topk.call(r1, {}, first).ok());
+      aligned(out[1], 4, next);  // reads the ids
+      DLTensor* r2[] = {g2.tensor(), nullptr, out[0].tensor(), out[1].tensor()};
+      EXPECT_TRUE(route.call(r2, {}, next).ok());  // rewrites them after align read them
+      aligned(out[1], 7, next);
+      DLTensor* r3[] = {gs.tensor(), nullptr, out[2].tensor(), out[3].tensor()};
+      EXPECT_TRUE(topk.call(r3, {}, next).ok());
+      aligned(out[3], 10, next);  // the single block
+    }
+    EXPECT_TRUE(harness::device_synchronize().ok());
+    std::vector<std::vector<uint8_t>> bytes;
+    for (const Buffer& b : out) bytes.push_back(test::bytes_of(b));
+    return bytes;
+  };
+  const auto want = run_chain(0);
+  for (int rep = 0; rep < 5; ++rep) {
+    const auto got = run_chain(KREG_LAUNCH_PDL);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_TRUE(got[i] == want[i])
+          << "result " << i << " differs with PDL (repetition " << rep << ")";
     }
   }
 }
