@@ -14,6 +14,10 @@ cd "$(dirname "$0")/.."
 sanitizers=("$@")
 [ ${#sanitizers[@]} -eq 0 ] && sanitizers=(address thread)
 jobs=$(nproc)
+# -Og -g1 with assertions on: a sanitizer tree compiles about 4.5x faster than at
+# RelWithDebInfo's -O2 -g (manifest.cpp under ASan+UBSan: 11.5 against 51.9 CPU seconds),
+# keeps file:line in every report and still runs the suite at a usable speed.
+san_flags=(-DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS_DEBUG=-Og -g1" "-DCMAKE_C_FLAGS_DEBUG=-Og -g1")
 for san in "${sanitizers[@]}"; do
   start=$(date +%s)
   case "$san" in
@@ -21,7 +25,7 @@ for san in "${sanitizers[@]}"; do
       dir=build-asan
       if [ ! -f "$dir/CMakeCache.txt" ]; then
         cmake -S . -B "$dir" -G Ninja -DKREG_SANITIZE=address,undefined -DKREG_ENABLE_CUDA=OFF \
-          -DKREG_BUILD_BENCHMARKS=OFF ${KREG_CMAKE_ARGS:-} >/dev/null
+          -DKREG_BUILD_BENCHMARKS=OFF "${san_flags[@]}" ${KREG_CMAKE_ARGS:-} >/dev/null
       fi
       cmake --build "$dir" -j"$jobs"
       # detect_leaks: a leak is a finding (the Python test turns it off for the interpreter's
@@ -34,7 +38,7 @@ for san in "${sanitizers[@]}"; do
       dir=build-tsan
       if [ ! -f "$dir/CMakeCache.txt" ]; then
         cmake -S . -B "$dir" -G Ninja -DKREG_SANITIZE=thread -DKREG_ENABLE_CUDA=OFF \
-          -DKREG_BUILD_BENCHMARKS=OFF ${KREG_CMAKE_ARGS:-} >/dev/null
+          -DKREG_BUILD_BENCHMARKS=OFF "${san_flags[@]}" ${KREG_CMAKE_ARGS:-} >/dev/null
       fi
       tsan_tests=(reload_test registry_test resource_test kreg_comm_store_test comm_impl_test)
       cmake --build "$dir" -j"$jobs" --target "${tsan_tests[@]}"
