@@ -35,15 +35,6 @@ using device::vec_t;
 constexpr int kMaxThreadsPerRow = 1024;
 // Threads per block when several short rows share a block.
 constexpr int kShortRowBlockThreads = 256;
-// Calls of at most this many rows (decode sizes: the grid is about one wave) prefetch the
-// weight into L1 before anything else, so the load after the reduction hits L1 instead of
-// adding a round trip to HBM to the kernel's critical path. Larger calls reuse the weight
-// from L2 across many blocks and skip the extra instructions.
-constexpr int64_t kPrefetchWeightRows = 512;
-
-__device__ __forceinline__ void prefetch_l1(const void* p) {
-  asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
-}
 
 // Two 16-byte vectors per thread fit in 32 registers (one where they are kept as fp32: the
 // fused form's sums, f32 data), so four 512-thread blocks share an SM and keep 64 KB of
@@ -54,7 +45,7 @@ constexpr int kMinBlocksPerSm = (kItems * kRows <= (kFusedAdd || sizeof(T) == 4 
 template <typename T, int kVec, int kItems, int kRows, bool kFusedAdd, bool kGemma>
 __global__ void __launch_bounds__(kMaxThreadsPerRow, (kMinBlocksPerSm<T, kItems, kRows, kFusedAdd>))
     rmsnorm_kernel(const T* in, T* residual, const T* __restrict__ weight, T* out, int64_t rows,
-                   int vecs_per_row, float eps, bool prefetch_weight) {
+                   int vecs_per_row, float eps) {
   __shared__ float scratch[kRows * device::kWarpSize];
   // Plain rmsnorm keeps x in its storage type (exact, and half the registers); the fused
   // form must keep the unrounded fp32 sum x + residual.
@@ -98,15 +89,6 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow, (kMinBlocksPerSm<T, kItems,
 
   vec_t<Held, kVec> held[kRows][kItems];
   float sum_sq[kRows];
-  // The weight is no kernel's output: its prefetch may run before the PDL wait, under the
-  // previous kernel's tail. It holds no register across the barrier.
-  if (prefetch_weight) {
-#pragma unroll
-    for (int k = 0; k < kItems; ++k) {
-      const int v = tid + k * step;
-      if (v < vecs_per_row) prefetch_l1(weight + v * kVec);
-    }
-  }
   // With PDL: x and residual may be the previous kernel's output.
   device::pdl_wait();
 #pragma unroll
@@ -148,8 +130,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow, (kMinBlocksPerSm<T, kItems,
       if (live(r) && v < vecs_per_row) {
         // The weight is loaded here rather than held across the barrier, which would cost
         // the registers that let four blocks share an SM (measured: loading it first with
-        // x was 3-8% slower). The kRows rows of a thread share the load. At decode sizes
-        // the prefetch above has brought it into L1.
+        // x was 3-8% slower). The kRows rows of a thread share the load.
         vec_t<T, kVec> w;
         w.load(weight + v * kVec);
         normalize_store(r, v, held[r][k], w, scale);
@@ -186,7 +167,7 @@ void launch(const NormArgs& a, dim3 block, cudaStream_t stream) {
   device::launch(rmsnorm_kernel<T, kVec, kItems, kRows, kFusedAdd, kGemma>, grid, block, 0, stream,
                  a.pdl, static_cast<const T*>(a.in), static_cast<T*>(a.residual),
                  static_cast<const T*>(a.weight), static_cast<T*>(a.out), a.rows,
-                 static_cast<int>(a.hidden / kVec), a.eps, a.rows <= kPrefetchWeightRows);
+                 static_cast<int>(a.hidden / kVec), a.eps);
 }
 
 int round_up(int n, int m) { return (n + m - 1) / m * m; }
