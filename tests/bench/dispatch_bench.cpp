@@ -2,7 +2,7 @@
 //   BM_DirectCall     the plugin's C entry point through a function pointer, frame prebuilt
 //   BM_HandleCall     the same kernel through a resolved KernelHandle (checks + frame)
 //   BM_HandleCallAlternating  two shapes in turn through the handle (two calls per
-//                     iteration; each misses the exact-shape fast path)
+//                     iteration; both hit once the fast path's ways hold both shapes)
 //   BM_LookupAndCall  Registry::call by op name (lookup, selection, checks, call)
 // The kernel is activation.silu_and_mul's CPU reference, [1,16] f32 -> [1,8]: tiny, so
 // the numbers are dominated by dispatch. Each benchmark reports allocs_per_call, counted
@@ -104,8 +104,8 @@ void BM_HandleCall(benchmark::State& state) {
 }
 BENCHMARK(BM_HandleCall);
 
-// Two shapes in turn: every call misses the handle's exact-shape fast path (the full check
-// runs, and stores its words), the worst case for it. Two calls per iteration.
+// Two shapes in turn (an op called on the hidden state and on heads, say): the fast path
+// keeps several shapes (CheckPlan::kShapeWays), so both calls hit. Two calls per iteration.
 void BM_HandleCallAlternating(benchmark::State& state) {
   Fixture& f = fixture();
   const long before = g_allocs.load();

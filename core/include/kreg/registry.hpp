@@ -178,8 +178,12 @@ struct CheckPlan {
   int8_t resource_attrs[kMaxAttrs] = {};
   uint64_t resource_hash[kMaxAttrs] = {};
 
-  // The tensor words last accepted through accepts_call() (the handle's fast path).
-  mutable ExactShapeCache last;
+  // The tensor words of the last kShapeWays distinct calls accepted through accepts_call()
+  // (the handle's fast path), replaced round-robin: one op called with a few shapes in
+  // turn (rmsnorm over the hidden state, then over q's and k's heads) hits on all of them.
+  static constexpr uint32_t kShapeWays = 4;
+  mutable ExactShapeCache last[kShapeWays];
+  mutable std::atomic<uint32_t> next_way{0};
 
   // The call path: true when the arguments satisfy the signature. Plain loads and
   // compares, no allocation.
@@ -372,11 +376,15 @@ inline bool CheckPlan::accepts_call(std::span<DLTensor* const> t,
                                     std::span<const kreg_attr> a) const {
   if (!accepts_attrs(a)) [[unlikely]]
     return false;
-  if (t.size() == static_cast<size_t>(num_tensors) && last.matches(t)) [[likely]]
-    return true;
+  if (t.size() == static_cast<size_t>(num_tensors)) [[likely]] {
+    for (const ExactShapeCache& way : last) {
+      if (way.matches(t)) [[likely]]
+        return true;
+    }
+  }
   if (!accepts_tensors(t)) [[unlikely]]
     return false;
-  last.remember(t);
+  last[next_way.fetch_add(1, std::memory_order_relaxed) % kShapeWays].remember(t);
   return true;
 }
 
