@@ -21,6 +21,9 @@
 // the segment starts are one block scan of the padded counts (C below), and
 // out_expert_ids[b] is found by a binary search of b * block_size in the segment starts.
 //
+// Tiny N (N <= 1024, E <= 1024: decode): align_tiny_kernel below, one slot a thread, two
+// barriers, straight-line code.
+//
 // Small N (at most 8 chunks of 512 slots, N <= 4096): one block of W = 16 warps (fewer
 // for large E: the rows must fit in 47 KiB of shared memory) fills, does A, then C (the
 // scan, its thread per expert also turning the expert's column of rows into prefixes: B),
@@ -153,7 +156,8 @@ __device__ __forceinline__ void scatter_piece(const int32_t* __restrict__ ids, i
 }
 
 // dst[begin, end) = v by every thread of the block: 16-byte stores between a scalar head
-// and tail (dst may be any int32 view).
+// and tail (dst may be any int32 view). Not unrolled: a thread stores a few vectors, and
+// unrolled copies only grow the code a single cold block must fetch.
 __device__ __forceinline__ void block_fill(int32_t* __restrict__ dst, int begin, int end,
                                            int32_t v) {
   if (begin >= end) return;
@@ -161,11 +165,14 @@ __device__ __forceinline__ void block_fill(int32_t* __restrict__ dst, int begin,
   const int nthreads = static_cast<int>(blockDim.x);
   const int misalign = static_cast<int>(reinterpret_cast<uintptr_t>(dst + begin) / 4 % 4);
   const int head_end = min(end, begin + (4 - misalign) % 4);
+#pragma unroll 1
   for (int i = begin + tid; i < head_end; i += nthreads) dst[i] = v;
   const int body = (end - head_end) / 4;
   int4* vdst = reinterpret_cast<int4*>(dst + head_end);
   const int4 v4 = make_int4(v, v, v, v);
+#pragma unroll 1
   for (int i = tid; i < body; i += nthreads) vdst[i] = v4;
+#pragma unroll 1
   for (int i = head_end + body * 4 + tid; i < end; i += nthreads) dst[i] = v;
 }
 
@@ -276,6 +283,103 @@ __global__ void __launch_bounds__(kSmallWarps* kLanes)
   device::pdl_launch_dependents();
   write_block_experts(blocks, 0, static_cast<int>(p.blocks_len), start, E, bs, total);
   scatter_piece(ids, seg_begin, seg_end, E, my_hist, sorted);  // D
+}
+
+// ---- Tiny N: one block, one slot a thread ----
+
+// N <= 1024 and E <= 1024 (decode: T = 64, k = 8, E = 256), when the rows fit: one block
+// of max(N, E) threads rounded up to whole warps; thread t owns slot t and expert t. The
+// work is tiny, so the time is latency and a cold instruction cache: straight-line code
+// (no unrolled loops), two block barriers, and every value kept in registers between
+// the phases.
+//   1. Each warp zeroes its own histogram row (no block barrier: only the warp writes it
+//      before barrier 1), loads its 32 ids, starts the sentinel fill, groups its lanes by
+//      expert (same_expert_lanes) and the group's lowest lane stores the group's size.
+//   -- barrier 1: the rows are complete.
+//   2. Thread x sums column x (expert x's count), pads it, and scans the padded counts
+//      within its warp (the in-warp exclusive prefix to seg_in_warp[x], the warp's sum to
+//      warp_totals); thread t sums column e = ids[t] over the warps before its own.
+//   -- barrier 2: seg_in_warp[] and warp_totals[] are complete; the fill is ordered
+//      before the slot stores.
+//   3. Every warp scans warp_totals (one load a lane, then shuffles): expert x's segment
+//      start is seg_in_warp[x] + the totals of the warps before x's. Thread x writes its
+//      expert's entries of out_expert_ids, thread t its slot at start[e] + the earlier
+//      warps' count of e + its rank among its warp's lanes with expert e.
+constexpr int kTinyMaxThreads = 1024;
+
+int tiny_threads(int64_t slots, int num_experts) {
+  return static_cast<int>((std::max<int64_t>(slots, num_experts) + kLanes - 1) / kLanes * kLanes);
+}
+
+// Shared ints of the tiny kernel: the rows [warps][E] and seg_in_warp[E]; 0 when the
+// shape is not one for it.
+int tiny_smem_ints(int64_t slots, int num_experts) {
+  if (slots > kTinyMaxThreads || num_experts > kTinyMaxThreads) return 0;
+  const int ints = (tiny_threads(slots, num_experts) / kLanes + 1) * num_experts;
+  return ints <= kSmemInts ? ints : 0;
+}
+
+__global__ void __launch_bounds__(kTinyMaxThreads)
+    align_tiny_kernel(const int32_t* __restrict__ ids, int32_t* __restrict__ sorted,
+                      int32_t* __restrict__ blocks, int32_t* __restrict__ total_out,
+                      const AlignParams p) {
+  extern __shared__ int4 smem4[];
+  __shared__ int32_t warp_totals[kMaxWarps];
+  const int tid = static_cast<int>(threadIdx.x);
+  const int lane = tid % kLanes;
+  const int warp = tid / kLanes;
+  const int nwarps = static_cast<int>(blockDim.x) / kLanes;
+  const int E = p.num_experts;
+  const int bs = p.block_size;
+  const int n = static_cast<int>(p.slots);
+  int32_t* hist = reinterpret_cast<int32_t*>(smem4);  // [nwarps][E]
+  int32_t* seg_in_warp = hist + nwarps * E;           // [E]
+  int32_t* my_hist = hist + warp * E;
+
+#pragma unroll 1
+  for (int x = lane; x < E; x += kLanes) my_hist[x] = 0;
+  __syncwarp();
+  device::pdl_wait();  // before the first global access
+  const int e = tid < n ? __ldg(ids + tid) : -1;
+  block_fill(sorted, 0, static_cast<int>(p.sorted_len), n);
+  const bool valid = e >= 0 && e < E;
+  const unsigned same = same_expert_lanes(e, valid, expert_bits(E));
+  if (valid && lane == __ffs(same) - 1) my_hist[e] = __popc(same);  // one group per expert
+  __syncthreads();                                                  // 1: the rows are complete
+  device::pdl_launch_dependents();
+
+  int count = 0;  // expert tid's slots
+  if (tid < E) {
+#pragma unroll 1
+    for (int w = 0; w < nwarps; ++w) count += hist[w * E + tid];
+  }
+  const int padded = (count + bs - 1) / bs * bs;
+  const int inclusive = device::warp_inclusive_scan(padded);
+  if (tid < E) seg_in_warp[tid] = inclusive - padded;
+  if (lane == kLanes - 1) warp_totals[warp] = inclusive;
+  int rank = __popc(same & ((1u << lane) - 1u));  // slot tid's place among expert e's slots
+  if (valid) {
+#pragma unroll 1
+    for (int w = 0; w < warp; ++w) rank += hist[w * E + e];
+  }
+  __syncthreads();  // 2: seg_in_warp[] and warp_totals[]; the fill before the slot stores
+
+  const int wt = lane < nwarps ? warp_totals[lane] : 0;
+  const int wt_incl = device::warp_inclusive_scan(wt);
+  const int total = __shfl_sync(kFullWarpMask, wt_incl, kLanes - 1);
+  const int wt_before = wt_incl - wt;  // lane w: the totals of the warps before warp w
+  const int my_start = __shfl_sync(kFullWarpMask, wt_before, warp) + seg_in_warp[min(tid, E - 1)];
+  const int e_warp_start = __shfl_sync(kFullWarpMask, wt_before, valid ? e / kLanes : 0);
+  if (tid == 0) total_out[0] = total;
+  if (tid < E) {
+#pragma unroll 1
+    for (int b = my_start / bs; b < (my_start + padded) / bs; ++b) blocks[b] = tid;
+  }
+#pragma unroll 1
+  for (int b = total / bs + tid; b < static_cast<int>(p.blocks_len); b += nwarps * kLanes) {
+    blocks[b] = -1;
+  }
+  if (valid) sorted[e_warp_start + seg_in_warp[e] + rank] = tid;
 }
 
 // ---- Larger N: count, scatter ----
@@ -457,6 +561,13 @@ KernelStatus align_block_size_cuda(Context& ctx, const DLTensor& topk_ids,
   const int E = p.num_experts;
   const Chunks chunks = chunks_for(p.slots);
 
+  if (const int ints = tiny_smem_ints(p.slots, E); ints > 0) {
+    return device::launch_status(
+        ctx, op,
+        device::launch(align_tiny_kernel, dim3(1), dim3(tiny_threads(p.slots, E)),
+                       static_cast<size_t>(ints) * sizeof(int32_t), stream, ctx.pdl(), ids, sorted,
+                       blocks, total, p));
+  }
   if (chunks.count < kMinChunks) {
     // E <= 2048 leaves at least 4 warps.
     const int warps = std::min(kSmallWarps, kSmemInts / E - 1);
