@@ -350,7 +350,7 @@ __global__ void __launch_bounds__(kTinyMaxThreads)
 
   int count = 0;  // expert tid's slots
   if (tid < E) {
-#pragma unroll 1
+#pragma unroll 4  // independent loads in flight: a load-add chain costs ~30 cycles a row
     for (int w = 0; w < nwarps; ++w) count += hist[w * E + tid];
   }
   const int padded = (count + bs - 1) / bs * bs;
@@ -359,7 +359,7 @@ __global__ void __launch_bounds__(kTinyMaxThreads)
   if (lane == kLanes - 1) warp_totals[warp] = inclusive;
   int rank = __popc(same & ((1u << lane) - 1u));  // slot tid's place among expert e's slots
   if (valid) {
-#pragma unroll 1
+#pragma unroll 4  // independent loads in flight: a load-add chain costs ~30 cycles a row
     for (int w = 0; w < warp; ++w) rank += hist[w * E + e];
   }
   __syncthreads();  // 2: seg_in_warp[] and warp_totals[]; the fill before the slot stores
