@@ -398,7 +398,14 @@ std::vector<AlignShape> align_shapes() {
           {512, 8, 256, 64},
           {4097, 1, 256, 64},
           {1024, 8, 1000, 8},
-          {300, 8, 2048, 64, 9}};
+          {300, 8, 2048, 64, 9},
+          // The one-block tiny kernel's edges (N <= 1024, E <= 1024, (warps + 1) * E <=
+          // 11776 ints): its largest N, one slot more (the general single block), and
+          // E = 1024 at N = 1024, whose histogram rows do not fit (the general block).
+          {128, 8, 256, 64},
+          {129, 8, 256, 64},
+          {128, 8, 1024, 16},
+          {1, 1, 1024, 1}};
 }
 
 // topk_ids for an align case: each token's k experts distinct when k <= E (as routing
