@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Issue 17's H200 evidence, one device call per preset (docs/performance.md, "Fourth
+# round"); each preset is a set of gpu_quick.sh knobs. Run from the repository root:
+#   tools/bench/gpu_issue17.sh torch     # decode and the small shapes against torch, ncu of decode B=1
+#   tools/bench/gpu_issue17.sh moe       # align_block_size and routing (kreg bench, plain and --pdl), vs_torch
+#   tools/bench/gpu_issue17.sh norms     # JIT rmsnorm at odd widths, decode norms with and without PDL, dispatch
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+case "${1:-}" in
+  torch)
+    export CTEST_R="Attention|Diffusion|Kvcache|Memory|ConcatMla" JIT_H="4097" JIT_BE="cuda" JIT_RESOLVE=0
+    export VS_ONLY="attention.decode,attention.rope,norm_scale_shift,timestep_embedding,set_mla_kv_buffer,copy_rows,concat_mla_k,residual_gate_add,kvcache.store"
+    export NCU_ONLY="decode B=1 ctx=4096" NCU_K="decode" ;;
+  moe)
+    export CTEST_R="Moe|Harness" JIT_H="4096" JIT_BE="cuda" JIT_RESOLVE=0
+    export VS_ONLY="align_block_size,topk_softmax,moe.route"
+    export EXTRA='for s in "T=64,K=8,P=16640,B=260" "T=4096,K=8,P=48896,B=764" "T=32768,K=8,P=278272,B=4348"; do for p in "" --pdl; do
+      printf "align %-30s %-6s " "$s" "${p:-plain}"; $k bench moe.align_block_size --shape $s --dtype i32 --attr num_experts=256 --attr block_size=64 --reps 200 $p 2>&1 | grep -E "median|rror"; done; done' ;;
+  norms)
+    export CTEST_R="Layernorm|Jit|GpuKernels" JIT_H="4097 4099 5121" JIT_BE="jit" JIT_RESOLVE=0
+    export VS_ONLY="rmsnorm T=64,rmsnorm T=32768"
+    export EXTRA='for a in "layernorm.rmsnorm --shape T=16,H=4096" "layernorm.rmsnorm --shape T=64,H=7168" "layernorm.fused_add_rmsnorm --shape T=64,H=7168"; do for p in "" --pdl; do
+      printf "%-50s %-6s " "$a" "${p:-plain}"; $k bench $a --dtype bf16 --reps 200 $p 2>&1 | grep median; done; done
+      taskset -c 3 ./build/tests/bench/kreg-bench-dispatch --benchmark_repetitions=3 --benchmark_report_aggregates_only=true 2>&1 | grep median' ;;
+  *) echo "usage: $0 torch|moe|norms" >&2; exit 2 ;;
+esac
+exec bash "$here/gpu_quick.sh"
