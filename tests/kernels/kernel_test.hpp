@@ -7,11 +7,13 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "harness.hpp"
@@ -102,6 +104,31 @@ class GpuTest : public ::testing::Test {
                       "(run ctest on a GPU machine to exercise them)";
     }
   }
+};
+
+// KREG_JIT_CACHE -> a private temporary folder for this process, set before any test
+// resolves (the process's cache is opened on first use). Register it once per test binary:
+//   ::testing::AddGlobalTestEnvironment(new JitCacheDir("kreg-norm-jit"));
+class JitCacheDir : public ::testing::Environment {
+ public:
+  explicit JitCacheDir(std::string prefix) : prefix_(std::move(prefix)) {}
+  void SetUp() override {
+    std::string pattern = (std::filesystem::temp_directory_path() / (prefix_ + "-XXXXXX")).string();
+    if (::mkdtemp(pattern.data()) == nullptr) {
+      ADD_FAILURE() << "mkdtemp " << pattern << " failed: the JIT cache folder";
+      return;
+    }
+    dir_ = pattern;
+    ::setenv("KREG_JIT_CACHE", (dir_ / "cache").c_str(), 1);
+  }
+  void TearDown() override {
+    std::error_code ec;
+    if (!dir_.empty()) std::filesystem::remove_all(dir_, ec);
+  }
+
+ private:
+  std::string prefix_;
+  std::filesystem::path dir_;
 };
 
 }  // namespace kreg::test

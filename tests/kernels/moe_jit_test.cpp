@@ -41,29 +41,9 @@ using namespace test;  // kernel_test.hpp
 
 constexpr const char* kOp = "moe.topk_softmax";
 
-// KREG_JIT_CACHE -> a private temporary folder for this process, set before any test
-// resolves (the process's cache is opened on first use).
-class JitCacheDir : public ::testing::Environment {
- public:
-  void SetUp() override {
-    std::string pattern = (fs::temp_directory_path() / "kreg-moe-jit-XXXXXX").string();
-    if (::mkdtemp(pattern.data()) == nullptr) {
-      ADD_FAILURE() << "mkdtemp " << pattern << " failed: the JIT cache folder";
-      return;
-    }
-    dir_ = pattern;
-    ::setenv("KREG_JIT_CACHE", (dir_ / "cache").c_str(), 1);
-  }
-  void TearDown() override {
-    std::error_code ec;
-    if (!dir_.empty()) fs::remove_all(dir_, ec);
-  }
-
- private:
-  fs::path dir_;
-};
+// A private JIT cache folder for this process (kernel_test.hpp).
 [[maybe_unused]] ::testing::Environment* const kJitCacheDir =
-    ::testing::AddGlobalTestEnvironment(new JitCacheDir);
+    ::testing::AddGlobalTestEnvironment(new JitCacheDir("kreg-moe-jit"));
 
 // ---- Which shapes the JIT kernel takes (CPU) ----
 
