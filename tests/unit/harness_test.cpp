@@ -4,6 +4,7 @@
 // still finds the right buffer for the tensors after it. A required rank-free tensor stays
 // an error. CPU only: ops registered in-process.
 #include "harness.hpp"
+#include "example_values.hpp"
 
 #include <gtest/gtest.h>
 
@@ -319,6 +320,41 @@ TEST(Harness, AlignBlockSizeExamplesAreRoutingIds) {
   ASSERT_TRUE(plain.ok()) << plain.status().message();
   const std::vector<double> random_ids = *plain->buffers[0].to_doubles();
   for (double v : random_ids) EXPECT_LT(v, 16.0);
+}
+
+// Routing ids over 2^31 experts take O(K) memory a row (a dense pool would be 16 GiB),
+// stay distinct per row and inside int32.
+TEST(Harness, RoutingIdsOverHugeExpertCountsNeedNoPool) {
+  auto b = harness::Buffer::make(kCpuDev, DType::kI32, {64, 8});
+  ASSERT_TRUE(b.ok()) << b.status().message();
+  std::mt19937_64 rng(3);
+  ASSERT_TRUE(harness::fill_routing_ids(*b, int64_t{1} << 31, rng).ok());
+  const std::vector<double> ids = *b->to_doubles();
+  for (int64_t t = 0; t < 64; ++t) {
+    std::vector<double> row(ids.begin() + t * 8, ids.begin() + t * 8 + 8);
+    for (double v : row) {
+      EXPECT_GE(v, 0.0);
+      EXPECT_LT(v, 2147483648.0);
+    }
+    std::sort(row.begin(), row.end());
+    EXPECT_EQ(std::adjacent_find(row.begin(), row.end()), row.end()) << "row " << t;
+  }
+}
+
+// An integer element outside its dtype (or NaN) is refused, not an undefined conversion.
+TEST(Harness, FromDoublesRefusesIntegersOutsideTheirType) {
+  auto b = harness::Buffer::make(kCpuDev, DType::kI32, {2});
+  ASSERT_TRUE(b.ok());
+  EXPECT_TRUE(b->from_doubles({-2147483648.0, 2147483647.0}).ok());
+  for (double bad : {2147483648.0, -2147483649.0, std::nan(""), 1e300}) {
+    const Status st = b->from_doubles({0.0, bad});
+    EXPECT_FALSE(st.ok()) << bad;
+    EXPECT_NE(st.message().find("element 1"), std::string::npos) << st.message();
+    EXPECT_NE(st.message().find("does not fit i32"), std::string::npos) << st.message();
+  }
+  auto u = harness::Buffer::make(kCpuDev, DType::kU8, {1});
+  EXPECT_FALSE(u->from_doubles({-1.0}).ok());
+  EXPECT_TRUE(u->from_doubles({255.0}).ok());
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <numeric>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace kreg::harness {
@@ -11,7 +12,9 @@ namespace {
 // topk_ids[T, K] over the op's num_experts: what moe.topk_softmax / grouped_topk produce.
 Status routing_ids_over_num_experts(const ExampleSetting& s, Buffer& buf, std::mt19937_64& rng) {
   const std::optional<int64_t> experts = s.int_attr("num_experts");
-  if (!experts || *experts < 1) return OkStatus();  // the op refuses it; keep the random fill
+  // Outside what an int32 id can name (or none at all) the op refuses the call: keep the
+  // random fill and let its message say why.
+  if (!experts || *experts < 1 || *experts > (int64_t{1} << 31)) return OkStatus();
   return fill_routing_ids(buf, *experts, rng);
 }
 
@@ -53,20 +56,30 @@ Status fill_routing_ids(Buffer& buf, int64_t num_experts, std::mt19937_64& rng) 
                                              std::to_string(num_experts) + " must be positive");
   }
   const int64_t T = buf.shape()[0], K = buf.shape()[1];
-  // A partial Fisher-Yates shuffle per row over a pool that stays a permutation: the row's
-  // first min(K, E) picks are a uniform random choice in random order, O(K) a row.
-  std::vector<int64_t> pool(static_cast<size_t>(num_experts));
-  std::iota(pool.begin(), pool.end(), 0);
+  // A partial Fisher-Yates shuffle per row, the permutation kept sparse (only the swapped
+  // positions): the row's first min(K, E) picks are a uniform random choice in random
+  // order, in O(K) time and memory a row however large num_experts is (an --attr past
+  // int64's range of experts must not allocate a pool of that size).
+  const int64_t picks = std::min(K, num_experts);
+  std::unordered_map<int64_t, int64_t> swapped;
+  auto at = [&](int64_t i) {
+    const auto it = swapped.find(i);
+    return it == swapped.end() ? i : it->second;
+  };
   std::vector<double> values;
   values.reserve(static_cast<size_t>(T * K));
+  std::vector<int64_t> row(static_cast<size_t>(picks));
   for (int64_t t = 0; t < T; ++t) {
-    for (int64_t j = 0; j < std::min(K, num_experts); ++j) {
+    swapped.clear();
+    for (int64_t j = 0; j < picks; ++j) {
       std::uniform_int_distribution<int64_t> pick(j, num_experts - 1);
-      std::swap(pool[static_cast<size_t>(j)], pool[static_cast<size_t>(pick(rng))]);
+      const int64_t r = pick(rng);
+      const int64_t vj = at(j), vr = at(r);
+      swapped[r] = vj;
+      row[static_cast<size_t>(j)] = vr;
     }
-    for (int64_t j = 0; j < K; ++j) {
-      values.push_back(static_cast<double>(pool[static_cast<size_t>(j % num_experts)]));
-    }
+    for (int64_t j = 0; j < K; ++j)
+      values.push_back(static_cast<double>(row[static_cast<size_t>(j % picks)]));
   }
   return buf.from_doubles(values);
 }

@@ -5,7 +5,10 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <span>
+#include <string>
+#include <utility>
 
 #include "example_values.hpp"
 #include "kreg/checked_math.hpp"
@@ -99,6 +102,26 @@ double read_element(const void* base, DType d, int64_t i) {
       return e5m2_to_float(static_cast<const uint8_t*>(base)[i]);
     default:
       return std::numeric_limits<double>::quiet_NaN();
+  }
+}
+
+// The doubles an integer dtype holds exactly-enough to convert without undefined
+// behaviour: [min, max] of the type (for i64 the largest double below 2^63).
+std::optional<std::pair<double, double>> int_range(DType d) {
+  switch (d) {
+    case DType::kI8:
+      return std::pair{-128.0, 127.0};
+    case DType::kI16:
+      return std::pair{-32768.0, 32767.0};
+    case DType::kI32:
+      return std::pair{-2147483648.0, 2147483647.0};
+    case DType::kI64:
+      return std::pair{-0x1p63, 0x1.fffffffffffffp62};
+    case DType::kU8:
+    case DType::kBool:
+      return std::pair{0.0, 255.0};
+    default:
+      return std::nullopt;
   }
 }
 
@@ -307,6 +330,17 @@ Result<std::vector<double>> Buffer::to_doubles() const {
 Status Buffer::from_doubles(const std::vector<double>& values) {
   if (static_cast<int64_t>(values.size()) != numel()) {
     return Status(KREG_INVALID_ARGUMENT, "from_doubles: size mismatch");
+  }
+  // An integer element outside its type (or NaN) would be an undefined conversion.
+  if (const auto range = int_range(dtype_)) {
+    for (size_t i = 0; i < values.size(); ++i) {
+      const double v = values[i];
+      if (!(v >= range->first && v <= range->second)) {
+        return Status(KREG_INVALID_ARGUMENT, "from_doubles: element " + std::to_string(i) + " = " +
+                                                 std::to_string(v) + " does not fit " +
+                                                 std::string(dtype_name(dtype_)));
+      }
+    }
   }
   std::vector<char> host(bytes());
   void* dst = on_gpu() ? static_cast<void*>(host.data()) : t_.data;
