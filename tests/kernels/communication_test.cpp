@@ -96,7 +96,8 @@ void check_world_one(Registry& reg, const Resource& comm, DLDevice dev, DType dt
   if (dev.device_type == kDLCPU) {
     EXPECT_EQ(values(x), values(x2));  // the same CPU arithmetic
   } else {
-    const auto cmp = harness::compare_values("x", values(x), values(x2), harness::tolerance_for(dt));
+    const auto cmp =
+        harness::compare_values("x", values(x), values(x2), harness::tolerance_for(dt));
     EXPECT_TRUE(cmp.ok()) << cmp.mismatches << " mismatches, max_abs " << cmp.max_abs;
   }
 }
@@ -209,7 +210,8 @@ TEST(CommunicationRank, Run) {
     DLTensor* args[] = {x.tensor(), out->tensor()};
     const kreg_attr attrs[] = {c, str_attr("sum")};
     ASSERT_TRUE(registry().call("communication.reduce_scatter", args, attrs).ok());
-    EXPECT_EQ(floats(*out), ref::reduce_scatter(in, "sum", ref::Dtype::kF32)[static_cast<size_t>(rank)]);
+    EXPECT_EQ(floats(*out),
+              ref::reduce_scatter(in, "sum", ref::Dtype::kF32)[static_cast<size_t>(rank)]);
   }
   {  // the fused op
     const ref::Ranks xs = all(4, n), rs = all(5, n);
