@@ -382,14 +382,7 @@ TEST_F(GpuElementwise, PdlChainsReadWhatTheKernelBeforeWrote) {
     EXPECT_TRUE(harness::device_synchronize().ok());
     return std::vector<std::vector<uint8_t>>{bytes_of(a), bytes_of(b), bytes_of(out)};
   };
-  const auto want = run_chain(0);
-  for (int rep = 0; rep < 3; ++rep) {
-    const auto got = run_chain(KREG_LAUNCH_PDL);
-    for (size_t i = 0; i < got.size(); ++i) {
-      EXPECT_TRUE(got[i] == want[i])
-          << "result " << i << " differs with PDL (repetition " << rep << ")";
-    }
-  }
+  test::expect_pdl_chain_matches_plain(run_chain, 3);
 }
 
 }  // namespace

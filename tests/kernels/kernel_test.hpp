@@ -106,6 +106,22 @@ class GpuTest : public ::testing::Test {
   }
 };
 
+// A chain of launches run once plainly, then `reps` times with programmatic dependent
+// launch (run_chain(flags) returns the bytes of every result): each PDL run must give
+// the plain run's bytes, result for result.
+template <typename Chain>
+void expect_pdl_chain_matches_plain(Chain&& run_chain, int reps) {
+  const std::vector<std::vector<uint8_t>> want = run_chain(uint64_t{0});
+  for (int rep = 0; rep < reps; ++rep) {
+    const std::vector<std::vector<uint8_t>> got = run_chain(uint64_t{KREG_LAUNCH_PDL});
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_TRUE(got[i] == want[i])
+          << "result " << i << " differs with PDL (repetition " << rep << ")";
+    }
+  }
+}
+
 // KREG_JIT_CACHE -> a private temporary folder for this process, set before any test
 // resolves (the process's cache is opened on first use). Register it once per test binary:
 //   ::testing::AddGlobalTestEnvironment(new JitCacheDir("kreg-norm-jit"));

@@ -866,15 +866,7 @@ TEST_F(MoeGpu, PdlChainsReadWhatTheKernelBeforeWrote) {
     for (const Buffer& b : out) bytes.push_back(test::bytes_of(b));
     return bytes;
   };
-  const auto want = run_chain(0);
-  for (int rep = 0; rep < 5; ++rep) {
-    const auto got = run_chain(KREG_LAUNCH_PDL);
-    ASSERT_EQ(got.size(), want.size());
-    for (size_t i = 0; i < got.size(); ++i) {
-      EXPECT_TRUE(got[i] == want[i])
-          << "result " << i << " differs with PDL (repetition " << rep << ")";
-    }
-  }
+  test::expect_pdl_chain_matches_plain(run_chain, 5);
 }
 
 TEST_F(MoeGpu, CpuTensorsToTheCudaPathAreRefused) {
