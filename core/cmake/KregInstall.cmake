@@ -3,6 +3,7 @@
 #   P/include/kreg/**           the headers: abi.h, plugin.hpp, device/*.cuh, the core API
 #   P/lib/libkreg.so*           kreg_core with its SONAME and links           (runtime)
 #   P/bin/kreg                  the CLI (tools/CMakeLists.txt)                (runtime)
+#   P/libexec/kreg/kreg-probe   the child probe_plugin loads plugins in       (runtime)
 #   P/lib/cmake/kreg/           kregConfig.cmake, kregConfigVersion.cmake, the exported
 #                               targets kreg::core and kreg::plugin_api, KregPlugin.cmake
 #                               (kreg_add_plugin)                             (development)
@@ -36,6 +37,8 @@ install(TARGETS kreg_core kreg_plugin_api EXPORT kregTargets
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT runtime
                 NAMELINK_COMPONENT development
         INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+# The probe's child program (core/CMakeLists.txt says how probe_plugin finds it there).
+install(TARGETS kreg-probe RUNTIME DESTINATION ${KREG_PROBE_INSTALL_DIR} COMPONENT runtime)
 install(EXPORT kregTargets NAMESPACE kreg:: DESTINATION ${KREG_INSTALL_CMAKEDIR}
         COMPONENT development)
 

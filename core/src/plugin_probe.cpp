@@ -1,28 +1,37 @@
-// The child-process load behind `kreg validate` and the host's pre-check. The child
-// reports through a pipe in a small length-prefixed format; its progress (which phase,
-// and PluginLibrary::open's stage) is kept in a shared page so the parent can say where a
-// child that died without reporting was.
+// The parent side of the child-process load behind `kreg validate` and the host's
+// pre-check: finds kreg-probe, starts it with posix_spawn (or, without one, forks a
+// single-threaded process), reads its report and output within the timeout, and says how
+// the child ended. The child reports through a pipe in a small length-prefixed format; its
+// progress (which phase, and PluginLibrary::open's stage) is kept in a shared page so the
+// parent can say where a child that died without reporting was (plugin_probe_wire.hpp).
 #include "kreg/plugin_probe.hpp"
 
-#include "kreg/text.hpp"
-
+#include <dirent.h>
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <spawn.h>
 #include <sys/mman.h>
-#include <sys/prctl.h>
-#include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <cstdlib>
-
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string_view>
+#include <utility>
+#include <vector>
+
+#include "kreg/text.hpp"
+#include "plugin_probe_wire.hpp"
+
+extern char** environ;
 
 namespace kreg {
 
@@ -78,118 +87,13 @@ std::string signal_name(int sig) {
 
 namespace {
 
-using Stage = PluginLibrary::Stage;
-
-enum class Phase : int32_t { kOpening, kInit, kReporting, kShutdown, kDone };
-
-// Lives in a MAP_SHARED page: the child writes, the parent reads after the child ended.
-struct Progress {
-  volatile Stage stage;
-  volatile Phase phase;
-};
-
-enum Tag : uint8_t { kRefused = 1, kInitFailed = 2, kSnapshot = 3, kDone = 4 };
+using probe::Phase;
+using probe::Progress;
+using probe::Reader;
+using probe::Stage;
+using probe::Tag;
 
 constexpr size_t kOutputKeep = 4096;
-
-// ---- wire format: integers little-endian as in memory (same machine), strings with a
-// 32-bit length ----
-
-class Writer {
- public:
-  void u32(uint32_t v) { buf_.append(reinterpret_cast<const char*>(&v), sizeof v); }
-  void i32(int32_t v) { u32(static_cast<uint32_t>(v)); }
-  void str(std::string_view s) {
-    u32(static_cast<uint32_t>(s.size()));
-    buf_.append(s);
-  }
-  // Frames the buffer as one message and clears it.
-  std::string message(Tag tag) {
-    std::string out(1, static_cast<char>(tag));
-    const auto n = static_cast<uint32_t>(buf_.size());
-    out.append(reinterpret_cast<const char*>(&n), sizeof n);
-    out += buf_;
-    buf_.clear();
-    return out;
-  }
-
- private:
-  std::string buf_;
-};
-
-class Reader {
- public:
-  explicit Reader(std::string_view data) : data_(data) {}
-  bool u32(uint32_t* v) {
-    if (data_.size() < sizeof *v) return fail();
-    std::memcpy(v, data_.data(), sizeof *v);
-    data_.remove_prefix(sizeof *v);
-    return true;
-  }
-  bool i32(int32_t* v) {
-    uint32_t u;
-    if (!u32(&u)) return false;
-    *v = static_cast<int32_t>(u);
-    return true;
-  }
-  bool str(std::string* s) {
-    uint32_t n;
-    if (!u32(&n) || data_.size() < n) return fail();
-    s->assign(data_.substr(0, n));
-    data_.remove_prefix(n);
-    return true;
-  }
-  bool ok() const { return ok_; }
-
- private:
-  bool fail() {
-    ok_ = false;
-    return false;
-  }
-  std::string_view data_;
-  bool ok_ = true;
-};
-
-void write_all(int fd, const std::string& s) {
-  size_t done = 0;
-  while (done < s.size()) {
-    const ssize_t n = ::write(fd, s.data() + done, s.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;
-    done += static_cast<size_t>(n);
-  }
-}
-
-std::string encode_snapshot(const PluginLibrary& lib) {
-  Writer w;
-  const PluginInfo& info = lib.info();
-  w.str(info.group);
-  w.str(info.version);
-  w.u32(info.abi_major);
-  w.u32(info.abi_minor);
-  w.str(info.compiler);
-  w.i32(info.cuda_version);
-  w.str(info.cuda_archs);
-  w.u32(static_cast<uint32_t>(lib.kernels().size()));
-  for (const KernelSpec& k : lib.kernels()) {
-    w.str(k.op);
-    w.str(k.backend);
-    w.str(k.signature.text);
-    w.str(dtype_set_name(k.dtypes));
-    w.u32(static_cast<uint32_t>(k.capabilities.size()));
-    for (const Capability& c : k.capabilities) {
-      w.i32(c.device_type);
-      w.i32(c.sm_min);
-      w.i32(c.sm_max);
-    }
-    w.u32(k.traits);
-    w.i32(k.priority);
-    w.u32(k.flags);
-    w.str(k.description);
-    w.str(k.provenance.source_file);
-  }
-  return w.message(kSnapshot);
-}
 
 bool decode_snapshot(std::string_view payload, const fs::path& file, PluginSnapshot* out) {
   Reader r(payload);
@@ -231,74 +135,10 @@ bool decode_snapshot(std::string_view payload, const fs::path& file, PluginSnaps
   return r.ok();
 }
 
-// The child: never returns. Everything it learns goes to `data_fd`; whatever the plugin
-// prints goes to `out_fd`, so it cannot corrupt the parent's output (--json on stdout).
-[[noreturn]] void run_child(const fs::path& file, const PluginLibrary::Expect& expect,
-                            const ProbeOptions& options, Progress* progress, int data_fd,
-                            int out_fd, pid_t parent) {
-  // Die with the parent: a validator killed by CI must not leave a hung plugin behind.
-  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-  if (::getppid() != parent) ::_exit(127);
-  ::setpgid(0, 0);
-  // Expected crashes should not leave core files (or wait for a crash reporter).
-  ::prctl(PR_SET_DUMPABLE, 0);
-  struct rlimit no_core {
-    0, 0
-  };
-  ::setrlimit(RLIMIT_CORE, &no_core);
-  // The parent's handlers (a host's crash reporter, a test framework's) must not run here:
-  // the parent reads the plain signal from the exit status.
-  for (int sig = 1; sig < NSIG; ++sig) {
-    if (sig != SIGKILL && sig != SIGSTOP) ::signal(sig, SIG_DFL);
-  }
-  sigset_t all;
-  sigemptyset(&all);
-  ::sigprocmask(SIG_SETMASK, &all, nullptr);
-  // A plugin that calls exit() ends the child with its own status, and nothing the host
-  // registered at exit runs here: glibc runs on_exit handlers last-registered first, so
-  // this one precedes the host's atexit handlers (which would flush the host's stdio
-  // buffers into the pipe a second time) and a sanitizer's leak check (which reports the
-  // memory of the host's other threads, absent in a fork, and changes the exit status).
-  ::on_exit([](int status, void*) { ::_exit(status); }, nullptr);
-  if (int null = ::open("/dev/null", O_RDONLY); null >= 0) ::dup2(null, STDIN_FILENO);
-  ::dup2(out_fd, STDOUT_FILENO);
-  ::dup2(out_fd, STDERR_FILENO);
-
-  progress->phase = Phase::kOpening;
-  auto lib = PluginLibrary::open(file, expect, const_cast<Stage*>(&progress->stage));
-  const Stage stage = progress->stage;
-  if (!lib) {
-    Writer w;
-    w.u32(static_cast<uint32_t>(stage));
-    w.u32(static_cast<uint32_t>(lib.status().code()));
-    w.str(lib.status().message());
-    write_all(data_fd, w.message(kRefused));
-    ::_exit(0);
-  }
-  if (options.run_init) {
-    progress->phase = Phase::kInit;
-    if (Status st = (*lib)->init(); !st.ok()) {
-      Writer w;
-      w.u32(static_cast<uint32_t>(st.code()));
-      w.str(st.message());
-      write_all(data_fd, w.message(kInitFailed));
-      ::_exit(0);
-    }
-  }
-  progress->phase = Phase::kReporting;
-  std::unique_ptr<PluginLibrary> loaded = std::move(lib).value();
-  write_all(data_fd, encode_snapshot(*loaded));
-  // Unloading is part of the check: a host unloads groups on reload and at exit.
-  progress->phase = Phase::kShutdown;
-  loaded.reset();
-  progress->phase = Phase::kDone;
-  Writer w;
-  write_all(data_fd, w.message(kDone));
-  ::_exit(0);
-}
-
 std::string phase_text(Phase phase, Stage stage) {
   switch (phase) {
+    case Phase::kStarting:
+      return "while kreg-probe was starting (before it loaded the library)";
     case Phase::kOpening:
       switch (stage) {
         case Stage::kFile:
@@ -346,62 +186,291 @@ std::string seconds_text(double s) {
   return buf;
 }
 
+// ---- which kreg-probe ----
+
+// Why `p` cannot be started; "" when it can.
+std::string unusable(const fs::path& p) {
+  struct stat st {};
+  if (::stat(p.c_str(), &st) != 0) {
+    return errno == ENOENT ? "does not exist"
+                           : std::string("cannot be read: ") + std::strerror(errno);
+  }
+  if (!S_ISREG(st.st_mode)) return "is not a regular file";
+  if (::access(p.c_str(), X_OK) != 0) return "is not executable";
+  return "";
+}
+
+// The folder libkreg (this code) was loaded from; empty when unknown.
+fs::path core_library_dir() {
+  Dl_info info{};
+  if (::dladdr(reinterpret_cast<void*>(&find_probe_executable), &info) == 0 ||
+      info.dli_fname == nullptr || info.dli_fname[0] == '\0') {
+    return {};
+  }
+  std::error_code ec;
+  const fs::path lib = fs::absolute(info.dli_fname, ec);
+  return ec ? fs::path() : lib.parent_path();
+}
+
+// This process's threads (/proc/self/task); -1 when it cannot tell.
+int thread_count() {
+  DIR* dir = ::opendir("/proc/self/task");
+  if (dir == nullptr) return -1;
+  int n = 0;
+  while (const dirent* e = ::readdir(dir)) {
+    if (e->d_name[0] != '.') ++n;
+  }
+  ::closedir(dir);
+  return n;
+}
+
+// An owned descriptor.
+class Fd {
+ public:
+  explicit Fd(int fd = -1) : fd_(fd) {}
+  ~Fd() { reset(); }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int get() const { return fd_; }
+  void reset(int fd = -1) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = fd;
+  }
+  int release() {
+    const int fd = fd_;
+    fd_ = -1;
+    return fd;
+  }
+
+ private:
+  int fd_;
+};
+
+// Moves `fd` above the child's fixed descriptors (0-4), so that setting those up in the
+// child cannot overwrite one of its sources (a host that closed stdout gets pipe fd 1).
+bool raise_fd(Fd& fd) {
+  constexpr int kFirstFree = probe::kChildProgressFd + 1;
+  if (fd.get() >= kFirstFree) return true;
+  const int high = ::fcntl(fd.get(), F_DUPFD_CLOEXEC, kFirstFree);
+  if (high < 0) return false;
+  fd.reset(high);
+  return true;
+}
+
+// Starts `exe` as the child: its descriptors 0-4 as probe::kChild* says, nothing else
+// inherited, its own process group, default signal dispositions, an empty signal mask.
+// Returns 0 or an errno value.
+int spawn_probe(const fs::path& exe, const fs::path& file, const PluginLibrary::Expect& expect,
+                bool run_init, pid_t parent, int data_fd, int out_fd, int page_fd, pid_t* pid) {
+  std::vector<std::string> args = {kProbeExecutableName,
+                                   "--protocol",
+                                   std::to_string(probe::kProtocol),
+                                   "--parent",
+                                   std::to_string(parent),
+                                   "--data-fd",
+                                   std::to_string(probe::kChildDataFd),
+                                   "--progress-fd",
+                                   std::to_string(probe::kChildProgressFd),
+                                   "--init",
+                                   run_init ? "1" : "0",
+                                   "--group",
+                                   expect.group};
+  if (expect.version) {
+    args.push_back("--version");
+    args.push_back(*expect.version);
+  }
+  args.push_back("--file");
+  args.push_back(file.native());
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+
+  posix_spawn_file_actions_t actions;
+  if (int rc = ::posix_spawn_file_actions_init(&actions); rc != 0) return rc;
+  posix_spawnattr_t attr;
+  if (int rc = ::posix_spawnattr_init(&attr); rc != 0) {
+    ::posix_spawn_file_actions_destroy(&actions);
+    return rc;
+  }
+  int rc = ::posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
+  if (rc == 0) rc = ::posix_spawn_file_actions_adddup2(&actions, out_fd, STDOUT_FILENO);
+  if (rc == 0) rc = ::posix_spawn_file_actions_adddup2(&actions, out_fd, STDERR_FILENO);
+  if (rc == 0) rc = ::posix_spawn_file_actions_adddup2(&actions, data_fd, probe::kChildDataFd);
+  if (rc == 0) rc = ::posix_spawn_file_actions_adddup2(&actions, page_fd, probe::kChildProgressFd);
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 34))
+  // Descriptors a host opened without O_CLOEXEC (a listening socket, a lock file) stay
+  // with the host. Older glibc: only O_CLOEXEC ones are closed (ours all are).
+  if (rc == 0)
+    rc = ::posix_spawn_file_actions_addclosefrom_np(&actions, probe::kChildProgressFd + 1);
+#endif
+  sigset_t defaults, mask;
+  sigfillset(&defaults);
+  sigemptyset(&mask);
+  if (rc == 0) {
+    rc = ::posix_spawnattr_setflags(
+        &attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK);
+  }
+  if (rc == 0) rc = ::posix_spawnattr_setpgroup(&attr, 0);
+  if (rc == 0) rc = ::posix_spawnattr_setsigdefault(&attr, &defaults);
+  if (rc == 0) rc = ::posix_spawnattr_setsigmask(&attr, &mask);
+  if (rc == 0) rc = ::posix_spawn(pid, exe.c_str(), &actions, &attr, argv.data(), environ);
+  ::posix_spawnattr_destroy(&attr);
+  ::posix_spawn_file_actions_destroy(&actions);
+  return rc;
+}
+
 }  // namespace
+
+ProbeExecutable find_probe_executable(const fs::path& requested) {
+  ProbeExecutable out;
+  auto pick = [&](const fs::path& p, const std::string& named) {
+    out.explicit_choice = true;
+    if (const std::string why = unusable(p); !why.empty()) {
+      out.problem = named + " " + p.string() + " " + why;
+    } else {
+      out.path = p;
+    }
+    return out;
+  };
+  if (!requested.empty()) return pick(requested, "the probe executable (ProbeOptions::executable)");
+  if (const char* env = std::getenv(kProbeExecutableEnv); env != nullptr && env[0] != '\0') {
+    return pick(env, std::string("the probe executable ") + kProbeExecutableEnv + "=");
+  }
+  std::vector<fs::path> candidates;
+  std::error_code ec;
+  if (const fs::path self = fs::read_symlink("/proc/self/exe", ec); !ec) {
+    candidates.push_back(self.parent_path() / kProbeExecutableName);
+  }
+  if (const fs::path lib = core_library_dir(); !lib.empty()) {
+    candidates.push_back(lib / kProbeExecutableName);
+#ifdef KREG_PROBE_FROM_LIBDIR
+    candidates.push_back((lib / KREG_PROBE_FROM_LIBDIR).lexically_normal());
+#endif
+  }
+  std::string looked;
+  std::vector<fs::path> seen;
+  for (const fs::path& c : candidates) {
+    if (std::find(seen.begin(), seen.end(), c) != seen.end()) continue;
+    seen.push_back(c);
+    const std::string why = unusable(c);
+    if (why.empty()) {
+      out.path = c;
+      return out;
+    }
+    looked += (looked.empty() ? "" : ", ") + c.string() + " (" + why + ")";
+  }
+  out.problem = std::string("no ") + kProbeExecutableName + " executable found (looked for " +
+                (looked.empty() ? std::string("nothing: neither /proc/self/exe nor libkreg's path "
+                                              "could be read")
+                                : looked) +
+                "; set " + kProbeExecutableEnv + " to its path)";
+  return out;
+}
 
 ProbeResult probe_plugin(const fs::path& file, const PluginLibrary::Expect& expect,
                          const ProbeOptions& options) {
   ProbeResult result;
   const std::string head = "plugin '" + expect.group + "' (" + file.string() + ")";
-  auto spawn_failed = [&](const char* what) {
+  auto spawn_failed = [&](const std::string& what) {
     result.end = ProbeEnd::kSpawnFailed;
-    result.message =
-        head + ": cannot start a child process to load it: " + what + ": " + std::strerror(errno);
+    result.message = head + ": cannot start a child process to load it: " + what;
     return result;
   };
+  auto call_failed = [&](const char* call, int err) {
+    return spawn_failed(std::string(call) + ": " + std::strerror(err));
+  };
+  // argv elements end at a NUL; anything else crosses as it is.
+  for (const auto& [what, text] : {std::pair<const char*, std::string_view>{"path", file.native()},
+                                   {"group", expect.group},
+                                   {"version", expect.version.value_or("")}}) {
+    if (text.find('\0') != std::string_view::npos) {
+      return spawn_failed(std::string("its ") + what +
+                          " holds a NUL byte, which no command line can carry");
+    }
+  }
 
+  const ProbeExecutable exe = find_probe_executable(options.executable);
+  const bool fork_child = exe.path.empty();
+  if (fork_child) {
+    if (exe.explicit_choice) return spawn_failed(exe.problem);
+    // Only a process with one thread may be forked: no lock can be held by another thread.
+    const int threads = thread_count();
+    if (threads != 1) {
+      return spawn_failed(
+          exe.problem + "; a fork of this process instead is unsafe: it runs " +
+          (threads < 0 ? std::string("an unknown number of") : std::to_string(threads)) +
+          " threads, whose locks the child would inherit held");
+    }
+    result.forked = exe.problem + "; the child was a fork of this single-threaded process instead";
+  }
+  result.executable = exe.path;
+
+  // The progress page: a memfd, mapped here and in the child (inherited, or mapped by
+  // kreg-probe from its descriptor 4).
+  Fd page_fd(::memfd_create("kreg-probe-progress", MFD_CLOEXEC));
+  if (page_fd.get() < 0) return call_failed("memfd_create", errno);
+  if (::ftruncate(page_fd.get(), sizeof(Progress)) != 0) return call_failed("ftruncate", errno);
   void* page =
-      ::mmap(nullptr, sizeof(Progress), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  if (page == MAP_FAILED) return spawn_failed("mmap");
-  auto* progress = new (page) Progress{Stage::kFile, Phase::kOpening};
+      ::mmap(nullptr, sizeof(Progress), PROT_READ | PROT_WRITE, MAP_SHARED, page_fd.get(), 0);
+  if (page == MAP_FAILED) return call_failed("mmap", errno);
+  auto* progress = new (page) Progress{Stage::kFile, Phase::kStarting};
   struct Unmap {
     void* p;
     ~Unmap() { ::munmap(p, sizeof(Progress)); }
   } unmap{page};
 
   int data[2], out[2];
-  if (::pipe2(data, O_CLOEXEC) != 0) return spawn_failed("pipe");
-  if (::pipe2(out, O_CLOEXEC) != 0) {
-    ::close(data[0]);
-    ::close(data[1]);
-    return spawn_failed("pipe");
+  if (::pipe2(data, O_CLOEXEC) != 0) return call_failed("pipe", errno);
+  Fd data_r(data[0]), data_w(data[1]);
+  if (::pipe2(out, O_CLOEXEC) != 0) return call_failed("pipe", errno);
+  Fd out_r(out[0]), out_w(out[1]);
+  if (!raise_fd(data_w) || !raise_fd(out_w) || !raise_fd(page_fd)) {
+    return call_failed("fcntl(F_DUPFD_CLOEXEC)", errno);
   }
-  // Whatever sits in our stdio buffers would otherwise be written twice if the plugin
-  // calls exit() in the child.
-  std::fflush(nullptr);
+
   const pid_t parent = ::getpid();
   const auto start = std::chrono::steady_clock::now();
-  const pid_t pid = ::fork();
-  if (pid < 0) {
-    for (int fd : {data[0], data[1], out[0], out[1]}) ::close(fd);
-    return spawn_failed("fork");
+  pid_t pid = -1;
+  if (fork_child) {
+    // Whatever sits in our stdio buffers would otherwise be written twice if the plugin
+    // calls exit() in the child.
+    std::fflush(nullptr);
+    pid = ::fork();
+    if (pid < 0) return call_failed("fork", errno);
+    if (pid == 0) {
+      ::setpgid(0, 0);
+      probe::prepare_child(parent);
+      if (int null = ::open("/dev/null", O_RDONLY); null >= 0) ::dup2(null, STDIN_FILENO);
+      ::dup2(out_w.get(), STDOUT_FILENO);
+      ::dup2(out_w.get(), STDERR_FILENO);
+      probe::load_and_report(file, expect, options.run_init, progress, data_w.get());
+    }
+    // Also here: the child's setpgid may not have run yet when we kill its group.
+    ::setpgid(pid, pid);
+  } else if (int rc = spawn_probe(exe.path, file, expect, options.run_init, parent, data_w.get(),
+                                  out_w.get(), page_fd.get(), &pid);
+             rc != 0) {
+    return call_failed(("posix_spawn " + exe.path.string()).c_str(), rc);
   }
-  if (pid == 0) {
-    ::close(data[0]);
-    ::close(out[0]);
-    run_child(file, expect, options, progress, data[1], out[1], parent);
-  }
-  ::close(data[1]);
-  ::close(out[1]);
-  // Also here: the child's setpgid may not have run yet when we kill its group.
-  ::setpgid(pid, pid);
+  data_w.reset();
+  out_w.reset();
+  page_fd.reset();
 
   const double timeout =
       std::isfinite(options.timeout_s) && options.timeout_s > 0 ? options.timeout_s : 10.0;
-  const auto deadline = start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                                    std::chrono::duration<double>(timeout));
+  // Until the child says hello it is starting (exec, dynamic linking, a sanitizer's set-up);
+  // the plugin's timeout starts then.
+  const double startup_limit = std::max(timeout, 10.0);
+  auto after = [](std::chrono::steady_clock::time_point t, double s) {
+    return t + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                   std::chrono::duration<double>(s));
+  };
+  auto deadline = after(start, startup_limit);
+  bool started = false;  // the hello arrived
   std::string received;
   std::string& output = result.output;
-  int fds[2] = {data[0], out[0]};
+  int fds[2] = {data_r.release(), out_r.release()};
+  const int data_fd = fds[0];
   bool timed_out = false, cancelled = false, oversized = false;
   auto stop_early = [&] {
     cancelled = options.cancel != nullptr && options.cancel->load(std::memory_order_acquire);
@@ -437,9 +506,14 @@ ProbeResult probe_plugin(const fs::path& file, const PluginLibrary::Expect& expe
         slot = -1;
         continue;
       }
-      if (slot == data[0]) {
+      if (p[i].fd == data_fd) {
         received.append(buf, static_cast<size_t>(got));
         if (received.size() > kMaxProbeReportBytes) oversized = true;
+        if (!started && received.size() >= 5 &&
+            static_cast<uint8_t>(received[0]) == probe::kHello) {
+          started = true;
+          deadline = after(std::chrono::steady_clock::now(), timeout);
+        }
       } else {
         output.append(buf, static_cast<size_t>(got));
         if (output.size() > 2 * kOutputKeep) output.erase(0, output.size() - kOutputKeep);
@@ -489,7 +563,8 @@ ProbeResult probe_plugin(const fs::path& file, const PluginLibrary::Expect& expe
   }
 
   // Decode what arrived.
-  bool done = false, have_snapshot = false, have_failure = false;
+  bool hello = false, done = false, have_snapshot = false, have_failure = false;
+  std::string refused_arguments;
   std::string_view rest(received);
   while (rest.size() >= 5) {
     const auto tag = static_cast<uint8_t>(rest[0]);
@@ -499,7 +574,12 @@ ProbeResult probe_plugin(const fs::path& file, const PluginLibrary::Expect& expe
     const std::string_view payload = rest.substr(5, len);
     rest.remove_prefix(5 + size_t{len});
     Reader r(payload);
-    if (tag == kRefused) {
+    if (tag == probe::kHello) {
+      uint32_t protocol = 0;
+      hello = r.u32(&protocol) && protocol == probe::kProtocol;
+    } else if (tag == probe::kBadArguments) {
+      if (!r.str(&refused_arguments) || refused_arguments.empty()) refused_arguments = "?";
+    } else if (tag == probe::kRefused) {
       uint32_t stage = 0, code = 0;
       r.u32(&stage);
       r.u32(&code);
@@ -508,7 +588,7 @@ ProbeResult probe_plugin(const fs::path& file, const PluginLibrary::Expect& expe
       result.code = static_cast<kreg_status_code>(code);
       result.end = ProbeEnd::kRefused;
       have_failure = r.ok();
-    } else if (tag == kInitFailed) {
+    } else if (tag == probe::kInitFailed) {
       uint32_t code = 0;
       r.u32(&code);
       r.str(&result.message);
@@ -521,13 +601,17 @@ ProbeResult probe_plugin(const fs::path& file, const PluginLibrary::Expect& expe
       if (result.message.starts_with(group_only)) {
         result.message = head + ": " + result.message.substr(group_only.size());
       }
-    } else if (tag == kSnapshot) {
+    } else if (tag == probe::kSnapshot) {
       have_snapshot = decode_snapshot(payload, file, &result.snapshot);
-    } else if (tag == kDone) {
+    } else if (tag == probe::kDone) {
       done = true;
     }
   }
-  if (have_failure) return result;
+  const std::string runner = fork_child ? std::string("the forked child") : exe.path.string();
+  if (!refused_arguments.empty()) {
+    return spawn_failed(runner + " refused its arguments: " + refused_arguments);
+  }
+  if (have_failure && hello) return result;
 
   const Phase phase = progress->phase;
   const Stage stage = progress->stage;
@@ -535,9 +619,22 @@ ProbeResult probe_plugin(const fs::path& file, const PluginLibrary::Expect& expe
   const std::string where = phase_text(phase, stage);
   if (timed_out) {
     result.end = ProbeEnd::kTimedOut;
-    result.message = head + ": timed out after " + seconds_text(timeout) + " " + where +
-                     "; the child process loading it was killed" + output_hint(output);
+    result.message = head + ": timed out after " + seconds_text(started ? timeout : startup_limit) +
+                     " " + where + "; the child process loading it was killed" +
+                     output_hint(output);
     return result;
+  }
+  if (!hello) {
+    // It ended before it ran any plugin code: not a kreg-probe, or one that could not start.
+    std::string ended = "its exit status is unknown";
+    if (reaped && WIFSIGNALED(status)) {
+      ended = "it was killed by " + signal_name(WTERMSIG(status));
+    } else if (reaped && WIFEXITED(status)) {
+      ended = "it exited with status " + std::to_string(WEXITSTATUS(status));
+    }
+    return spawn_failed(runner + " did not start as kreg's plugin probe (" + ended +
+                        " before its first report; is it the kreg-probe of this build?)" +
+                        output_hint(output));
   }
   if (reaped && WIFSIGNALED(status)) {
     result.end = ProbeEnd::kSignaled;
