@@ -326,13 +326,15 @@ ProbeExecutable find_probe_executable(const fs::path& requested) {
   auto pick = [&](const fs::path& p, const std::string& named) {
     out.explicit_choice = true;
     if (const std::string why = unusable(p); !why.empty()) {
-      out.problem = named + " " + p.string() + " " + why;
+      out.problem = named + p.string() + " " + why;
     } else {
       out.path = p;
     }
     return out;
   };
-  if (!requested.empty()) return pick(requested, "the probe executable (ProbeOptions::executable)");
+  if (!requested.empty()) {
+    return pick(requested, "the probe executable (ProbeOptions::executable) ");
+  }
   if (const char* env = std::getenv(kProbeExecutableEnv); env != nullptr && env[0] != '\0') {
     return pick(env, std::string("the probe executable ") + kProbeExecutableEnv + "=");
   }

@@ -199,7 +199,16 @@ Status parse_arguments(int argc, char** argv, Arguments* out) {
       malformed = Status(KREG_INVALID_ARGUMENT, std::string(opt) + " is given twice");
     }
   }
-  // The data pipe first: what is wrong with the rest is reported through it.
+  // The data pipe first: what is wrong with the rest is reported through it, wherever
+  // the parse stopped.
+  if (!values.count("--data-fd")) {
+    for (int i = 1; i + 1 < argc; ++i) {
+      if (std::string_view(argv[i]) == "--data-fd") {
+        values.emplace("--data-fd", argv[i + 1]);
+        break;
+      }
+    }
+  }
   if (!values.count("--data-fd")) {
     return malformed.ok() ? Status(KREG_INVALID_ARGUMENT, "--data-fd is required") : malformed;
   }
