@@ -82,8 +82,8 @@ Result<LoadedGeneration> load_generation(const GenerationRequest& req) {
   const fs::path load = admitted->load_path();
   const fs::path copy = admitted->copy ? admitted->copy->path() : fs::path();
   if (req.precheck_in_child) {
-    // The child loads the admitted bytes too: under the original path, a forked child's
-    // dlopen would also find a generation already loaded from that path and probe it.
+    // The child loads the admitted bytes too (the private copy when there is one): the
+    // bytes checked there are the bytes loaded here, whatever rewrites the original since.
     ProbeOptions probe_options;
     probe_options.timeout_s = req.precheck_timeout_s;
     probe_options.cancel = req.cancel;

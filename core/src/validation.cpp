@@ -149,6 +149,8 @@ LoadOutcome load_in_child(Context& cx, const GroupEntry& g, const fs::path& file
   popts.timeout_s = cx.options.timeout_s;
   ProbeResult probe = probe_plugin(file, {g.name, g.version}, popts);
   probe.message = named(std::move(probe.message), file, g.library);
+  // No kreg-probe: the load ran in a fork of this (single-threaded) validator; say so.
+  if (!probe.forked.empty()) rep.warn("library-loads", g.name, where, probe.forked);
   if (probe.ok()) {
     for (const char* c : {"library-loads", "abi-version", "group-name-match", "plugin-version"}) {
       rep.pass(c, g.name);

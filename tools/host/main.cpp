@@ -187,7 +187,7 @@ int main(int argc, char** argv) {
                 manifest.status().message());
   // Watch mode: every generation, the first included, is mapped from a private copy (a
   // build rewriting a library in place must not truncate the code running here) and is
-  // first loaded in a child process (before any thread exists: the safe time to fork).
+  // first loaded in a child process (kreg-probe, kreg/plugin_probe.hpp).
   kreg::OpenOptions open_options;
   if (watch) {
     open_options.private_copy = true;

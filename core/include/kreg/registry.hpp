@@ -709,9 +709,9 @@ struct OpenOptions {
   // Load lazy groups too (tools whose job is loading: validate's dynamic rules, run,
   // bench). Listing needs no load: a lazy group's embedded metadata describes it.
   bool load_lazy_groups = false;
-  // Load each group in a child process before loading it here (kreg/plugin_probe.hpp), and
-  // refuse a group that crashes, hangs, exits or is refused there. Costs a fork and a load
-  // per group; forks, so see plugin_probe.hpp for when that is safe.
+  // Load each group in a child process before loading it here (kreg/plugin_probe.hpp: a
+  // fresh kreg-probe process, safe with threads and CUDA), and refuse a group that crashes,
+  // hangs, exits or is refused there. Costs a process start and a load per group.
   bool precheck_in_child = false;
   double precheck_timeout_s = 10;
   // Load every group from a private copy of its library (kreg/regular_file.hpp's
@@ -727,7 +727,7 @@ struct OpenOptions {
 struct ReloadOptions {
   // Load the candidate in a child process first (crash isolation, kreg/plugin_probe.hpp):
   // a library that crashes in its static initializers or init hook is refused without
-  // touching this process. Forks: see plugin_probe.hpp for when that is safe.
+  // touching this process. The child is a fresh kreg-probe process (no fork of this one).
   bool precheck_in_child = false;
   double precheck_timeout_s = 10;  // the whole child: load, init hook, unload
   // When set and it becomes true, a pre-check in progress is abandoned (its child killed)
