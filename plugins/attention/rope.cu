@@ -175,6 +175,16 @@ cudaError_t launch_typed(T* q, T* k, const float* cache, const void* positions,
   const bool fast = span % kWide == 0 && shape.head_dim % kWide == 0 && device::aligned16(q) &&
                     device::aligned16(k) && device::aligned16(cache);
   if (fast) {
+    // GPT-J: two 16-byte words of a head a thread, so that, as in NeoX (whose thread
+    // takes a word from each half), a thread rotates 8 pairs from 32-byte reads of the
+    // cosine and sine rows instead of 4 pairs from 16-byte ones: half the cache-row
+    // requests per element moved.
+    if constexpr (!kNeox) {
+      if (span % (2 * kWide) == 0) {
+        return launch<T, 2 * kWide, false, true>(q, k, cache, positions, shape, tokens, stream,
+                                                 pdl);
+      }
+    }
     return launch<T, kWide, kNeox, true>(q, k, cache, positions, shape, tokens, stream, pdl);
   }
   return launch < T, kNeox ? 1 : 2, kNeox,
