@@ -45,6 +45,11 @@ __global__ void __launch_bounds__(kMaxThreads)
                               int64_t dim, TimestepEmbedding e) {
   static_assert(!kFloat4 || kFreqs == 4);
   const int64_t i0 = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kFreqs;
+  // The first row's timestep is loaded before the frequencies are computed, so that its
+  // round trip overlaps the double-precision exp instead of following it (small calls
+  // are one row a block: that load and the exp are the whole latency).
+  const int64_t r0 = blockIdx.y;
+  const float t0 = r0 < rows ? device::to_float(t[r0]) : 0.0f;
   float freq[kFreqs];
 #pragma unroll
   for (int j = 0; j < kFreqs; ++j) {
@@ -53,8 +58,8 @@ __global__ void __launch_bounds__(kMaxThreads)
   const int64_t sin_col = e.flip ? e.half : 0;
   const int64_t cos_col = e.flip ? 0 : e.half;
   const bool writes_pad = e.pad && blockIdx.x == 0 && threadIdx.x == 0;
-  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
-    const float tv = device::to_float(t[r]);
+  for (int64_t r = r0; r < rows; r += gridDim.y) {
+    const float tv = r == r0 ? t0 : device::to_float(t[r]);
     float s[kFreqs], c[kFreqs];
 #pragma unroll
     for (int j = 0; j < kFreqs; ++j) {
