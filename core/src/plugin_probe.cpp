@@ -382,9 +382,10 @@ ProbeResult probe_plugin(const fs::path& file, const PluginLibrary::Expect& expe
     return spawn_failed(std::string(call) + ": " + std::strerror(err));
   };
   // argv elements end at a NUL; anything else crosses as it is.
-  for (const auto& [what, text] : {std::pair<const char*, std::string_view>{"path", file.native()},
-                                   {"group", expect.group},
-                                   {"version", expect.version.value_or("")}}) {
+  for (const auto& [what, text] :
+       {std::pair<const char*, std::string_view>{"path", file.native()},
+        {"group", expect.group},
+        {"version", expect.version ? std::string_view(*expect.version) : std::string_view()}}) {
     if (text.find('\0') != std::string_view::npos) {
       return spawn_failed(std::string("its ") + what +
                           " holds a NUL byte, which no command line can carry");
