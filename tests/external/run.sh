@@ -7,7 +7,8 @@
 #   3. configures and builds tests/external against it (find_package(kreg), the same
 #      generator and compiler), with nothing from the source tree on its include path;
 #   4. writes a manifest for the built libkreg_example.so and runs the installed kreg on it
-#      (validate, list, run) and the example host program (call_example: values checked).
+#      (validate, which loads the plugin in the installed kreg-probe; list, run) and the
+#      example host program (call_example: values checked).
 # Usage: run.sh CMAKE BUILD_DIR SOURCE_DIR GENERATOR CXX_COMPILER BUILD_TYPE LAUNCHER
 #               SANITIZE DLPACK_DIR   (empty strings for what is unset)
 set -euo pipefail
@@ -45,8 +46,8 @@ step "install $build to $prefix"
 for component in runtime development; do
   "$cmake" --install "$build" --prefix "$prefix" --component "$component"
 done
-for f in bin/kreg include/kreg/abi.h include/kreg/plugin.hpp include/kreg/registry.hpp \
-  include/kreg/device/workspace.cuh lib/cmake/kreg/kregConfig.cmake \
+for f in bin/kreg libexec/kreg/kreg-probe include/kreg/abi.h include/kreg/plugin.hpp \
+  include/kreg/registry.hpp include/kreg/device/workspace.cuh lib/cmake/kreg/kregConfig.cmake \
   lib/cmake/kreg/kregConfigVersion.cmake lib/cmake/kreg/kregTargets.cmake \
   lib/cmake/kreg/KregPlugin.cmake; do
   [ -f "$prefix/$f" ] || fail "the install has no $f"
@@ -110,6 +111,12 @@ manifest=$work/registry.yaml
 
 step "kreg validate"
 "$kreg" validate --manifest "$manifest" || fail "kreg validate failed on the example group"
+# The installed kreg finds the installed kreg-probe (libexec/kreg, from lib/): the plugin was
+# loaded there, not in a fork for want of it (a warning on library-loads would say so).
+report=$(KREG_PROBE= "$kreg" validate --manifest "$manifest" --json) || fail "kreg validate --json failed"
+if grep -q "no kreg-probe executable found" <<<"$report"; then
+  fail "the installed kreg did not find the installed kreg-probe: $report"
+fi
 
 step "kreg list"
 listing=$("$kreg" list --manifest "$manifest" --json) || fail "kreg list failed"

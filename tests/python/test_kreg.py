@@ -10,6 +10,7 @@ Results are checked against NumPy float64 math written here. Run by hand:
 import math
 import os
 import pathlib
+import threading
 
 import numpy as np
 import pytest
@@ -381,6 +382,36 @@ def test_hot_reload_visible(reg, kind):
     close(kind.numpy(out), act_ref(x, "silu"))
     with pytest.raises(kreg.Error):
         r.reload("nope")
+
+
+def test_precheck_in_a_threaded_interpreter_runs_kreg_probe(monkeypatch):
+    # The pre-check's child is kreg-probe (found beside the module's libkreg), a fresh
+    # process: it works while another thread holds a lock, with torch imported and CUDA
+    # initialized where there is a GPU. A multithreaded process that finds no kreg-probe
+    # refuses the pre-check rather than fork, so this also shows that it was found.
+    if HAVE_TORCH and torch.cuda.is_available():
+        torch.zeros(1, device="cuda")
+    lock, release = threading.Lock(), threading.Event()
+
+    def hold():
+        with lock:
+            release.wait(60)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        r = kreg.open(MANIFEST, precheck=True)
+        before = r.info("activation.silu_and_mul")["generation"]
+        report = r.reload("activation", precheck=True)
+        assert report["generation"] == before + 1
+        # KREG_PROBE is read at each probe, and an unusable one is named, never replaced.
+        monkeypatch.setenv("KREG_PROBE", "/nonexistent/kreg-probe")
+        with pytest.raises(kreg.Error, match="KREG_PROBE=/nonexistent/kreg-probe does not exist"):
+            r.reload("activation", precheck=True)
+        assert r.info("activation.silu_and_mul")["generation"] == before + 1
+    finally:
+        release.set()
+        holder.join()
 
 
 # ---- Bad input: clear Python exceptions, never a crash ----

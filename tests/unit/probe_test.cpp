@@ -1,0 +1,605 @@
+// The child process of probe_plugin (kreg/plugin_probe.hpp): a fresh kreg-probe started with
+// posix_spawn, never a fork of the caller. Probes from a process whose other threads hold a
+// lock and allocate; kreg-probe's command line (paths and names that a shell or a parser
+// would mangle, malformed arguments, another protocol); explicit executables that are
+// missing or not kreg-probe; and, from a copy of this test and of kreg without kreg-probe,
+// the documented fallback: a fork of a single-threaded process only.
+#include <gtest/gtest.h>
+
+#include <pthread.h>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <mutex>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kreg/plugin_probe.hpp"
+#include "time_budget.hpp"
+
+extern char** environ;
+
+namespace fs = std::filesystem;
+
+namespace kreg {
+namespace {
+
+fs::path test_plugin(const std::string& name) {
+  return fs::path(KREG_TEST_PLUGIN_DIR) / ("libkreg_" + name + ".so");
+}
+
+bool contains(const std::string& haystack, const std::string& needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// A scratch folder with the permissions kreg requires (0755), whatever the umask.
+class Scratch {
+ public:
+  Scratch() {
+    root_ = fs::temp_directory_path() /
+            ("kreg_probe_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter_++));
+    fs::remove_all(root_);
+    fs::create_directories(root_);
+    fs::permissions(root_, fs::perms(0755));
+  }
+  ~Scratch() {
+    std::error_code ec;
+    fs::remove_all(root_, ec);
+  }
+  const fs::path& root() const { return root_; }
+  fs::path dir(const fs::path& rel) {
+    const fs::path p = root_ / rel;
+    fs::create_directories(p);
+    for (fs::path d = p; d != root_; d = d.parent_path()) fs::permissions(d, fs::perms(0755));
+    return p;
+  }
+  fs::path write(const fs::path& rel, const std::string& text, int mode) {
+    const fs::path p = root_ / rel;
+    dir(rel.parent_path());
+    std::ofstream(p, std::ios::binary | std::ios::trunc) << text;
+    fs::permissions(p, fs::perms(mode));
+    return p;
+  }
+  fs::path copy(const fs::path& from, const fs::path& rel) {
+    const fs::path p = root_ / rel;
+    dir(rel.parent_path());
+    fs::copy_file(from, p, fs::copy_options::overwrite_existing);
+    fs::permissions(p, fs::perms(0755));
+    return p;
+  }
+
+ private:
+  static inline int counter_ = 0;
+  fs::path root_;
+};
+
+// Sets an environment variable for a scope (this suite runs on one thread while it does).
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    if (value != nullptr) {
+      ::setenv(name, value, 1);
+    } else {
+      ::unsetenv(name);
+    }
+  }
+  ~ScopedEnv() {
+    if (old_) {
+      ::setenv(name_, old_->c_str(), 1);
+    } else {
+      ::unsetenv(name_);
+    }
+  }
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+// ---- fork detection: pthread_atfork handlers run on fork(), never on posix_spawn ----
+
+std::atomic<int> g_fork_prepares{0};
+std::atomic<bool> g_prepare_takes_lock{false};
+std::mutex g_held;  // held by another thread while the test probes
+
+void on_fork_prepare() {
+  ++g_fork_prepares;
+  // What a library with fork handlers does (malloc, a runtime): take its lock, which
+  // another thread holds. A fork would wait here; a spawn never comes here.
+  if (g_prepare_takes_lock.load()) std::lock_guard lock(g_held);
+}
+
+void install_fork_handlers() {
+  static std::once_flag once;
+  std::call_once(once, [] { ::pthread_atfork(on_fork_prepare, nullptr, nullptr); });
+}
+
+// The children of this process: pid and comm (/proc/<pid>/stat), which exec sets to the
+// new program's name and a fork keeps.
+std::vector<std::pair<pid_t, std::string>> children() {
+  std::vector<std::pair<pid_t, std::string>> out;
+  const pid_t self = ::getpid();
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator("/proc", ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+    const std::string stat = read_file(e.path() / "stat");
+    const size_t open = stat.find('('), close = stat.rfind(')');
+    if (open == std::string::npos || close == std::string::npos || close < open) continue;
+    std::istringstream rest(stat.substr(close + 1));
+    std::string state;
+    long ppid = 0;
+    rest >> state >> ppid;
+    if (ppid == self) {
+      out.emplace_back(std::stoi(name), stat.substr(open + 1, close - open - 1));
+    }
+  }
+  return out;
+}
+
+std::vector<std::string> cmdline(pid_t pid) {
+  const std::string raw = read_file("/proc/" + std::to_string(pid) + "/cmdline");
+  std::vector<std::string> args;
+  size_t start = 0;
+  for (size_t i = 0; i < raw.size(); ++i) {
+    if (raw[i] == '\0') {
+      args.push_back(raw.substr(start, i - start));
+      start = i + 1;
+    }
+  }
+  return args;
+}
+
+// Another thread holding g_held, and threads allocating, for the scope: the state in which
+// a fork copies a lock held (the holder does not exist in the child) or an allocator's
+// lock mid-operation.
+class BusyProcess {
+ public:
+  BusyProcess() {
+    std::promise<void> locked;
+    holder_ = std::thread([this, &locked] {
+      std::unique_lock lock(g_held);
+      locked.set_value();
+      std::unique_lock wait(mu_);
+      // Released after a while in any case: a forking implementation fails this test
+      // instead of hanging it.
+      cv_.wait_for(wait, std::chrono::duration<double>(test::budget(10)), [this] { return stop_; });
+    });
+    locked.get_future().wait();
+    for (int t = 0; t < 2; ++t) {
+      churn_.emplace_back([this] {
+        while (!churning_stop_.load(std::memory_order_relaxed)) {
+          std::vector<std::string> v;
+          for (int i = 0; i < 64; ++i) v.emplace_back(100 + i, 'x');
+        }
+      });
+    }
+  }
+  ~BusyProcess() {
+    churning_stop_ = true;
+    for (std::thread& t : churn_) t.join();
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    holder_.join();
+  }
+
+ private:
+  std::thread holder_;
+  std::vector<std::thread> churn_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::atomic<bool> churning_stop_{false};
+};
+
+TEST(ProbeProcess, TheChildIsKregProbeNotAForkOfTheBusyCaller) {
+  const ProbeExecutable exe = find_probe_executable();
+  ASSERT_FALSE(exe.path.empty()) << exe.problem;
+  EXPECT_FALSE(exe.explicit_choice);
+  EXPECT_EQ(exe.path.filename(), kProbeExecutableName);
+
+  install_fork_handlers();
+  const int prepares_before = g_fork_prepares.load();
+  BusyProcess busy;
+  g_prepare_takes_lock = true;
+
+  // A plugin that hangs in a static initializer keeps its child alive to be looked at; the
+  // probe is cancelled once it has been.
+  std::atomic<bool> cancel{false};
+  ProbeOptions o;
+  o.timeout_s = 60;
+  o.cancel = &cancel;
+  ProbeResult hang;
+  std::thread prober([&] {
+    hang = probe_plugin(test_plugin("crash_hang_static"), {"testgrp", std::nullopt}, o);
+  });
+  pid_t child = 0;
+  std::string comm;
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                            std::chrono::duration<double>(test::budget(5)));
+  while (std::chrono::steady_clock::now() < deadline) {
+    for (const auto& [pid, name] : children()) {
+      child = pid;
+      comm = name;
+    }
+    if (comm == kProbeExecutableName) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  const std::vector<std::string> args = child > 0 ? cmdline(child) : std::vector<std::string>{};
+  std::error_code ec;
+  const fs::path exe_link = fs::read_symlink("/proc/" + std::to_string(child) + "/exe", ec);
+  cancel = true;
+  prober.join();
+
+  ASSERT_GT(child, 0) << "no child process appeared";
+  EXPECT_EQ(comm, kProbeExecutableName) << "the child runs the caller's program: a fork";
+  ASSERT_FALSE(args.empty());
+  EXPECT_EQ(args[0], kProbeExecutableName);
+  EXPECT_EQ(args.back(), test_plugin("crash_hang_static").string());
+  // The child makes itself non-dumpable, which hides /proc/<pid>/exe from unprivileged
+  // readers; where it can be read, it is kreg-probe itself.
+  if (!ec) {
+    EXPECT_EQ(fs::canonical(exe_link), fs::canonical(exe.path));
+  }
+  EXPECT_EQ(hang.end, ProbeEnd::kCancelled) << hang.message;
+  EXPECT_EQ(hang.executable, exe.path);
+  EXPECT_TRUE(hang.forked.empty()) << hang.forked;
+
+  // Loads, crashes and exits are reported as before, while the lock is held and the
+  // other threads allocate.
+  for (int i = 0; i < 5; ++i) {
+    const ProbeResult r = probe_plugin(test_plugin("testgrp"), {"testgrp", std::string("0.1.0")});
+    ASSERT_TRUE(r.ok()) << r.message;
+    EXPECT_EQ(r.snapshot.info.group, "testgrp");
+  }
+  ProbeOptions quick;
+  quick.timeout_s = test::budget(2);
+  const ProbeResult segv =
+      probe_plugin(test_plugin("crash_segv_static"), {"testgrp", std::nullopt}, quick);
+  EXPECT_EQ(segv.end, ProbeEnd::kSignaled) << segv.message;
+  EXPECT_EQ(signal_name(segv.signal), "SIGSEGV");
+  EXPECT_TRUE(contains(segv.message,
+                       "while loading the library (dlopen, running its static "
+                       "initializers)"))
+      << segv.message;
+  const ProbeResult exit3 =
+      probe_plugin(test_plugin("crash_exit_init"), {"testgrp", std::nullopt}, quick);
+  EXPECT_EQ(exit3.end, ProbeEnd::kExited) << exit3.message;
+  EXPECT_EQ(exit3.exit_status, 3);
+  EXPECT_TRUE(contains(exit3.message, "in its init hook")) << exit3.message;
+
+  g_prepare_takes_lock = false;
+  EXPECT_EQ(g_fork_prepares.load(), prepares_before) << "probe_plugin forked this process";
+}
+
+// A file under a relative path that starts with '-' and holds a space, a newline and a
+// byte that is not UTF-8; a group and a version that a shell or an option parser would
+// split or take for options. They reach the child as they are.
+TEST(ProbeProcess, PathsAndNamesCrossIntoTheChildAsTheyAre) {
+  Scratch s;
+  const fs::path rel = fs::path("-dir x\n") / "-lib \n\xff.so";
+  s.copy(test_plugin("testgrp"), rel);
+  const fs::path cwd = fs::current_path();
+  fs::current_path(s.root());
+  const ProbeResult good = probe_plugin(rel, {"testgrp", std::string("0.1.0")});
+  const std::string odd_group = "--group\n x;$(true)'\"";
+  const ProbeResult group = probe_plugin(rel, {odd_group, std::nullopt});
+  const ProbeResult version = probe_plugin(rel, {"testgrp", std::string("-v \n2")});
+  const ProbeResult empty_version = probe_plugin(rel, {"testgrp", std::string()});
+  fs::current_path(cwd);
+
+  ASSERT_TRUE(good.ok()) << good.message;
+  EXPECT_EQ(good.snapshot.info.path, rel);
+  EXPECT_EQ(good.snapshot.info.group, "testgrp");
+  EXPECT_EQ(group.end, ProbeEnd::kRefused) << group.message;
+  EXPECT_EQ(group.stage, PluginLibrary::Stage::kGroup);
+  EXPECT_TRUE(contains(group.message, "lists it as group '" + odd_group + "'")) << group.message;
+  EXPECT_EQ(version.end, ProbeEnd::kRefused) << version.message;
+  EXPECT_EQ(version.stage, PluginLibrary::Stage::kVersion);
+  EXPECT_TRUE(contains(version.message, "does not match the expected -v \n2")) << version.message;
+  // An expected version that is empty is still an expectation (not "any version").
+  EXPECT_EQ(empty_version.end, ProbeEnd::kRefused) << empty_version.message;
+  EXPECT_EQ(empty_version.stage, PluginLibrary::Stage::kVersion);
+
+  // A NUL cannot cross a command line: refused here, before any child.
+  const ProbeResult nul = probe_plugin(test_plugin("testgrp"), {std::string("test\0grp", 8)});
+  EXPECT_EQ(nul.end, ProbeEnd::kSpawnFailed);
+  EXPECT_TRUE(contains(nul.message, "its group holds a NUL byte")) << nul.message;
+}
+
+TEST(ProbeProcess, AnExplicitExecutableThatCannotRunFailsNamingItAndNeverForks) {
+  install_fork_handlers();
+  const int prepares_before = g_fork_prepares.load();
+  Scratch s;
+  const fs::path missing = s.root() / "no-such-probe";
+  const fs::path plain = s.write("not-executable", "#!/bin/sh\nexit 0\n", 0644);
+  const fs::path folder = s.dir("a-folder");
+  struct Case {
+    fs::path path;
+    const char* why;
+  };
+  for (const Case& c : {Case{missing, "does not exist"}, Case{plain, "is not executable"},
+                        Case{folder, "is not a regular file"}}) {
+    ProbeOptions o;
+    o.executable = c.path;
+    const ProbeResult r = probe_plugin(test_plugin("testgrp"), {"testgrp", std::nullopt}, o);
+    EXPECT_EQ(r.end, ProbeEnd::kSpawnFailed) << r.message;
+    EXPECT_TRUE(contains(r.message, "the probe executable (ProbeOptions::executable) " +
+                                        c.path.string() + " " + c.why))
+        << r.message;
+    EXPECT_TRUE(r.forked.empty());
+    // The same through KREG_PROBE, which names itself.
+    ScopedEnv env(kProbeExecutableEnv, c.path.c_str());
+    const ProbeResult e = probe_plugin(test_plugin("testgrp"), {"testgrp", std::nullopt});
+    EXPECT_EQ(e.end, ProbeEnd::kSpawnFailed) << e.message;
+    EXPECT_TRUE(
+        contains(e.message, "the probe executable KREG_PROBE=" + c.path.string() + " " + c.why))
+        << e.message;
+  }
+  // ProbeOptions::executable wins over KREG_PROBE; KREG_PROBE over the search.
+  {
+    ScopedEnv env(kProbeExecutableEnv, missing.c_str());
+    ProbeOptions o;
+    o.executable = KREG_PROBE_EXECUTABLE;
+    const ProbeResult r = probe_plugin(test_plugin("testgrp"), {"testgrp", std::nullopt}, o);
+    EXPECT_TRUE(r.ok()) << r.message;
+    EXPECT_EQ(r.executable, fs::path(KREG_PROBE_EXECUTABLE));
+  }
+  {
+    ScopedEnv env(kProbeExecutableEnv, KREG_PROBE_EXECUTABLE);
+    const ProbeExecutable e = find_probe_executable();
+    EXPECT_TRUE(e.explicit_choice);
+    EXPECT_EQ(e.path, fs::path(KREG_PROBE_EXECUTABLE));
+  }
+  EXPECT_EQ(g_fork_prepares.load(), prepares_before) << "probe_plugin forked this process";
+}
+
+TEST(ProbeProcess, AProgramThatIsNotKregProbeIsReportedAsSuch) {
+  Scratch s;
+  const fs::path impostor =
+      s.write("impostor", "#!/bin/sh\necho 'I am not a probe' >&2\nexit 5\n", 0755);
+  ProbeOptions o;
+  o.executable = impostor;
+  const ProbeResult r = probe_plugin(test_plugin("testgrp"), {"testgrp", std::nullopt}, o);
+  EXPECT_EQ(r.end, ProbeEnd::kSpawnFailed) << r.message;
+  EXPECT_TRUE(contains(r.message, impostor.string() + " did not start as kreg's plugin probe (it "
+                                                      "exited with status 5 before its first "
+                                                      "report"))
+      << r.message;
+  EXPECT_TRUE(contains(r.message, "its last output: \"I am not a probe\"")) << r.message;
+
+  o.executable = "/bin/true";
+  const ProbeResult t = probe_plugin(test_plugin("testgrp"), {"testgrp", std::nullopt}, o);
+  EXPECT_EQ(t.end, ProbeEnd::kSpawnFailed) << t.message;
+  EXPECT_TRUE(contains(t.message, "it exited with status 0 before its first report")) << t.message;
+}
+
+// kreg-probe wrapped by a script that changes its command line: the child refuses it and
+// probe_plugin reports the child's words.
+TEST(ProbeProcess, ArgumentsTheChildRefusesAreReportedByTheParent) {
+  Scratch s;
+  const std::string probe = KREG_PROBE_EXECUTABLE;
+  struct Case {
+    const char* script;  // after the #!/bin/sh line; PROBE is kreg-probe's path
+    const char* says;
+  };
+  for (const Case& c : {
+           // argv[1..2] are "--protocol 1"
+           Case{"shift 2\nexec \"$PROBE\" --protocol 999 \"$@\"\n",
+                "--protocol 999: this kreg-probe speaks protocol 1"},
+           Case{"exec \"$PROBE\" \"$@\" --group again\n", "--group is given twice"},
+           Case{"exec \"$PROBE\" \"$@\" --grup x\n", "('--grup') is no option"},
+           Case{"exec \"$PROBE\" \"$@\" --version\n", "--version is missing its value"},
+           Case{"shift 2\nexec \"$PROBE\" --protocol 1x \"$@\"\n", "--protocol"},
+           Case{"exec \"$PROBE\" --parent 1 \"$@\"\n", "--parent is given twice"},
+       }) {
+    const fs::path wrapper =
+        s.write("wrapper", std::string("#!/bin/sh\nPROBE='") + probe + "'\n" + c.script, 0755);
+    ProbeOptions o;
+    o.executable = wrapper;
+    const ProbeResult r = probe_plugin(test_plugin("testgrp"), {"testgrp", std::nullopt}, o);
+    EXPECT_EQ(r.end, ProbeEnd::kSpawnFailed) << c.script << r.message;
+    EXPECT_TRUE(contains(r.message, wrapper.string() + " refused its arguments: ")) << r.message;
+    EXPECT_TRUE(contains(r.message, c.says)) << c.says << " not in " << r.message;
+  }
+}
+
+struct ChildRun {
+  int exit_code = -1;
+  std::string err;
+};
+
+// Runs kreg-probe by hand with `args` (no descriptors but 0-2), stderr captured.
+ChildRun run_probe_by_hand(const std::vector<std::string>& args) {
+  ChildRun r;
+  int err[2];
+  if (::pipe(err) != 0) return r;
+  posix_spawn_file_actions_t fa;
+  ::posix_spawn_file_actions_init(&fa);
+  ::posix_spawn_file_actions_adddup2(&fa, err[1], STDERR_FILENO);
+  ::posix_spawn_file_actions_addclose(&fa, err[0]);
+  std::vector<std::string> storage = {KREG_PROBE_EXECUTABLE};
+  storage.insert(storage.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (std::string& a : storage) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t pid = -1;
+  const int rc = ::posix_spawn(&pid, KREG_PROBE_EXECUTABLE, &fa, nullptr, argv.data(), environ);
+  ::posix_spawn_file_actions_destroy(&fa);
+  ::close(err[1]);
+  if (rc != 0) {
+    ::close(err[0]);
+    return r;
+  }
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::read(err[0], buf, sizeof buf)) > 0) r.err.append(buf, static_cast<size_t>(n));
+  ::close(err[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+TEST(ProbeProcess, KregProbeRunByHandRefusesAndSaysWhatItIs) {
+  for (const auto& [args, says] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{}, "--data-fd is required"},
+           {{"--data-fd", "1"}, "--data-fd: '1' is out of range [3, "},
+           {{"--data-fd", "99"}, "--data-fd 99: not an open descriptor"},
+           {{"--file", "x", "--data-fd"}, "--data-fd is missing its value"},
+           {{"-h"}, "argument 1 ('-h') is no option"},
+       }) {
+    const ChildRun r = run_probe_by_hand(args);
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_TRUE(contains(r.err, "kreg-probe: " + says)) << says << " not in " << r.err;
+    EXPECT_TRUE(contains(r.err, "it is not a command to run by hand")) << r.err;
+  }
+}
+
+// ---- no kreg-probe at all ----
+
+// Run by WithoutKregProbeOnlyASingleThreadedProcessForks in a copy of this test that
+// finds no kreg-probe; skipped anywhere else.
+TEST(ProbeInACopy, ForksOnlyASingleThreadedProcess) {
+  if (std::getenv("KREG_PROBE_TEST_IN_COPY") == nullptr) {
+    GTEST_SKIP() << "run from a copy of this test (ProbeProcess.WithoutKregProbe...)";
+  }
+  const ProbeExecutable none = find_probe_executable();
+  ASSERT_TRUE(none.path.empty()) << "found " << none.path;
+  EXPECT_FALSE(none.explicit_choice);
+  const fs::path here = fs::read_symlink("/proc/self/exe").parent_path();
+  EXPECT_TRUE(contains(none.problem, "no kreg-probe executable found (looked for " +
+                                         (here / kProbeExecutableName).string() +
+                                         " (does not exist)"))
+      << none.problem;
+
+  // One thread: the old fork, said so, with the same reports.
+  const ProbeResult good = probe_plugin(test_plugin("testgrp"), {"testgrp", std::string("0.1.0")});
+  ASSERT_TRUE(good.ok()) << good.message;
+  EXPECT_TRUE(good.executable.empty());
+  EXPECT_TRUE(contains(good.forked, none.problem)) << good.forked;
+  EXPECT_TRUE(contains(good.forked, "the child was a fork of this single-threaded process"))
+      << good.forked;
+  ProbeOptions quick;
+  quick.timeout_s = test::budget(2);
+  const ProbeResult exit3 =
+      probe_plugin(test_plugin("crash_exit_init"), {"testgrp", std::nullopt}, quick);
+  EXPECT_EQ(exit3.end, ProbeEnd::kExited) << exit3.message;
+  EXPECT_EQ(exit3.exit_status, 3);
+  const ProbeResult segv =
+      probe_plugin(test_plugin("crash_segv_static"), {"testgrp", std::nullopt}, quick);
+  EXPECT_EQ(segv.end, ProbeEnd::kSignaled) << segv.message;
+
+  // Another thread: never a fork.
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  std::thread other([&] {
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return done; });
+  });
+  const ProbeResult refused = probe_plugin(test_plugin("testgrp"), {"testgrp", std::nullopt});
+  // KREG_PROBE names a real one: then threads do not matter.
+  std::optional<ProbeResult> named;
+  if (const char* real = std::getenv("KREG_PROBE_TEST_REAL")) {
+    ScopedEnv env(kProbeExecutableEnv, real);
+    named = probe_plugin(test_plugin("testgrp"), {"testgrp", std::nullopt});
+  }
+  {
+    std::lock_guard lock(mu);
+    done = true;
+  }
+  cv.notify_all();
+  other.join();
+  EXPECT_EQ(refused.end, ProbeEnd::kSpawnFailed) << refused.message;
+  EXPECT_TRUE(contains(refused.message, none.problem)) << refused.message;
+  EXPECT_TRUE(contains(refused.message,
+                       "a fork of this process instead is unsafe: it runs 2 "
+                       "threads"))
+      << refused.message;
+  EXPECT_TRUE(refused.forked.empty());
+  ASSERT_TRUE(named.has_value());
+  EXPECT_TRUE(named->ok()) << named->message;
+  EXPECT_TRUE(named->forked.empty());
+}
+
+std::string quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+ChildRun shell(const std::string& cmd, std::string* out) {
+  ChildRun r;
+  FILE* p = ::popen((cmd + " 2>&1 </dev/null").c_str(), "r");
+  if (p == nullptr) return r;
+  std::array<char, 4096> buf{};
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) out->append(buf.data(), n);
+  const int status = ::pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+// This test binary and kreg, copied with libkreg into a folder without kreg-probe (and run
+// with that libkreg first on the library path): the search finds nothing.
+TEST(ProbeProcess, WithoutKregProbeOnlyASingleThreadedProcessForks) {
+  Scratch s;
+  const fs::path bin = s.dir("bin");
+  const fs::path self = s.copy(fs::read_symlink("/proc/self/exe"), "bin/probe_test");
+  s.copy(KREG_CORE_LIBRARY, fs::path("bin") / KREG_CORE_SONAME);
+  const fs::path kreg = s.copy(KREG_CLI, "bin/kreg");
+  const std::string env = "env -u KREG_PROBE LD_LIBRARY_PATH=" + quote(bin.string()) + " ";
+
+  std::string out;
+  const ChildRun inner = shell(
+      env + "KREG_PROBE_TEST_IN_COPY=1 KREG_PROBE_TEST_REAL=" + quote(KREG_PROBE_EXECUTABLE) + " " +
+          quote(self.string()) + " --gtest_filter=ProbeInACopy.ForksOnlyASingleThreadedProcess",
+      &out);
+  EXPECT_EQ(inner.exit_code, 0) << out;
+  EXPECT_TRUE(contains(out, "[       OK ] ProbeInACopy.ForksOnlyASingleThreadedProcess")) << out;
+
+  // The installed `kreg validate` that lost its kreg-probe keeps working, and says how.
+  const fs::path m = s.write("registry.yaml",
+                             "kreg_manifest: 1\nplugin_dir: " + std::string(KREG_TEST_PLUGIN_DIR) +
+                                 "\ngroups:\n  - name: testgrp\n    library: libkreg_testgrp.so\n",
+                             0644);
+  std::string validate;
+  const ChildRun v =
+      shell(env + quote(kreg.string()) + " validate --manifest " + quote(m.string()), &validate);
+  EXPECT_EQ(v.exit_code, 0) << validate;
+  EXPECT_TRUE(contains(validate, "ok   library-loads      testgrp")) << validate;
+  EXPECT_TRUE(contains(validate, "warning [library-loads] testgrp")) << validate;
+  EXPECT_TRUE(contains(validate, "no kreg-probe executable found")) << validate;
+  EXPECT_TRUE(contains(validate, "the child was a fork of this single-threaded process"))
+      << validate;
+}
+
+}  // namespace
+}  // namespace kreg
