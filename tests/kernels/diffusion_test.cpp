@@ -14,6 +14,7 @@
 #include <optional>
 #include <random>
 #include <set>
+#include <tuple>
 
 #include "harness.hpp"
 #include "kernel_test.hpp"
@@ -414,6 +415,20 @@ TEST_F(GpuDiffusionKernels, LaunchShapesOnBothSidesOfTheSizeSwitches) {
                                                             {4, 9, 512}}) {
     cs.push_back(norm_scale_shift_case(b, s, h, false, false, 0));
     cs.push_back(norm_scale_shift_case(b, s, h, true, true, 3));
+  }
+  // The staged kernel ([B,H] modulation, rows of 257..384 16-byte vectors, S % 32 == 0,
+  // at least 132 * 3 * 32 = 12672 rows) and its neighbours: just below the row count,
+  // S not a multiple of 32, per-token shift, and the affine forms (weight, bias, both).
+  for (auto [b, s, h, shift_tok, affine] :
+       std::vector<std::tuple<int64_t, int64_t, int64_t, bool, int>>{{2, 6336, 3072, false, 0},
+                                                                      {2, 6336, 3072, false, 1},
+                                                                      {2, 6336, 3072, false, 2},
+                                                                      {3, 4224, 2056, false, 3},
+                                                                      {2, 6336, 1536, false, 3},
+                                                                      {1, 12640, 3072, false, 0},
+                                                                      {1, 12680, 3072, false, 0},
+                                                                      {2, 6336, 3072, true, 0}}) {
+    cs.push_back(norm_scale_shift_case(b, s, h, false, shift_tok, affine));
   }
   for (auto [n, dim] : std::vector<std::pair<int64_t, int64_t>>{
            {2, 320}, {16, 256}, {1056, 512}, {1057, 512}, {600, 1024}, {3, 1023}, {1, 641}}) {

@@ -150,6 +150,22 @@ struct vec_t {
     }
   }
 
+  // load through the read-only path without allocating in L1 (ld.global.nc.L1::no_allocate):
+  // for data a kernel reads once, so that it does not evict what other rows re-read from L1.
+  __device__ __forceinline__ void load_no_l1(const T* ptr) {
+    if constexpr (kWordBytes == 16) {
+#pragma unroll
+      for (int w = 0; w < kWords; ++w) {
+        uint4& d = reinterpret_cast<uint4*>(data)[w];
+        asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(d.x), "=r"(d.y), "=r"(d.z), "=r"(d.w)
+                     : "l"(reinterpret_cast<const uint4*>(ptr) + w));
+      }
+    } else {
+      load_nc(ptr);
+    }
+  }
+
   // load/store with an evict-first hint (ld/st.global.cs), for data a kernel touches once.
   __device__ __forceinline__ void load_stream(const T* ptr) {
 #pragma unroll
