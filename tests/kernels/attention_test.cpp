@@ -385,8 +385,11 @@ std::vector<OpCase> op_cases() {
       {"attention.fused_qk_norm_rope", half, fused_oracle,
        [](DType dt, std::mt19937_64& rng) {
          std::vector<Call> calls;
+         // q + k heads for every register class of the hd = 128 half-warp kernel (8 half
+         // warps: 1, 2, 4, 5, 8 or 10 heads each) and past it (88: the warp-per-head kernel).
          const std::array<int64_t, 3> heads[] = {{1, 1, 1},  {32, 8, 8}, {5, 3, 2},
-                                                 {16, 0, 4}, {0, 2, 1},  {12, 12, 0}};
+                                                 {16, 0, 4}, {0, 2, 1},  {12, 12, 0},
+                                                 {56, 8, 8}, {64, 8, 8}, {80, 8, 0}};
          for (int64_t t : {1, 3, 19}) {
            for (const auto& h : heads) {
              for (int64_t hd : {64, 128, 256}) {
