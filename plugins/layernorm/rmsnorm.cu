@@ -42,13 +42,7 @@ constexpr int kShortRowBlockThreads = 256;
 template <typename T, int kItems, int kRows, bool kFusedAdd>
 constexpr int kMinBlocksPerSm = (kItems * kRows <= (kFusedAdd || sizeof(T) == 4 ? 1 : 2)) ? 2 : 1;
 
-// kWeightEarly: the weight vectors are loaded with x, before the reduction, instead of
-// after it. That takes their round trip off the critical path but costs the registers that
-// let several blocks share an SM, so it is the launch of grids of at most one block an SM
-// (decode sizes: H200, rmsnorm T=64 H=7168 bf16 in a 64-call graph chain, 1.79 -> 1.59
-// us a call with PDL, 2.13 -> 1.89 without; scratch benchmark, 2026-12-02).
-template <typename T, int kVec, int kItems, int kRows, bool kFusedAdd, bool kGemma,
-          bool kWeightEarly>
+template <typename T, int kVec, int kItems, int kRows, bool kFusedAdd, bool kGemma>
 __global__ void __launch_bounds__(kMaxThreadsPerRow, (kMinBlocksPerSm<T, kItems, kRows, kFusedAdd>))
     rmsnorm_kernel(const T* in, T* residual, const T* __restrict__ weight, T* out, int64_t rows,
                    int vecs_per_row, float eps) {
@@ -94,7 +88,6 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow, (kMinBlocksPerSm<T, kItems,
   };
 
   vec_t<Held, kVec> held[kRows][kItems];
-  vec_t<T, kVec> early_w[kWeightEarly ? kItems : 1];
   float sum_sq[kRows];
   // With PDL: x and residual may be the previous kernel's output.
   device::pdl_wait();
@@ -105,9 +98,6 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow, (kMinBlocksPerSm<T, kItems,
     for (int k = 0; k < kItems; ++k) {
       const int v = tid + k * step;
       if (live(r) && v < vecs_per_row) {
-        if constexpr (kWeightEarly) {
-          if (r == 0) early_w[k].load(weight + v * kVec);
-        }
         if constexpr (kFusedAdd) {
           load_sum(r, v, held[r][k]);
           held[r][k].cast_store(residual + row_offset(r) + v * kVec);
@@ -138,17 +128,12 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow, (kMinBlocksPerSm<T, kItems,
     for (int k = 0; k < kItems; ++k) {
       const int v = tid + k * step;
       if (live(r) && v < vecs_per_row) {
-        // Unless kWeightEarly, the weight is loaded here rather than held across the
-        // barrier, which would cost the registers that let four blocks share an SM
-        // (measured: loading it first with x was 3-8% slower at 32768 rows). The kRows rows
-        // of a thread share the load.
-        if constexpr (kWeightEarly) {
-          normalize_store(r, v, held[r][k], early_w[k], scale);
-        } else {
-          vec_t<T, kVec> w;
-          w.load(weight + v * kVec);
-          normalize_store(r, v, held[r][k], w, scale);
-        }
+        // The weight is loaded here rather than held across the barrier, which would cost
+        // the registers that let four blocks share an SM (measured: loading it first with
+        // x was 3-8% slower). The kRows rows of a thread share the load.
+        vec_t<T, kVec> w;
+        w.load(weight + v * kVec);
+        normalize_store(r, v, held[r][k], w, scale);
       }
     }
     for (int v = tid + kItems * step; live(r) && v < vecs_per_row; v += step) {
@@ -171,7 +156,6 @@ struct NormArgs {
   int64_t hidden;
   float eps;
   bool pdl = false;  // programmatic dependent launch (the caller's KREG_LAUNCH_PDL)
-  int sms = 0;       // the device's SM count (0: unknown)
 };
 
 template <typename T, int kVec, int kItems, int kRows, bool kFusedAdd, bool kGemma>
@@ -180,19 +164,10 @@ void launch(const NormArgs& a, dim3 block, cudaStream_t stream) {
   const int64_t row_groups = (a.rows + kRows - 1) / kRows;
   block.y = static_cast<unsigned>(std::min<int64_t>(block.y, row_groups));
   const dim3 grid(static_cast<unsigned>((row_groups + block.y - 1) / block.y));
-  auto go = [&](auto kernel) {
-    device::launch(kernel, grid, block, 0, stream, a.pdl, static_cast<const T*>(a.in),
-                   static_cast<T*>(a.residual), static_cast<const T*>(a.weight),
-                   static_cast<T*>(a.out), a.rows, static_cast<int>(a.hidden / kVec), a.eps);
-  };
-  // Early weights for grids of at most one block an SM, in the 16-byte forms (the narrow
-  // ones are the odd widths, whose grids are large: one instantiation fewer each).
-  if constexpr (kVec * sizeof(T) == 16) {
-    if (grid.x <= static_cast<unsigned>(a.sms)) {
-      return go(rmsnorm_kernel<T, kVec, kItems, kRows, kFusedAdd, kGemma, true>);
-    }
-  }
-  go(rmsnorm_kernel<T, kVec, kItems, kRows, kFusedAdd, kGemma, false>);
+  device::launch(rmsnorm_kernel<T, kVec, kItems, kRows, kFusedAdd, kGemma>, grid, block, 0, stream,
+                 a.pdl, static_cast<const T*>(a.in), static_cast<T*>(a.residual),
+                 static_cast<const T*>(a.weight), static_cast<T*>(a.out), a.rows,
+                 static_cast<int>(a.hidden / kVec), a.eps);
 }
 
 int round_up(int n, int m) { return (n + m - 1) / m * m; }
@@ -255,7 +230,6 @@ KernelStatus run(Context& ctx, const char* op, const DLTensor& x, NormArgs a) {
   }
   const device::DeviceGuard guard(x);
   if (!guard.ok()) return guard.fail(ctx, op);
-  a.sms = device::sm_count(guard.device());
   const auto stream = static_cast<cudaStream_t>(ctx.stream());
   return device::visit_float_dtype(ctx, op, x, [&](auto tag) {
     launch_typed<decltype(tag), kFusedAdd, kGemma>(a, stream);

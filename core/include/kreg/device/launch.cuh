@@ -27,7 +27,6 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <cstdint>
 #include <cstdio>
 
@@ -70,7 +69,6 @@ class DeviceGuard {
   DeviceGuard& operator=(const DeviceGuard&) = delete;
 
   bool ok() const { return err_ == cudaSuccess; }
-  int device() const { return device_; }
 
   // The failure as the entry point's status; call it when !ok().
   KernelStatus fail(Context& ctx, const char* op) const {
@@ -83,25 +81,6 @@ class DeviceGuard {
   int previous_ = -1;
   cudaError_t err_ = cudaSuccess;
 };
-
-// The number of SMs of CUDA device `device`, 0 where it cannot be read. Cached per device
-// (per plugin library), so a launch shape that depends on it costs one driver call per
-// device, not one per call.
-inline int sm_count(int device) {
-  constexpr int kCached = 64;
-  static std::atomic<int> cache[kCached];
-  const bool cached = device >= 0 && device < kCached;
-  if (cached) {
-    if (const int n = cache[device].load(std::memory_order_relaxed); n > 0) return n;
-  }
-  int n = 0;
-  if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  if (cached) cache[device].store(n, std::memory_order_relaxed);
-  return n;
-}
 
 // ---- The element type ----
 
