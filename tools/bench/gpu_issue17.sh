@@ -4,6 +4,9 @@
 #   tools/bench/gpu_issue17.sh torch     # decode and the small shapes against torch, ncu of decode B=1
 #   tools/bench/gpu_issue17.sh moe       # align_block_size and routing (kreg bench, plain and --pdl), vs_torch
 #   tools/bench/gpu_issue17.sh norms     # JIT rmsnorm at odd widths, decode norms with and without PDL, dispatch
+#   tools/bench/gpu_issue17.sh round5    # the whole suite, the gate/copy probe, decode norms, vs_torch of the
+#                                        # kernels changed on 2026-12-02 ("Fifth round")
+# The variant benchmarks behind the fifth round's changes: tools/bench/variants/README.md.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 case "${1:-}" in
@@ -22,6 +25,12 @@ case "${1:-}" in
     export EXTRA='for a in "layernorm.rmsnorm --shape T=16,H=4096" "layernorm.rmsnorm --shape T=64,H=7168" "layernorm.fused_add_rmsnorm --shape T=64,H=7168"; do for p in "" --pdl; do
       printf "%-50s %-6s " "$a" "${p:-plain}"; $k bench $a --dtype bf16 --reps 200 $p 2>&1 | grep median; done; done
       taskset -c 3 ./build/tests/bench/kreg-bench-dispatch --benchmark_repetitions=3 --benchmark_report_aggregates_only=true 2>&1 | grep median' ;;
-  *) echo "usage: $0 torch|moe|norms" >&2; exit 2 ;;
+  round5)
+    export CTEST_R="." CTEST_S=210 JIT_H="4096" JIT_BE="cuda" JIT_RESOLVE=0 VS_UNTIL=440
+    export VS_ONLY="norm_scale_shift,group_norm_silu,fused_qk_norm_rope,kvcache.store,attention.rope,concat_mla_k,timestep_embedding"
+    export EXTRA='timeout 70 $PY tools/bench/variants/gate_probe.py 2>&1 | tail -12
+      for a in "layernorm.rmsnorm --shape T=64,H=7168" "layernorm.fused_add_rmsnorm --shape T=64,H=7168" "layernorm.rmsnorm --shape T=16,H=4096"; do for p in "" --pdl; do
+      printf "%-50s %-6s " "$a" "${p:-plain}"; timeout 20 $k bench $a --dtype bf16 --reps 200 $p 2>&1 | grep -E "median|rror"; done; done' ;;
+  *) echo "usage: $0 torch|moe|norms|round5" >&2; exit 2 ;;
 esac
 exec bash "$here/gpu_quick.sh"
