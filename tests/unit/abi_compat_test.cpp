@@ -11,15 +11,14 @@
 #include "kreg/elf_file.hpp"
 #include "kreg/plugin_library.hpp"
 #include "kreg/registry.hpp"
+#include "test_support.hpp"
 
 namespace fs = std::filesystem;
 
 namespace kreg {
 namespace {
 
-fs::path test_plugin(const std::string& name) {
-  return fs::path(KREG_TEST_PLUGIN_DIR) / ("libkreg_" + name + ".so");
-}
+using test::test_plugin;
 
 Manifest manifest_for(const std::string& group, const fs::path& lib) {
   Manifest m;

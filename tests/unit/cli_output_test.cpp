@@ -9,47 +9,23 @@
 
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include "test_support.hpp"
 
 namespace fs = std::filesystem;
 
 namespace {
 
+using kreg::test::read_file;
+using kreg::test::Scratch;
+
 struct Outcome {
   int exit_code = -1;
   std::string out, err;
   std::string all() const { return out + err; }
-};
-
-std::string read_file(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::ostringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
-
-class Scratch {
- public:
-  Scratch() {
-    char tmpl[] = "/tmp/kreg_cli_output_XXXXXX";
-    root_ = ::mkdtemp(tmpl);
-  }
-  ~Scratch() {
-    std::error_code ec;
-    fs::remove_all(root_, ec);
-  }
-  fs::path write(const std::string& name, const std::string& text) const {
-    const fs::path p = root_ / name;
-    std::ofstream(p, std::ios::binary) << text;
-    return p;
-  }
-  const fs::path& root() const { return root_; }
-
- private:
-  fs::path root_;
 };
 
 // Runs `argv` without a shell (so arguments can hold any byte), in the source tree, with

@@ -12,14 +12,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <new>
-#include <sstream>
 #include <string>
 
 #include "kreg/elf_file.hpp"
 #include "kreg/plugin_library.hpp"
+#include "test_support.hpp"
 
 // The largest single allocation since the last reset: the reader must never size a
 // buffer from what a file claims.
@@ -45,45 +44,12 @@ namespace fs = std::filesystem;
 namespace kreg {
 namespace {
 
+using test::contains;
+using test::read_file;
+using test::Scratch;
+using test::test_plugin;
+
 constexpr size_t kAllocationBudget = 8 << 20;
-
-fs::path test_plugin(const std::string& name) {
-  return fs::path(KREG_TEST_PLUGIN_DIR) / ("libkreg_" + name + ".so");
-}
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-bool has(const std::string& haystack, const std::string& needle) {
-  return haystack.find(needle) != std::string::npos;
-}
-
-class Scratch {
- public:
-  Scratch() {
-    root_ = fs::temp_directory_path() /
-            ("kreg_elf_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter_++));
-    fs::create_directories(root_);
-  }
-  ~Scratch() {
-    std::error_code ec;
-    fs::remove_all(root_, ec);
-  }
-  fs::path write(const std::string& name, const std::string& bytes) const {
-    const fs::path p = root_ / name;
-    std::ofstream(p, std::ios::binary | std::ios::trunc) << bytes;
-    fs::permissions(p, fs::perms(0755));
-    return p;
-  }
-
- private:
-  static inline int counter_ = 0;
-  fs::path root_;
-};
 
 // A real plugin's bytes, with helpers to find and patch its structures.
 struct Patchable {
@@ -152,7 +118,7 @@ struct Patchable {
   }
 };
 
-Patchable testgrp() { return Patchable{slurp(test_plugin("testgrp"))}; }
+Patchable testgrp() { return Patchable{read_file(test_plugin("testgrp"))}; }
 
 // ---- a real plugin ----
 
@@ -186,7 +152,7 @@ TEST(ElfReader, ReadsARealPlugin) {
 
   auto missing = elf->find_dynamic_symbol("kreg_plugin_entry_");
   EXPECT_EQ(missing.status().code(), KREG_NOT_FOUND);
-  EXPECT_TRUE(has(missing.status().message(), "no dynamic symbol named 'kreg_plugin_entry_'"));
+  EXPECT_TRUE(contains(missing.status().message(), "no dynamic symbol named 'kreg_plugin_entry_'"));
 
   auto syms = elf->dynamic_symbols(1000);
   ASSERT_TRUE(syms.ok()) << syms.status().message();
@@ -196,7 +162,7 @@ TEST(ElfReader, ReadsARealPlugin) {
 
   auto dynstr = elf->section_bytes(".dynstr", 1 << 20);
   ASSERT_TRUE(dynstr.ok()) << dynstr.status().message();
-  EXPECT_TRUE(has(*dynstr, std::string("kreg_plugin_entry") + '\0'));
+  EXPECT_TRUE(contains(*dynstr, std::string("kreg_plugin_entry") + '\0'));
   EXPECT_EQ(elf->section_bytes(".dynstr", 4).status().code(), KREG_RESOURCE_EXHAUSTED);
   EXPECT_EQ(elf->section_bytes(".no_such_section", 4).status().code(), KREG_NOT_FOUND);
   if (elf->find_section(".bss").ok()) {
@@ -207,7 +173,7 @@ TEST(ElfReader, ReadsARealPlugin) {
 }
 
 TEST(ElfReader, MemoryAndDescriptorAgree) {
-  const std::string bytes = slurp(test_plugin("testgrp"));
+  const std::string bytes = read_file(test_plugin("testgrp"));
   auto a = ElfFile::from_memory(bytes, "buffer");
   auto b = ElfFile::open(test_plugin("testgrp"), "plugin library", 1 << 30);
   ASSERT_TRUE(a.ok() && b.ok());
@@ -224,7 +190,7 @@ TEST(ElfReader, RefusesAFileLargerThanTheCap) {
   auto elf = ElfFile::open(test_plugin("testgrp"), "plugin library", 1024);
   ASSERT_FALSE(elf.ok());
   EXPECT_EQ(elf.status().code(), KREG_RESOURCE_EXHAUSTED);
-  EXPECT_TRUE(has(elf.status().message(), "the limit for a plugin library is 1024 bytes"))
+  EXPECT_TRUE(contains(elf.status().message(), "the limit for a plugin library is 1024 bytes"))
       << elf.status().message();
 }
 
@@ -254,7 +220,7 @@ TEST(ElfReader, WithoutSectionHeadersTheDynamicSegmentIsRead) {
 
   // The loader needs no section headers, so neither does the check, nor the load.
   Scratch s;
-  const fs::path f = s.write("libkreg_nosections.so", p.b);
+  const fs::path f = s.write("libkreg_nosections.so", p.b, 0755);
   EXPECT_TRUE(check_entry_symbol(f).ok()) << check_entry_symbol(f).message();
   auto lib = PluginLibrary::open(f, {"testgrp", std::nullopt});
   EXPECT_TRUE(lib.ok()) << lib.status().message();
@@ -276,21 +242,21 @@ TEST_P(HostileFile, IsRefusedWithAMessageNamingTheProblem) {
   Patchable p = testgrp();
   GetParam().patch(p);
   Scratch s;
-  const fs::path f = s.write("libkreg_hostile.so", p.b);
+  const fs::path f = s.write("libkreg_hostile.so", p.b, 0755);
 
   g_largest_allocation = 0;
   const Status st = check_entry_symbol(f);
   EXPECT_LT(g_largest_allocation.load(), kAllocationBudget);
   ASSERT_FALSE(st.ok()) << "accepted";
-  EXPECT_TRUE(has(st.message(), f.string())) << st.message();
-  EXPECT_TRUE(has(st.message(), GetParam().expect)) << st.message();
+  EXPECT_TRUE(contains(st.message(), f.string())) << st.message();
+  EXPECT_TRUE(contains(st.message(), GetParam().expect)) << st.message();
 
   // open() runs the same checks, before any dlopen.
   g_largest_allocation = 0;
   auto lib = PluginLibrary::open(f, {"testgrp", std::nullopt});
   EXPECT_LT(g_largest_allocation.load(), kAllocationBudget);
   ASSERT_FALSE(lib.ok());
-  EXPECT_TRUE(has(lib.status().message(), GetParam().expect)) << lib.status().message();
+  EXPECT_TRUE(contains(lib.status().message(), GetParam().expect)) << lib.status().message();
 }
 
 Elf64_Shdr with_size(Elf64_Shdr s, uint64_t size) {
@@ -597,7 +563,7 @@ INSTANTIATE_TEST_SUITE_P(
     [](const auto& info) { return std::string(info.param.name); });
 
 TEST(ElfReader, EveryTruncationIsRefused) {
-  const std::string full = slurp(test_plugin("testgrp"));
+  const std::string full = read_file(test_plugin("testgrp"));
   g_largest_allocation = 0;
   for (size_t n = 0; n < full.size(); ++n) {
     auto elf = ElfFile::from_memory(std::string_view(full).substr(0, n), "buffer");
@@ -614,12 +580,12 @@ TEST(ElfReader, EveryTruncationIsRefused) {
   Scratch s;
   for (size_t n : {size_t{0}, size_t{3}, size_t{63}, size_t{64}, size_t{100}, size_t{1000},
                    full.size() / 3, full.size() / 2, full.size() - 64, full.size() - 1}) {
-    const fs::path f = s.write("libkreg_cut.so", full.substr(0, n));
+    const fs::path f = s.write("libkreg_cut.so", full.substr(0, n), 0755);
     const Status st = check_entry_symbol(f);
     ASSERT_FALSE(st.ok()) << n;
-    EXPECT_TRUE(has(st.message(), f.string())) << st.message();
+    EXPECT_TRUE(contains(st.message(), f.string())) << st.message();
     if (n >= 64) {
-      EXPECT_TRUE(has(st.message(), " is truncated")) << n << ": " << st.message();
+      EXPECT_TRUE(contains(st.message(), " is truncated")) << n << ": " << st.message();
     }
     auto lib = PluginLibrary::open(f, {"testgrp", std::nullopt});
     ASSERT_FALSE(lib.ok()) << n;
@@ -674,19 +640,19 @@ TEST(EntrySymbol, DataObjectOrThreadLocalIsRefusedBeforeItIsCalled) {
     const Status st = check_entry_symbol(test_plugin(fixture));
     ASSERT_FALSE(st.ok()) << fixture;
     EXPECT_EQ(st.code(), KREG_INVALID_ARGUMENT);
-    EXPECT_TRUE(has(st.message(), test_plugin(fixture).string() +
-                                      ": its entry symbol 'kreg_plugin_entry' is " + kind +
-                                      ", not a function"))
+    EXPECT_TRUE(contains(st.message(), test_plugin(fixture).string() +
+                                           ": its entry symbol 'kreg_plugin_entry' is " + kind +
+                                           ", not a function"))
         << st.message();
     PluginLibrary::Stage stage = PluginLibrary::Stage::kOk;
     auto lib = PluginLibrary::open(test_plugin(fixture), {"testgrp", std::nullopt}, &stage);
     ASSERT_FALSE(lib.ok());
     EXPECT_EQ(stage, PluginLibrary::Stage::kEntry);
-    EXPECT_TRUE(has(lib.status().message(), kind)) << lib.status().message();
+    EXPECT_TRUE(contains(lib.status().message(), kind)) << lib.status().message();
   }
   const Status none = check_entry_symbol(test_plugin("no_entry"));
   EXPECT_EQ(none.code(), KREG_NOT_FOUND);
-  EXPECT_TRUE(has(none.message(), "does not export 'kreg_plugin_entry'")) << none.message();
+  EXPECT_TRUE(contains(none.message(), "does not export 'kreg_plugin_entry'")) << none.message();
 }
 
 }  // namespace

@@ -8,30 +8,25 @@
 
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "kreg/elf_file.hpp"
 #include "kreg/fatbin.hpp"
 #include "kreg/plugin.hpp"
+#include "test_support.hpp"
 
 namespace fs = std::filesystem;
 
 namespace kreg {
 namespace {
 
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+using test::read_file;
+using test::test_plugin;
 
 std::string dump(const std::string& name) {
   const fs::path p = fs::path(KREG_SOURCE_DIR) / "tests/fixtures/fatbin" / (name + ".nv_fatbin");
-  std::string b = slurp(p);
+  std::string b = read_file(p);
   EXPECT_FALSE(b.empty()) << p;
   return b;
 }
@@ -441,7 +436,7 @@ TEST(ArchCoverage, NoImageReason) {
 // ---- Through the ELF reader ----
 
 TEST(ReadCudaImages, CpuOnlyLibraryHasNoFatbin) {
-  const fs::path lib = fs::path(KREG_TEST_PLUGIN_DIR) / "libkreg_testgrp.so";
+  const fs::path lib = test_plugin("testgrp");
   auto elf = ElfFile::open(lib, "plugin library", 1 << 30);
   ASSERT_TRUE(elf.ok()) << elf.status().message();
   auto r = read_cuda_images(*elf);
@@ -462,7 +457,7 @@ TEST(ReadCudaImages, SectionAddedToARealLibrary) {
 }
 
 TEST(ReadCudaImages, ACorruptSectionNamesTheLibrary) {
-  std::string bytes = slurp(KREG_FATBIN_OBJCOPY_LIB);
+  std::string bytes = read_file(KREG_FATBIN_OBJCOPY_LIB);
   auto elf = ElfFile::from_memory(bytes, "plugin library /patched.so");
   ASSERT_TRUE(elf.ok()) << elf.status().message();
   auto s = elf->find_section(".nv_fatbin");

@@ -14,10 +14,11 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "test_support.hpp"
 
 namespace {
 
@@ -26,31 +27,8 @@ using kreg::Status;
 using kreg::jit::Cache;
 using kreg::jit::EntryMeta;
 using kreg::jit::KeyBuilder;
-
-// A fresh directory under the system temp folder, removed afterwards (permissions given
-// back first, for the read-only tests).
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "kreg-jit-XXXXXX").string();
-    path_ = ::mkdtemp(pattern.data()) != nullptr ? fs::path(pattern) : fs::path();
-  }
-  ~TempDir() {
-    std::error_code ec;
-    if (path_.empty()) return;
-    for (auto it = fs::recursive_directory_iterator(path_, ec);
-         !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
-      if (it->is_directory(ec)) ::chmod(it->path().c_str(), 0700);
-    }
-    fs::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
+using kreg::test::read_file;
+using kreg::test::Scratch;
 
 std::string key_of(std::string_view what) { return KeyBuilder().add("test", what).hex(); }
 
@@ -75,13 +53,6 @@ struct CountingBuild {
     };
   }
 };
-
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 void write_file(const fs::path& p, std::string_view bytes) {
   std::ofstream out(p, std::ios::binary | std::ios::trunc);
@@ -134,8 +105,8 @@ TEST(JitKey, OrderAndBoundarySensitiveAndStable) {
 }
 
 TEST(JitKey, InvalidKeysAreRefused) {
-  TempDir tmp;
-  Cache cache(tmp.path() / "cache");
+  Scratch tmp;
+  Cache cache(tmp.root() / "cache");
   const std::string good = key_of("x");
   std::string upper = good;
   upper[0] = 'A';
@@ -166,7 +137,7 @@ TEST(JitKey, InvalidKeysAreRefused) {
   // The message names the key, escaped.
   const Status st = kreg::jit::check_key(good.substr(0, 63) + std::string(1, '\0'));
   EXPECT_NE(st.message().find(good.substr(0, 63) + "\\0"), std::string::npos) << st.message();
-  EXPECT_FALSE(fs::exists(tmp.path() / "cache"));  // nothing was created for a bad key
+  EXPECT_FALSE(fs::exists(tmp.root() / "cache"));  // nothing was created for a bad key
 }
 
 // ---- the default directory ----
@@ -236,8 +207,8 @@ TEST(JitCache, DefaultDir) {
 // ---- hits ----
 
 TEST(JitCache, BuildsOnceThenHits) {
-  TempDir tmp;
-  const fs::path dir = tmp.path() / "a" / "b" / "cache";  // three folders to create
+  Scratch tmp;
+  const fs::path dir = tmp.root() / "a" / "b" / "cache";  // three folders to create
   Cache cache(dir);
   const std::string key = key_of("add");
   CountingBuild build{"add"};
@@ -269,19 +240,19 @@ TEST(JitCache, BuildsOnceThenHits) {
   // kreg created is private.
   EXPECT_EQ(names_in(dir / "v1"), (std::vector<std::string>{key + ".kjit", key + ".lock"}));
   EXPECT_EQ(*cache.entry_path(key), dir / "v1" / (key + ".kjit"));
-  for (const fs::path& p : {tmp.path() / "a", tmp.path() / "a" / "b", dir, dir / "v1"}) {
+  for (const fs::path& p : {tmp.root() / "a", tmp.root() / "a" / "b", dir, dir / "v1"}) {
     struct stat st {};
     ASSERT_EQ(::stat(p.c_str(), &st), 0) << p;
     EXPECT_EQ(st.st_mode & 0777, 0700u) << p;
   }
   // No absolute path is stored: the entry does not contain the directory's name.
-  EXPECT_EQ(read_file(dir / "v1" / (key + ".kjit")).find(tmp.path().filename().string()),
+  EXPECT_EQ(read_file(dir / "v1" / (key + ".kjit")).find(tmp.root().filename().string()),
             std::string::npos);
 }
 
 TEST(JitCache, BuildErrorIsReturnedAndNothingStored) {
-  TempDir tmp;
-  Cache cache(tmp.path());
+  Scratch tmp;
+  Cache cache(tmp.root());
   const std::string key = key_of("bad");
   int calls = 0;
   auto failing = [&](std::string& image) {
@@ -300,8 +271,8 @@ TEST(JitCache, BuildErrorIsReturnedAndNothingStored) {
 }
 
 TEST(JitCache, MetaFieldOverLimitIsRefused) {
-  TempDir tmp;
-  Cache cache(tmp.path());
+  Scratch tmp;
+  Cache cache(tmp.root());
   CountingBuild build{"x"};
   EntryMeta meta{"op", std::string(kreg::jit::kMaxMetaBytes + 1, 's'), "sm_90"};
   auto r = cache.get_or_build(key_of("x"), meta, build.fn());
@@ -312,8 +283,8 @@ TEST(JitCache, MetaFieldOverLimitIsRefused) {
 }
 
 TEST(JitCache, ThreadsOfOneProcessBuildOnce) {
-  TempDir tmp;
-  Cache cache(tmp.path());
+  Scratch tmp;
+  Cache cache(tmp.root());
   const std::string key = key_of("threads");
   std::atomic<int> calls{0};
   std::vector<std::string> images(8);
@@ -393,32 +364,32 @@ size_t count_lines(const fs::path& p) {
 }
 
 TEST(JitCache, EightProcessesOnAnEmptyCacheBuildOnce) {
-  TempDir tmp;
-  const fs::path cache_dir = tmp.path() / "cache";  // not even created yet
+  Scratch tmp;
+  const fs::path cache_dir = tmp.root() / "cache";  // not even created yet
   const std::string key = key_of("race");
   const std::vector<std::string> keys(8, key);
   const std::vector<int> codes =
-      run_children(cache_dir, tmp.path(), keys, [](const std::string&) { return ""; });
+      run_children(cache_dir, tmp.root(), keys, [](const std::string&) { return ""; });
   ASSERT_EQ(codes.size(), 8u);
   EXPECT_EQ(std::count(codes.begin(), codes.end(), 10), 1);  // one compiled
   EXPECT_EQ(std::count(codes.begin(), codes.end(), 0), 7);   // seven hit
-  EXPECT_EQ(count_lines(tmp.path() / (key + ".count")), 1u);
+  EXPECT_EQ(count_lines(tmp.root() / (key + ".count")), 1u);
   for (int i = 0; i < 8; ++i) {
-    EXPECT_EQ(read_file(tmp.path() / (std::to_string(i) + ".image")), image_for(key)) << i;
+    EXPECT_EQ(read_file(tmp.root() / (std::to_string(i) + ".image")), image_for(key)) << i;
   }
   EXPECT_EQ(names_in(cache_dir / "v1"), (std::vector<std::string>{key + ".kjit", key + ".lock"}));
 }
 
 TEST(JitCache, DifferentKeysBuildInParallel) {
-  TempDir tmp;
-  const fs::path cache_dir = tmp.path() / "cache";
+  Scratch tmp;
+  const fs::path cache_dir = tmp.root() / "cache";
   const std::string a = key_of("a"), b = key_of("b");
   const std::vector<std::string> keys = {a, b, a, b, a, b, a, b};
   // Each key's builder marks that it started and waits (up to 20 s) for the other key's
   // builder: it sees it only if the two builds are not serialized by one lock.
   auto during = [&](const std::string& key) -> std::string {
-    write_file(tmp.path() / (key + ".started"), "");
-    const fs::path other = tmp.path() / ((key == a ? b : a) + ".started");
+    write_file(tmp.root() / (key + ".started"), "");
+    const fs::path other = tmp.root() / ((key == a ? b : a) + ".started");
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
     while (!fs::exists(other)) {
       if (std::chrono::steady_clock::now() > deadline) return "alone";
@@ -426,14 +397,14 @@ TEST(JitCache, DifferentKeysBuildInParallel) {
     }
     return "together";
   };
-  const std::vector<int> codes = run_children(cache_dir, tmp.path(), keys, during);
+  const std::vector<int> codes = run_children(cache_dir, tmp.root(), keys, during);
   ASSERT_EQ(codes.size(), 8u);
   EXPECT_EQ(std::count(codes.begin(), codes.end(), 10), 2);  // one build per key
   EXPECT_EQ(std::count(codes.begin(), codes.end(), 0), 6);
-  EXPECT_EQ(count_lines(tmp.path() / (a + ".count")), 1u);
-  EXPECT_EQ(count_lines(tmp.path() / (b + ".count")), 1u);
+  EXPECT_EQ(count_lines(tmp.root() / (a + ".count")), 1u);
+  EXPECT_EQ(count_lines(tmp.root() / (b + ".count")), 1u);
   for (size_t i = 0; i < keys.size(); ++i) {
-    EXPECT_EQ(read_file(tmp.path() / (std::to_string(i) + ".image")),
+    EXPECT_EQ(read_file(tmp.root() / (std::to_string(i) + ".image")),
               image_for(keys[i]) + "together")
         << i;
   }
@@ -450,8 +421,8 @@ struct Corruption {
 class JitCorrupt : public ::testing::TestWithParam<Corruption> {};
 
 TEST_P(JitCorrupt, IsNotedOnceAndRebuilt) {
-  TempDir tmp;
-  Cache cache(tmp.path());
+  Scratch tmp;
+  Cache cache(tmp.root());
   const std::string key = key_of("k"), other_key = key_of("other");
   CountingBuild build{"k"}, other_build{"other"};
   ASSERT_TRUE(cache.get_or_build(key, {"k", "", "sm_90"}, build.fn()).ok());
@@ -556,8 +527,8 @@ INSTANTIATE_TEST_SUITE_P(
 // ---- moving and read-only directories ----
 
 TEST(JitCache, MovingTheDirectoryKeepsEveryHit) {
-  TempDir tmp;
-  const fs::path before = tmp.path() / "before", after = tmp.path() / "elsewhere" / "after";
+  Scratch tmp;
+  const fs::path before = tmp.root() / "before", after = tmp.root() / "elsewhere" / "after";
   std::vector<std::string> keys;
   {
     Cache cache(before);
@@ -592,8 +563,8 @@ TEST(JitCache, ReadOnlyDirectoryCompilesInMemory) {
     GTEST_SKIP() << "running as root, which ignores directory permissions: a read-only "
                     "cache cannot be made (run this test as another user)";
   }
-  TempDir tmp;
-  const fs::path dir = tmp.path() / "ro";
+  Scratch tmp;
+  const fs::path dir = tmp.root() / "ro";
   fs::create_directories(dir);
   ASSERT_EQ(::chmod(dir.c_str(), 0500), 0);
   Cache cache(dir);
@@ -633,8 +604,8 @@ TEST(JitCache, ReadOnlyPopulatedCacheStillHits) {
     GTEST_SKIP() << "running as root, which ignores directory permissions: a read-only "
                     "cache cannot be made (run this test as another user)";
   }
-  TempDir tmp;
-  const fs::path dir = tmp.path() / "cache";
+  Scratch tmp;
+  const fs::path dir = tmp.root() / "cache";
   const std::string key = key_of("hit"), miss = key_of("miss");
   CountingBuild build{"hit"};
   ASSERT_TRUE(Cache(dir).get_or_build(key, {}, build.fn()).ok());
@@ -658,8 +629,8 @@ TEST(JitCache, ReadOnlyPopulatedCacheStillHits) {
 // ---- listing and clearing ----
 
 TEST(JitCache, ListShowsEntriesWithMetaAndSizes) {
-  TempDir tmp;
-  Cache cache(tmp.path() / "cache");
+  Scratch tmp;
+  Cache cache(tmp.root() / "cache");
   auto empty = cache.list();  // the directory does not exist yet
   ASSERT_TRUE(empty.ok());
   EXPECT_TRUE(empty->empty());
@@ -709,8 +680,8 @@ TEST(JitCache, ListShowsEntriesWithMetaAndSizes) {
 }
 
 TEST(JitCache, ClearEmptiesIt) {
-  TempDir tmp;
-  Cache cache(tmp.path() / "cache");
+  Scratch tmp;
+  Cache cache(tmp.root() / "cache");
   EXPECT_EQ(cache.clear().value(), 0u);  // nothing there yet
   const fs::path v1 = cache.dir() / "v1";
   for (const char* what : {"a", "b", "c"}) {

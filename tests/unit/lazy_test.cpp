@@ -12,54 +12,20 @@
 
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "kreg/manifest.hpp"
 #include "kreg/registry.hpp"
+#include "test_support.hpp"
 
 namespace kreg {
 namespace {
 
 namespace fs = std::filesystem;
 
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-// A private folder (mode 0700: path safety accepts it as a plugin folder), removed at the end.
-class Scratch {
- public:
-  Scratch() {
-    std::string t = (fs::temp_directory_path() / "kreg_lazy_XXXXXX").string();
-    root_ = ::mkdtemp(t.data()) ? fs::path(t) : fs::path();
-  }
-  ~Scratch() {
-    std::error_code ec;
-    if (!root_.empty()) fs::remove_all(root_, ec);
-  }
-  const fs::path& root() const { return root_; }
-  fs::path write(const std::string& name, const std::string& text) const {
-    const fs::path p = root_ / name;
-    std::ofstream(p, std::ios::binary) << text;
-    return p;
-  }
-  // A copy of a plugin library, not writable by group or others (path safety).
-  void copy_library(const fs::path& from) const {
-    const fs::path to = root_ / from.filename();
-    fs::copy_file(from, to, fs::copy_options::overwrite_existing);
-    fs::permissions(to, fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec |
-                            fs::perms::others_read | fs::perms::others_exec);
-  }
-
- private:
-  fs::path root_;
-};
+using test::read_file;
+using test::Scratch;
 
 // registry.yaml with every group lazy and `extra` appended to its group list.
 std::string all_lazy_manifest(const std::string& plugin_dir, const std::string& extra = "") {
@@ -195,7 +161,7 @@ TEST(Lazy, EveryShippedGroupListedFromMetadataAndOnlyTheResolvedOneMapped) {
 // its ops.
 TEST(Lazy, GroupWithoutMetadataLoadsOnFirstResolve) {
   Scratch s;
-  s.copy_library(fs::path(KREG_TEST_PLUGIN_DIR) / "libkreg_abi_1_1.so");
+  s.plugin("abi_1_1", "libkreg_abi_1_1.so");
   const fs::path file = s.write("m.yaml", "kreg_manifest: 1\nplugin_dir: " + s.root().string() +
                                               "\ngroups:\n  - name: testgrp\n    library: "
                                               "libkreg_abi_1_1.so\n    load: lazy\n");
@@ -227,9 +193,9 @@ TEST(Lazy, GroupWithoutMetadataLoadsOnFirstResolve) {
 // empty); the ops of the marker group are listed from its metadata.
 TEST(Lazy, CliListAndInfoRunNoPluginCode) {
   Scratch s;
-  s.copy_library(fs::path(KREG_TEST_PLUGIN_DIR) / "libkreg_init_marker.so");
+  s.plugin("init_marker", "libkreg_init_marker.so");
   for (const fs::directory_entry& e : fs::directory_iterator(KREG_PLUGIN_DIR)) {
-    if (e.path().extension() == ".so") s.copy_library(e.path());
+    if (e.path().extension() == ".so") s.copy(e.path(), e.path().filename());
   }
   const fs::path m =
       s.write("lazy.yaml", all_lazy_manifest(s.root().string(),
@@ -271,7 +237,7 @@ TEST(Lazy, CliListAndInfoRunNoPluginCode) {
 // marker.touch loads the group (static initializer, then init hook).
 TEST(Lazy, ResolvingMarkerTouchRunsItsInitializers) {
   Scratch s;
-  s.copy_library(fs::path(KREG_TEST_PLUGIN_DIR) / "libkreg_init_marker.so");
+  s.plugin("init_marker", "libkreg_init_marker.so");
   const fs::path marker = s.root() / "marker.txt";
   ::setenv("KREG_TEST_INIT_MARKER", marker.c_str(), 1);
   const fs::path file = s.write("m.yaml", "kreg_manifest: 1\nplugin_dir: " + s.root().string() +

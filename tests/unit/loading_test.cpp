@@ -25,7 +25,6 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -37,6 +36,7 @@
 #include "kreg/regular_file.hpp"
 #include "kreg/sha256.hpp"
 #include "kreg/validation.hpp"
+#include "test_support.hpp"
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
@@ -44,20 +44,9 @@ using Clock = std::chrono::steady_clock;
 namespace kreg {
 namespace {
 
-fs::path test_plugin(const std::string& name) {
-  return fs::path(KREG_TEST_PLUGIN_DIR) / ("libkreg_" + name + ".so");
-}
-
-std::string read_bytes(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
+using test::contains;
+using test::read_file;
+using test::test_plugin;
 
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
@@ -69,41 +58,18 @@ struct Watchdog {
   ~Watchdog() { ::alarm(0); }
 };
 
-// A scratch plugin folder (0755) of its own.
-class Scratch {
+// A scratch plugin folder (0755) of its own that can also hold files that are not regular
+// files, and closes the sockets it bound before it goes.
+class Scratch : public test::Scratch {
  public:
-  Scratch() {
-    root_ = fs::temp_directory_path() /
-            ("kreg_loading_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter_++));
-    fs::remove_all(root_);
-    fs::create_directories(root_);
-    fs::permissions(root_, fs::perms(0755));
-  }
   ~Scratch() {
     for (int fd : sockets_) ::close(fd);
-    std::error_code ec;
-    fs::remove_all(root_, ec);
-  }
-  const fs::path& root() const { return root_; }
-  fs::path path(const std::string& name) const { return root_ / name; }
-
-  fs::path plugin(const std::string& fixture, const std::string& name) {
-    const fs::path p = root_ / name;
-    fs::copy_file(test_plugin(fixture), p, fs::copy_options::overwrite_existing);
-    fs::permissions(p, fs::perms(0755));
-    return p;
-  }
-  fs::path write(const std::string& name, const std::string& text) {
-    const fs::path p = root_ / name;
-    std::ofstream(p, std::ios::binary | std::ios::trunc) << text;
-    fs::permissions(p, fs::perms(0644));
-    return p;
   }
 
   // Something at `name` that is not a regular file; returns the words a message must use
   // for it.
   std::string make_non_regular(const std::string& kind, const std::string& name) {
-    const fs::path p = root_ / name;
+    const fs::path p = path(name);
     if (kind == "fifo") {
       EXPECT_EQ(::mkfifo(p.c_str(), 0644), 0) << std::strerror(errno);
       return "a FIFO";
@@ -128,7 +94,7 @@ class Scratch {
       return "a socket";
     }
     if (kind == "link_to_fifo") {
-      const fs::path target = root_ / (name + ".fifo");
+      const fs::path target = path(name + ".fifo");
       EXPECT_EQ(::mkfifo(target.c_str(), 0644), 0) << std::strerror(errno);
       fs::create_symlink(target, p);
       return "a FIFO";
@@ -138,8 +104,6 @@ class Scratch {
   }
 
  private:
-  static inline int counter_ = 0;
-  fs::path root_;
   std::vector<int> sockets_;
 };
 
@@ -307,7 +271,7 @@ TEST(Pins, ThePinnedBytesAreLoadedEvenWhenTheFileChangesAfterAdmission) {
   EXPECT_NE(admitted->load_path(), lib);
   // The build output changes after admission: in place, then by rename.
   {
-    const std::string v2 = read_bytes(test_plugin("testgrp_v2"));
+    const std::string v2 = read_file(test_plugin("testgrp_v2"));
     std::ofstream(lib, std::ios::binary | std::ios::trunc) << v2;
   }
   EXPECT_EQ(*sha256_file(admitted->load_path()), *e.sha256);
@@ -403,7 +367,7 @@ TEST(PrivateCopies, AFileChangedWhileBeingCopiedIsRefused) {
   auto copy = copy_to_private(*file, "big", true);
   ASSERT_TRUE(copy.ok()) << copy.status().message();
   EXPECT_EQ(copy->sha256(), sha256_hex(data));
-  EXPECT_TRUE(read_bytes(copy->path()) == data);
+  EXPECT_TRUE(read_file(copy->path()) == data);
   struct stat st {};
   ASSERT_EQ(::stat(copy->path().parent_path().c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0700u) << "only this process may write the copies' folder";
@@ -471,7 +435,7 @@ class Callers {
 // What a careless build or copy does: truncate the file, write the first half, pause,
 // write the rest, through one descriptor (one close, one inotify event) or two.
 void rewrite_in_place(const fs::path& file, const fs::path& from, int pause_ms, bool reopen) {
-  const std::string bytes = read_bytes(from);
+  const std::string bytes = read_file(from);
   const size_t half = bytes.size() / 2;
   int fd = ::open(file.c_str(), O_WRONLY | O_TRUNC);
   ASSERT_GE(fd, 0) << std::strerror(errno);

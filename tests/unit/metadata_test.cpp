@@ -9,10 +9,8 @@
 
 #include <chrono>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <set>
-#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -20,6 +18,7 @@
 #include "kreg/elf_file.hpp"
 #include "kreg/plugin_library.hpp"
 #include "kreg/plugin_metadata.hpp"
+#include "test_support.hpp"
 #include "time_budget.hpp"
 
 namespace fs = std::filesystem;
@@ -27,45 +26,11 @@ namespace fs = std::filesystem;
 namespace kreg {
 namespace {
 
-fs::path test_plugin(const std::string& name) {
-  return fs::path(KREG_TEST_PLUGIN_DIR) / ("libkreg_" + name + ".so");
-}
-fs::path plugin(const std::string& name) {
-  return fs::path(KREG_PLUGIN_DIR) / ("libkreg_" + name + ".so");
-}
-
-bool has(const std::string& haystack, const std::string& needle) {
-  return haystack.find(needle) != std::string::npos;
-}
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-class Scratch {
- public:
-  Scratch() {
-    root_ = fs::temp_directory_path() / ("kreg_metadata_test_" + std::to_string(::getpid()));
-    fs::create_directories(root_);
-    fs::permissions(root_, fs::perms(0755));
-  }
-  ~Scratch() {
-    std::error_code ec;
-    fs::remove_all(root_, ec);
-  }
-  fs::path write(const std::string& name, const std::string& bytes) const {
-    const fs::path p = root_ / name;
-    std::ofstream(p, std::ios::binary | std::ios::trunc) << bytes;
-    fs::permissions(p, fs::perms(0755));
-    return p;
-  }
-
- private:
-  fs::path root_;
-};
+using test::contains;
+using test::plugin;
+using test::read_file;
+using test::Scratch;
+using test::test_plugin;
 
 // ---- The real plugins ----
 
@@ -198,29 +163,29 @@ TEST(Metadata, LibraryWithoutTheSectionIsNotFound) {
   auto m = read_plugin_metadata(file);
   ASSERT_FALSE(m.ok());
   EXPECT_EQ(m.status().code(), KREG_NOT_FOUND);
-  EXPECT_TRUE(has(m.status().message(), file.string())) << m.status().message();
-  EXPECT_TRUE(has(m.status().message(), ".kreg_metadata")) << m.status().message();
+  EXPECT_TRUE(contains(m.status().message(), file.string())) << m.status().message();
+  EXPECT_TRUE(contains(m.status().message(), ".kreg_metadata")) << m.status().message();
 }
 
 TEST(Metadata, MissingFileAndNonElf) {
   Scratch dir;
-  auto missing = read_plugin_metadata(fs::path(KREG_TEST_PLUGIN_DIR) / "libkreg_nope.so");
+  auto missing = read_plugin_metadata(test_plugin("nope"));
   ASSERT_FALSE(missing.ok());
   EXPECT_EQ(missing.status().code(), KREG_NOT_FOUND);
-  auto text = read_plugin_metadata(dir.write("libkreg_text.so", "#!/bin/sh\necho hi\n"));
+  auto text = read_plugin_metadata(dir.write("libkreg_text.so", "#!/bin/sh\necho hi\n", 0755));
   ASSERT_FALSE(text.ok());
-  EXPECT_TRUE(has(text.status().message(), "not an ELF")) << text.status().message();
+  EXPECT_TRUE(contains(text.status().message(), "not an ELF")) << text.status().message();
 }
 
 // What start-up reads for every lazy group is any file at the library's path: a FIFO (no
 // writer), /dev/zero, an empty file or a directory is refused by kind, at once.
 TEST(Metadata, FilesThatAreNotLibrariesAreRefusedWithoutWaiting) {
   Scratch dir;
-  const fs::path fifo = dir.write("placeholder", "").parent_path() / "libkreg_fifo.so";
+  const fs::path fifo = dir.write("placeholder", "", 0755).parent_path() / "libkreg_fifo.so";
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
   const fs::path zero = fifo.parent_path() / "libkreg_zero.so";
   fs::create_symlink("/dev/zero", zero);
-  const fs::path empty = dir.write("libkreg_empty.so", "");
+  const fs::path empty = dir.write("libkreg_empty.so", "", 0755);
   const fs::path folder = fifo.parent_path() / "libkreg_dir.so";
   fs::create_directory(folder);
   const std::pair<fs::path, const char*> cases[] = {
@@ -230,7 +195,7 @@ TEST(Metadata, FilesThatAreNotLibrariesAreRefusedWithoutWaiting) {
     auto r = read_plugin_metadata(path);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     ASSERT_FALSE(r.ok()) << path;
-    EXPECT_TRUE(has(r.status().message(), word)) << word << ": " << r.status().message();
+    EXPECT_TRUE(contains(r.status().message(), word)) << word << ": " << r.status().message();
     EXPECT_LT(s, kreg::test::budget(2.0)) << path;
   }
 }
@@ -239,7 +204,7 @@ TEST(Metadata, FilesThatAreNotLibrariesAreRefusedWithoutWaiting) {
 // metadata parses, and compare_metadata names the description as the one difference.
 TEST(Metadata, PatchedDescriptionIsReported) {
   const fs::path original = test_plugin("testgrp");
-  std::string bytes = slurp(original);
+  std::string bytes = read_file(original);
   auto elf = ElfFile::from_memory(bytes, "testgrp");
   ASSERT_TRUE(elf.ok()) << elf.status().message();
   auto section = elf->find_section(KREG_METADATA_SECTION);
@@ -251,7 +216,7 @@ TEST(Metadata, PatchedDescriptionIsReported) {
   ASSERT_EQ(bytes[byte], 'o');
   bytes[byte] = 'O';
   Scratch dir;
-  const fs::path copy = dir.write("libkreg_testgrp.so", bytes);
+  const fs::path copy = dir.write("libkreg_testgrp.so", bytes, 0755);
 
   auto m = read_plugin_metadata(copy);
   ASSERT_TRUE(m.ok()) << m.status().message();
@@ -263,10 +228,10 @@ TEST(Metadata, PatchedDescriptionIsReported) {
   std::string all;
   for (const std::string& d : diff) all += d + "\n";
   ASSERT_EQ(diff.size(), 1u) << all;
-  EXPECT_TRUE(has(diff[0], "testgrp.scale (cpu)")) << diff[0];
-  EXPECT_TRUE(has(diff[0], "description")) << diff[0];
-  EXPECT_TRUE(has(diff[0], "\"Out = alpha")) << diff[0];
-  EXPECT_TRUE(has(diff[0], "\"out = alpha")) << diff[0];
+  EXPECT_TRUE(contains(diff[0], "testgrp.scale (cpu)")) << diff[0];
+  EXPECT_TRUE(contains(diff[0], "description")) << diff[0];
+  EXPECT_TRUE(contains(diff[0], "\"Out = alpha")) << diff[0];
+  EXPECT_TRUE(contains(diff[0], "\"out = alpha")) << diff[0];
 }
 
 // ---- compare_metadata on hand-built sides ----
@@ -302,7 +267,7 @@ TEST(Metadata, CompareNamesEveryKindOfDifference) {
         "testgrp.scale (cpu): dtypes differs",
         "testgrp.fail (cpu): in the metadata but not registered by the library",
         "testgrp.extra (cpu): registered by the library but not in the metadata"}) {
-    EXPECT_TRUE(has(all, want)) << "missing: " << want << "\nin:\n" << all;
+    EXPECT_TRUE(contains(all, want)) << "missing: " << want << "\nin:\n" << all;
   }
   EXPECT_EQ(diff.size(), 11u) << all;
 }
@@ -400,13 +365,14 @@ void expect_error(const std::string& blob, size_t offset, const std::string& key
   ASSERT_FALSE(m.ok()) << "accepted; expected: " << what;
   const std::string& msg = m.status().message();
   EXPECT_EQ(m.status().code(), KREG_INVALID_ARGUMENT) << msg;
-  EXPECT_TRUE(has(msg, "plugin library /x.so")) << msg;
+  EXPECT_TRUE(contains(msg, "plugin library /x.so")) << msg;
   const std::string at = "byte " + std::to_string(offset);
-  EXPECT_TRUE(has(msg, at + " ") || has(msg, at + ":")) << "offset " << offset << ": " << msg;
+  EXPECT_TRUE(contains(msg, at + " ") || contains(msg, at + ":"))
+      << "offset " << offset << ": " << msg;
   if (!key.empty()) {
-    EXPECT_TRUE(has(msg, "'" + key + "'")) << "key " << key << ": " << msg;
+    EXPECT_TRUE(contains(msg, "'" + key + "'")) << "key " << key << ": " << msg;
   }
-  EXPECT_TRUE(has(msg, what)) << msg;
+  EXPECT_TRUE(contains(msg, what)) << msg;
 }
 
 TEST(MetadataParse, Truncated) {
@@ -519,7 +485,7 @@ TEST(MetadataParse, HugeCounts) {
     caps += (i ? "," : "") + std::string("1:0-0");
   auto m = parse_plugin_metadata(to_blob(with(p, "caps", caps)), "blob");
   ASSERT_FALSE(m.ok());
-  EXPECT_TRUE(has(m.status().message(), "'caps'")) << m.status().message();
+  EXPECT_TRUE(contains(m.status().message(), "'caps'")) << m.status().message();
   // The whole blob past the limit.
   auto big = parse_plugin_metadata(std::string(kMaxMetadataBytes + 1, 'a'), "blob");
   ASSERT_FALSE(big.ok());

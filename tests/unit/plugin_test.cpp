@@ -12,30 +12,16 @@
 #include "kreg/registry.hpp"
 #include "kreg/resource.hpp"
 #include "kreg/validation.hpp"
+#include "test_support.hpp"
 
 namespace fs = std::filesystem;
 
 namespace kreg {
 namespace {
 
-fs::path test_plugin(const std::string& name) {
-  return fs::path(KREG_TEST_PLUGIN_DIR) / ("libkreg_" + name + ".so");
-}
-
-class TempDir {
- public:
-  TempDir() {
-    path_ = fs::temp_directory_path() /
-            ("kreg_plugin_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter_++));
-    fs::create_directories(path_);
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  const fs::path& path() const { return path_; }
-
- private:
-  static inline int counter_ = 0;
-  fs::path path_;
-};
+using test::contains;
+using test::Scratch;
+using test::test_plugin;
 
 Manifest manifest_for(const std::vector<std::pair<std::string, fs::path>>& groups) {
   Manifest m;
@@ -132,8 +118,8 @@ TEST(Plugin, RefusesLibrariesWithoutEntryOrWithFailingInit) {
 }
 
 TEST(Plugin, RefusesFilesThatAreNotSharedObjects) {
-  TempDir dir;
-  const fs::path text = dir.path() / "libkreg_text.so";
+  Scratch dir;
+  const fs::path text = dir.root() / "libkreg_text.so";
   std::ofstream(text) << "not an ELF file\n";
   auto a = PluginLibrary::open(text, {"testgrp", std::nullopt});
   ASSERT_FALSE(a.ok());
@@ -142,7 +128,7 @@ TEST(Plugin, RefusesFilesThatAreNotSharedObjects) {
   EXPECT_NE(check_entry_symbol(text).message().find("not an ELF shared object"), std::string::npos);
 
   // A truncated copy of a real plugin.
-  const fs::path truncated = dir.path() / "libkreg_truncated.so";
+  const fs::path truncated = dir.root() / "libkreg_truncated.so";
   fs::copy_file(test_plugin("testgrp"), truncated);
   fs::resize_file(truncated, fs::file_size(truncated) / 3);
   auto b = PluginLibrary::open(truncated, {"testgrp", std::nullopt});
@@ -151,11 +137,11 @@ TEST(Plugin, RefusesFilesThatAreNotSharedObjects) {
   EXPECT_NE(b.status().message().find(truncated.string() + " is truncated"), std::string::npos)
       << b.status().message();
 
-  auto c = PluginLibrary::open(dir.path(), {"testgrp", std::nullopt});
+  auto c = PluginLibrary::open(dir.root(), {"testgrp", std::nullopt});
   ASSERT_FALSE(c.ok());
   EXPECT_NE(c.status().message().find("is a directory, not a shared object"), std::string::npos);
 
-  auto d = PluginLibrary::open(dir.path() / "missing.so", {"testgrp", std::nullopt});
+  auto d = PluginLibrary::open(dir.root() / "missing.so", {"testgrp", std::nullopt});
   EXPECT_EQ(d.status().code(), KREG_NOT_FOUND);
 }
 
@@ -170,45 +156,41 @@ std::string open_error(const std::string& fixture, PluginLibrary::Stage* stage =
   return lib.status().message();
 }
 
-bool has(const std::string& haystack, const std::string& needle) {
-  return haystack.find(needle) != std::string::npos;
-}
-
 TEST(PluginDescriptor, NullGroupAndNullVersionAreNamedApart) {
   PluginLibrary::Stage stage;
   std::string m = open_error("bad_null_group", &stage);
-  EXPECT_TRUE(has(m, ": the descriptor's group is NULL")) << m;
+  EXPECT_TRUE(contains(m, ": the descriptor's group is NULL")) << m;
   EXPECT_EQ(stage, PluginLibrary::Stage::kGroup);
   m = open_error("bad_null_version", &stage);
-  EXPECT_TRUE(has(m, ": the descriptor's version is NULL")) << m;
+  EXPECT_TRUE(contains(m, ": the descriptor's version is NULL")) << m;
   EXPECT_EQ(stage, PluginLibrary::Stage::kVersion);
 }
 
 TEST(PluginDescriptor, GroupWithControlCharactersIsRefusedEscaped) {
   const std::string m = open_error("bad_control_group");
-  EXPECT_TRUE(has(m,
-                  "the descriptor's group \"testgrp\\n\\x1b[31mok\" has a space, control or "
-                  "non-ASCII byte at 7"))
+  EXPECT_TRUE(contains(m,
+                       "the descriptor's group \"testgrp\\n\\x1b[31mok\" has a space, control or "
+                       "non-ASCII byte at 7"))
       << m;
-  EXPECT_FALSE(has(m, "\n")) << "a raw newline from the plugin";
-  EXPECT_FALSE(has(m, "\x1b")) << "a raw escape from the plugin";
+  EXPECT_FALSE(contains(m, "\n")) << "a raw newline from the plugin";
+  EXPECT_FALSE(contains(m, "\x1b")) << "a raw escape from the plugin";
 }
 
 TEST(PluginDescriptor, ShortKernelTableWithAHugeCountIsRefused) {
   const std::string m = open_error("bad_short_table");
-  EXPECT_TRUE(has(m, "kernel table of 1000 records (" +
-                         std::to_string(1000 * sizeof(kreg_kernel_desc)) +
-                         " bytes) extends past the library's data segment"))
+  EXPECT_TRUE(contains(m, "kernel table of 1000 records (" +
+                              std::to_string(1000 * sizeof(kreg_kernel_desc)) +
+                              " bytes) extends past the library's data segment"))
       << m;
 }
 
 TEST(PluginDescriptor, PointersOutsideTheLibraryAreRefused) {
   std::string m = open_error("bad_heap_descriptor");
-  EXPECT_TRUE(has(m, ": descriptor at 0x")) << m;
-  EXPECT_TRUE(has(m, "is outside the library's loaded segments")) << m;
+  EXPECT_TRUE(contains(m, ": descriptor at 0x")) << m;
+  EXPECT_TRUE(contains(m, "is outside the library's loaded segments")) << m;
   m = open_error("bad_heap_string");
-  EXPECT_TRUE(has(m, ": kernel record 1: its description points to 0x")) << m;
-  EXPECT_TRUE(has(m, ", outside the library's loaded segments")) << m;
+  EXPECT_TRUE(contains(m, ": kernel record 1: its description points to 0x")) << m;
+  EXPECT_TRUE(contains(m, ", outside the library's loaded segments")) << m;
 }
 
 // ---- ABI 1.2 capability records read defensively (fixtures/plugins/bad_caps.cpp) ----
@@ -216,33 +198,34 @@ TEST(PluginDescriptor, PointersOutsideTheLibraryAreRefused) {
 TEST(PluginCapabilities, BadRecordStridesAreRefused) {
   PluginLibrary::Stage stage;
   std::string m = open_error("bad_caps_small_stride", &stage);
-  EXPECT_TRUE(has(m, ": kernel record 0: capability record 0 too small (struct_size 16)")) << m;
+  EXPECT_TRUE(contains(m, ": kernel record 0: capability record 0 too small (struct_size 16)"))
+      << m;
   EXPECT_EQ(stage, PluginLibrary::Stage::kKernels);
   m = open_error("bad_caps_odd_stride");
-  EXPECT_TRUE(has(m,
-                  ": kernel record 0: capability record 0 has struct_size 28, not a multiple "
-                  "of 8"))
+  EXPECT_TRUE(contains(m,
+                       ": kernel record 0: capability record 0 has struct_size 28, not a multiple "
+                       "of 8"))
       << m;
   m = open_error("bad_caps_mixed_stride");
-  EXPECT_TRUE(has(m,
-                  ": kernel record 0: capability record 1 has struct_size 24, but record 0 "
-                  "has 32 (one array has one record size)"))
+  EXPECT_TRUE(contains(m,
+                       ": kernel record 0: capability record 1 has struct_size 24, but record 0 "
+                       "has 32 (one array has one record size)"))
       << m;
 }
 
 TEST(PluginCapabilities, CountsAndPointersAreChecked) {
   std::string m = open_error("bad_caps_too_many");
-  EXPECT_TRUE(has(m, ": kernel record 0: 65 capability records, above the limit of " +
-                         std::to_string(kMaxPluginCapabilities)))
+  EXPECT_TRUE(contains(m, ": kernel record 0: 65 capability records, above the limit of " +
+                              std::to_string(kMaxPluginCapabilities)))
       << m;
   m = open_error("bad_caps_null_records");
-  EXPECT_TRUE(has(m,
-                  ": kernel record 0: num_capabilities is 1, but its capability records are "
-                  "NULL"))
+  EXPECT_TRUE(contains(m,
+                       ": kernel record 0: num_capabilities is 1, but its capability records are "
+                       "NULL"))
       << m;
   m = open_error("bad_caps_heap_records");
-  EXPECT_TRUE(has(m, ": kernel record 0: capability record 0 at 0x")) << m;
-  EXPECT_TRUE(has(m, "is outside the library's loaded segments")) << m;
+  EXPECT_TRUE(contains(m, ": kernel record 0: capability record 0 at 0x")) << m;
+  EXPECT_TRUE(contains(m, "is outside the library's loaded segments")) << m;
 }
 
 // ---- ABI 1.4 resource-type tables read defensively (fixtures/plugins/bad_resources.cpp) ----
@@ -250,46 +233,47 @@ TEST(PluginCapabilities, CountsAndPointersAreChecked) {
 TEST(PluginResourceTypes, BadRecordStridesAreRefused) {
   PluginLibrary::Stage stage;
   std::string m = open_error("bad_res_small_stride", &stage);
-  EXPECT_TRUE(has(m, ": resource type record 0 too small (struct_size 16)")) << m;
+  EXPECT_TRUE(contains(m, ": resource type record 0 too small (struct_size 16)")) << m;
   m = open_error("bad_res_odd_stride");
-  EXPECT_TRUE(has(m, ": resource type record 0 has struct_size 52, not a multiple of 8")) << m;
+  EXPECT_TRUE(contains(m, ": resource type record 0 has struct_size 52, not a multiple of 8")) << m;
   m = open_error("bad_res_mixed_stride");
-  EXPECT_TRUE(has(m, ": resource type record 1 has struct_size 56, but record 0 has 64")) << m;
+  EXPECT_TRUE(contains(m, ": resource type record 1 has struct_size 56, but record 0 has 64")) << m;
 }
 
 TEST(PluginResourceTypes, CountsAndPointersAreChecked) {
   std::string m = open_error("bad_res_too_many");
-  EXPECT_TRUE(has(m, ": num_resource_types is 65, above the limit of " +
-                         std::to_string(kMaxPluginResourceTypes)))
+  EXPECT_TRUE(contains(m, ": num_resource_types is 65, above the limit of " +
+                              std::to_string(kMaxPluginResourceTypes)))
       << m;
   m = open_error("bad_res_null_table");
-  EXPECT_TRUE(has(m, ": resource type table is null")) << m;
+  EXPECT_TRUE(contains(m, ": resource type table is null")) << m;
   m = open_error("bad_res_heap_table");
-  EXPECT_TRUE(has(m, ": resource type record 0 at 0x")) << m;
-  EXPECT_TRUE(has(m, "is outside the library's loaded segments")) << m;
+  EXPECT_TRUE(contains(m, ": resource type record 0 at 0x")) << m;
+  EXPECT_TRUE(contains(m, "is outside the library's loaded segments")) << m;
   m = open_error("bad_res_heap_name");
-  EXPECT_TRUE(has(m, ": resource type record 1: its type points to 0x")) << m;
-  EXPECT_TRUE(has(m, "outside the library's loaded segments")) << m;
+  EXPECT_TRUE(contains(m, ": resource type record 1: its type points to 0x")) << m;
+  EXPECT_TRUE(contains(m, "outside the library's loaded segments")) << m;
   m = open_error("bad_res_create_in_data");
-  EXPECT_TRUE(has(m, ": resource type record 1: its create function 0x")) << m;
-  EXPECT_TRUE(has(m, " is outside the library's code")) << m;
+  EXPECT_TRUE(contains(m, ": resource type record 1: its create function 0x")) << m;
+  EXPECT_TRUE(contains(m, " is outside the library's code")) << m;
 }
 
 TEST(PluginResourceTypes, DuplicateAndUndeclaredTypesAreRefused) {
   std::string m = open_error("bad_res_duplicate");
-  EXPECT_TRUE(has(m, ": resource type record 1: resource type testgrp.state is declared twice"))
+  EXPECT_TRUE(
+      contains(m, ": resource type record 1: resource type testgrp.state is declared twice"))
       << m;
   m = open_error("bad_res_undeclared");
-  EXPECT_TRUE(has(m,
-                  ": testgrp.noop (cpu) takes 'Resource<testgrp.missing> s', a resource type "
-                  "this library does not declare"))
+  EXPECT_TRUE(contains(m,
+                       ": testgrp.noop (cpu) takes 'Resource<testgrp.missing> s', a resource type "
+                       "this library does not declare"))
       << m;
 }
 
 TEST(PluginCapabilities, KernelRecordShorterThanAbi10IsRefused) {
   const std::string m = open_error("bad_caps_short_kernel");
-  EXPECT_TRUE(has(m, ": kernel record 0 too small (struct_size " +
-                         std::to_string(offsetof(kreg_kernel_desc, fn)) + ")"))
+  EXPECT_TRUE(contains(m, ": kernel record 0 too small (struct_size " +
+                              std::to_string(offsetof(kreg_kernel_desc, fn)) + ")"))
       << m;
 }
 
@@ -420,8 +404,8 @@ struct ValidateCase {
 class ValidateBroken : public ::testing::TestWithParam<ValidateCase> {};
 
 TEST_P(ValidateBroken, NamesTheCheck) {
-  TempDir dir;
-  const fs::path manifest = dir.path() / "registry.yaml";
+  Scratch dir;
+  const fs::path manifest = dir.root() / "registry.yaml";
   std::ofstream(manifest) << "kreg_manifest: 1\nplugin_dir: " << KREG_TEST_PLUGIN_DIR
                           << "\ngroups:\n  - name: testgrp\n    library: libkreg_"
                           << GetParam().plugin << ".so\n    version: \"0.1.0\"\n";

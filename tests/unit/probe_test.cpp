@@ -19,7 +19,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <future>
 #include <mutex>
 #include <optional>
@@ -29,6 +28,7 @@
 #include <vector>
 
 #include "kreg/plugin_probe.hpp"
+#include "test_support.hpp"
 #include "time_budget.hpp"
 
 extern char** environ;
@@ -38,61 +38,10 @@ namespace fs = std::filesystem;
 namespace kreg {
 namespace {
 
-fs::path test_plugin(const std::string& name) {
-  return fs::path(KREG_TEST_PLUGIN_DIR) / ("libkreg_" + name + ".so");
-}
-
-bool contains(const std::string& haystack, const std::string& needle) {
-  return haystack.find(needle) != std::string::npos;
-}
-
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-// A scratch folder with the permissions kreg requires (0755), whatever the umask.
-class Scratch {
- public:
-  Scratch() {
-    root_ = fs::temp_directory_path() /
-            ("kreg_probe_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter_++));
-    fs::remove_all(root_);
-    fs::create_directories(root_);
-    fs::permissions(root_, fs::perms(0755));
-  }
-  ~Scratch() {
-    std::error_code ec;
-    fs::remove_all(root_, ec);
-  }
-  const fs::path& root() const { return root_; }
-  fs::path dir(const fs::path& rel) {
-    const fs::path p = root_ / rel;
-    fs::create_directories(p);
-    for (fs::path d = p; d != root_; d = d.parent_path()) fs::permissions(d, fs::perms(0755));
-    return p;
-  }
-  fs::path write(const fs::path& rel, const std::string& text, int mode) {
-    const fs::path p = root_ / rel;
-    dir(rel.parent_path());
-    std::ofstream(p, std::ios::binary | std::ios::trunc) << text;
-    fs::permissions(p, fs::perms(mode));
-    return p;
-  }
-  fs::path copy(const fs::path& from, const fs::path& rel) {
-    const fs::path p = root_ / rel;
-    dir(rel.parent_path());
-    fs::copy_file(from, p, fs::copy_options::overwrite_existing);
-    fs::permissions(p, fs::perms(0755));
-    return p;
-  }
-
- private:
-  static inline int counter_ = 0;
-  fs::path root_;
-};
+using test::contains;
+using test::read_file;
+using test::Scratch;
+using test::test_plugin;
 
 // Sets an environment variable for a scope (this suite runs on one thread while it does).
 class ScopedEnv {

@@ -15,6 +15,7 @@
 
 #include "harness.hpp"
 #include "kreg/registry.hpp"
+#include "test_support.hpp"
 
 #if defined(KREG_HAVE_CUDA)
 #include <cuda_runtime.h>
@@ -27,9 +28,7 @@ namespace {
 
 #if defined(KREG_HAVE_CUDA)
 
-fs::path test_plugin(const std::string& name) {
-  return fs::path(KREG_TEST_PLUGIN_DIR) / ("libkreg_" + name + ".so");
-}
+using test::test_plugin;
 
 TEST(GpuReload, SwapsWhileKernelsAreInFlight) {
   if (!harness::gpu_available()) {

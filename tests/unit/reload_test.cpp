@@ -18,6 +18,7 @@
 
 #include "kreg/plugin_watcher.hpp"
 #include "kreg/registry.hpp"
+#include "test_support.hpp"
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
@@ -25,9 +26,7 @@ using Clock = std::chrono::steady_clock;
 namespace kreg {
 namespace {
 
-fs::path test_plugin(const std::string& name) {
-  return fs::path(KREG_TEST_PLUGIN_DIR) / ("libkreg_" + name + ".so");
-}
+using test::test_plugin;
 
 double ms_since(Clock::time_point t) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t).count();

@@ -13,19 +13,15 @@
 
 #include "kreg/registry.hpp"
 #include "kreg/resource.hpp"
+#include "test_support.hpp"
 
 namespace fs = std::filesystem;
 
 namespace kreg {
 namespace {
 
-fs::path test_plugin(const std::string& name) {
-  return fs::path(KREG_TEST_PLUGIN_DIR) / ("libkreg_" + name + ".so");
-}
-
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
+using test::contains;
+using test::test_plugin;
 
 class ResourceTest : public ::testing::Test {
  protected:
@@ -143,13 +139,19 @@ TEST_F(ResourceTest, CreationErrorsNameTheParameter) {
     std::vector<std::string> expect;
   };
   const Case cases[] = {
-      {"resgrp.counter", {{"stepp", int64_t{1}}}, {"unknown parameter 'stepp'", "start, step, label"}},
+      {"resgrp.counter",
+       {{"stepp", int64_t{1}}},
+       {"unknown parameter 'stepp'", "start, step, label"}},
       {"resgrp.counter", {{"start", std::string("x")}}, {"parameter 'start' must be int"}},
-      {"resgrp.counter", {{"start", int64_t{1}}, {"start", int64_t{2}}}, {"'start' is given twice"}},
+      {"resgrp.counter",
+       {{"start", int64_t{1}}, {"start", int64_t{2}}},
+       {"'start' is given twice"}},
       {"resgrp.counter", {{"label", std::string("a\0b", 3)}}, {"without NUL bytes"}},
       {"resgrp.counter", {{"step", int64_t{0}}}, {"create failed", "step must not be 0"}},
       {"resgrp.counter", {{"label", std::string("fail")}}, {"create failed", "asked to fail"}},
-      {"resgrp.nope", {}, {"declares no resource type 'resgrp.nope'", "resgrp.counter, resgrp.other"}},
+      {"resgrp.nope",
+       {},
+       {"declares no resource type 'resgrp.nope'", "resgrp.counter, resgrp.other"}},
       {"nogroup.comm", {}, {"no group 'nogroup'"}},
       {"resgrp", {}, {"not of the form <group>.<name>"}},
       {"resgrp.", {}, {"not of the form"}},
@@ -159,8 +161,8 @@ TEST_F(ResourceTest, CreationErrorsNameTheParameter) {
     auto r = reg_->create_resource(c.type, c.params);
     ASSERT_FALSE(r.ok());
     for (const std::string& s : c.expect) {
-      EXPECT_TRUE(contains(r.status().message(), s)) << "missing '" << s << "' in "
-                                                     << r.status().message();
+      EXPECT_TRUE(contains(r.status().message(), s))
+          << "missing '" << s << "' in " << r.status().message();
     }
   }
   EXPECT_EQ(stats(), std::make_pair(int64_t{0}, int64_t{0}));  // nothing half-made
@@ -240,7 +242,8 @@ TEST_F(ResourceTest, HotSwapKeepsOldResourcesOnTheirGeneration) {
   place(test_plugin("resgrp_changed"));
   r = reg_->reload("resgrp");
   ASSERT_FALSE(r.ok());
-  EXPECT_TRUE(contains(r.status().message(), "drops or changes resource types")) << r.status().message();
+  EXPECT_TRUE(contains(r.status().message(), "drops or changes resource types"))
+      << r.status().message();
   EXPECT_TRUE(contains(r.status().message(), "resgrp.counter: running 'counter(int start=0"))
       << r.status().message();
   ASSERT_TRUE(next(keep->attr(), &v).ok());
@@ -299,7 +302,8 @@ TEST(ResourceTypeSpecTest, DescriptorsAreChecked) {
        "named 'd', expected 'c'"},
       {{sizeof(kreg_resource_type_desc), "grp.c", "c(Tensor x) -> ()", "", create, destroy},
        "parameter 'x' is a Tensor"},
-      {{sizeof(kreg_resource_type_desc), "grp.c", "c(Resource<grp.c> r) -> ()", "", create, destroy},
+      {{sizeof(kreg_resource_type_desc), "grp.c", "c(Resource<grp.c> r) -> ()", "", create,
+        destroy},
        "parameter 'r' is a Resource"},
       {{sizeof(kreg_resource_type_desc), "grp.c", "c(int a", "", create, destroy}, "signature"},
       {{sizeof(kreg_resource_type_desc), "grp.c", "c() -> ()", "", nullptr, destroy},
@@ -312,17 +316,17 @@ TEST(ResourceTypeSpecTest, DescriptorsAreChecked) {
     ASSERT_FALSE(r.ok()) << c.expect;
     EXPECT_TRUE(contains(r.status().message(), c.expect)) << r.status().message();
   }
-  auto ok = make_resource_type_spec(
-      {sizeof(kreg_resource_type_desc), "grp.c", "c(int a=1, str s=\"x\") -> ()", "d", create,
-       destroy},
-      "grp");
+  auto ok = make_resource_type_spec({sizeof(kreg_resource_type_desc), "grp.c",
+                                     "c(int a=1, str s=\"x\") -> ()", "d", create, destroy},
+                                    "grp");
   ASSERT_TRUE(ok.ok()) << ok.status().message();
   EXPECT_EQ(ok->params.num_attrs, 2);
   EXPECT_EQ(ok->group(), "grp");
 }
 
 TEST(ResourceSignatureTest, ParsesResourceParameters) {
-  auto sig = parse_signature("f(Tensor(a!) x, Resource<communication.comm> comm, str op=\"sum\") -> ()");
+  auto sig =
+      parse_signature("f(Tensor(a!) x, Resource<communication.comm> comm, str op=\"sum\") -> ()");
   ASSERT_TRUE(sig.ok()) << sig.status().message();
   EXPECT_EQ(sig->arg_kinds(), "Trs");
   EXPECT_EQ(sig->attr(0).resource_type, "communication.comm");

@@ -18,7 +18,6 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -31,6 +30,7 @@
 #include "kreg/sha256.hpp"
 #include "kreg/source_tree.hpp"
 #include "kreg/validation.hpp"
+#include "test_support.hpp"
 
 namespace fs = std::filesystem;
 
@@ -41,59 +41,9 @@ namespace {
 // and load a small plugin.
 constexpr double kHangTimeout = 0.5;
 
-fs::path test_plugin(const std::string& name) {
-  return fs::path(KREG_TEST_PLUGIN_DIR) / ("libkreg_" + name + ".so");
-}
-
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-// A scratch folder with the permissions kreg requires (0755), whatever the umask.
-class TempTree {
- public:
-  TempTree() {
-    root_ = fs::temp_directory_path() / ("kreg_validation_test_" + std::to_string(::getpid()) +
-                                         "_" + std::to_string(counter_++));
-    fs::remove_all(root_);
-    fs::create_directories(root_);
-    fs::permissions(root_, fs::perms(0755));
-  }
-  ~TempTree() {
-    std::error_code ec;
-    fs::remove_all(root_, ec);
-  }
-  const fs::path& root() const { return root_; }
-
-  fs::path dir(const std::string& rel) {
-    const fs::path p = root_ / rel;
-    fs::create_directories(p);
-    for (fs::path d = p; d != root_; d = d.parent_path()) fs::permissions(d, fs::perms(0755));
-    return p;
-  }
-  fs::path write(const std::string& rel, const std::string& text, int mode = 0644) {
-    const fs::path p = root_ / rel;
-    dir(fs::path(rel).parent_path().string());
-    std::ofstream(p, std::ios::binary | std::ios::trunc) << text;
-    fs::permissions(p, fs::perms(mode));
-    return p;
-  }
-  // Copies a built test plugin in as `rel` (mode 0755).
-  fs::path plugin(const std::string& name, const std::string& rel) {
-    const fs::path p = root_ / rel;
-    dir(fs::path(rel).parent_path().string());
-    fs::copy_file(test_plugin(name), p, fs::copy_options::overwrite_existing);
-    fs::permissions(p, fs::perms(0755));
-    return p;
-  }
-
- private:
-  static inline int counter_ = 0;
-  fs::path root_;
-};
+using test::read_file;
+using test::Scratch;
+using test::test_plugin;
 
 struct GroupSpec {
   std::string name;
@@ -183,7 +133,7 @@ TEST(Sha256, PiecewiseEqualsWholeAtEveryPaddingBoundary) {
 }
 
 TEST(Sha256, HashesFiles) {
-  TempTree t;
+  Scratch t;
   const fs::path f = t.write("a.bin", std::string(1000000, 'a'));
   auto sha = sha256_file(f);
   ASSERT_TRUE(sha.ok());
@@ -313,7 +263,7 @@ TEST(SourceTree, TheShippedTreeIsConsistent) {
 // ---- Path safety and pins, on their own ----
 
 TEST(Admission, PathSafety) {
-  TempTree t;
+  Scratch t;
   const fs::path dir = t.dir("plugins");
   const fs::path lib = t.plugin("testgrp", "plugins/libkreg_testgrp.so");
   EXPECT_TRUE(check_path_safety(lib, dir).ok());
@@ -347,7 +297,7 @@ TEST(Admission, PathSafety) {
 }
 
 TEST(Admission, PinMismatchNamesBothHashes) {
-  TempTree t;
+  Scratch t;
   const fs::path f = t.write("lib.so", "abc", 0755);
   EXPECT_TRUE(check_pin(f, sha256_hex("abc")).ok());
   Status st = check_pin(f, kPinA);
@@ -411,7 +361,7 @@ class BrokenPlugin : public ::testing::TestWithParam<PluginCase> {};
 
 TEST_P(BrokenPlugin, IsReportedAndValidationCarriesOn) {
   const PluginCase& c = GetParam();
-  TempTree t;
+  Scratch t;
   // A good group after the broken one: validation must reach it.
   const fs::path m = t.write(
       "registry.yaml", manifest_text(KREG_TEST_PLUGIN_DIR,
@@ -431,7 +381,7 @@ TEST_P(BrokenPlugin, IsReportedAndValidationCarriesOn) {
 // and the verdict is the same, naming the library, never the copy.
 TEST_P(BrokenPlugin, PinnedIsLoadedFromTheHashedCopyAndNamedByItsPath) {
   const PluginCase& c = GetParam();
-  TempTree t;
+  Scratch t;
   auto sha = sha256_file(test_plugin(c.plugin));
   ASSERT_TRUE(sha.ok()) << sha.status().message();
   const fs::path m = t.write(
@@ -525,7 +475,7 @@ class BrokenFile : public ::testing::Test {
     return t.write("registry.yaml",
                    manifest_text(t.root() / "plugins", {{"testgrp", "libkreg_testgrp.so", extra}}));
   }
-  TempTree t;
+  Scratch t;
 };
 
 TEST_F(BrokenFile, Truncated) {
@@ -702,7 +652,7 @@ class SourceTreeCheck : public ::testing::Test {
     return t.write("registry.yaml", manifest_text(t.root() / "build",
                                                   {{"testgrp", "libkreg_testgrp.so", ""}}, tail));
   }
-  TempTree t;
+  Scratch t;
 };
 
 TEST_F(SourceTreeCheck, ConsistentTreePasses) {
@@ -814,7 +764,7 @@ TEST(Validate, ShippedRegistryPassesEveryCheck) {
 }
 
 TEST(Validate, UpdatePinsWritesThemAndKeepsTheFile) {
-  TempTree t;
+  Scratch t;
   t.plugin("testgrp", "plugins/libkreg_testgrp.so");
   const std::string original =
       "# A manifest with comments.\nkreg_manifest: 1\nplugin_dir: plugins  # here\ngroups:\n"
@@ -842,7 +792,7 @@ TEST(Validate, UpdatePinsWritesThemAndKeepsTheFile) {
 // ---- The host: Registry::open applies the same guards ----
 
 TEST(HostGuards, PinMismatchRefusesTheLoad) {
-  TempTree t;
+  Scratch t;
   const fs::path lib = t.plugin("testgrp", "plugins/libkreg_testgrp.so");
   const fs::path m =
       t.write("registry.yaml",
@@ -861,7 +811,7 @@ TEST(HostGuards, PinMismatchRefusesTheLoad) {
 }
 
 TEST(HostGuards, UnsafePathsAreRefusedBeforeLoading) {
-  TempTree t;
+  Scratch t;
   const fs::path outside = t.plugin("testgrp", "elsewhere/libkreg_testgrp.so");
   t.dir("plugins");
   fs::create_symlink(outside, t.root() / "plugins/libkreg_testgrp.so");
@@ -941,7 +891,7 @@ std::string quote(const std::string& s) {
 
 // Runs `kreg validate ARGS` with KREG_PLUGIN_DIR set to `plugin_dir` (empty: unset).
 CliRun kreg_validate(const std::vector<std::string>& args, const std::string& plugin_dir = "") {
-  TempTree t;
+  Scratch t;
   const fs::path err = t.root() / "stderr";
   std::string cmd = "KREG_PLUGIN_DIR=" + quote(plugin_dir) + " " + quote(KREG_CLI) + " validate";
   for (const std::string& a : args) cmd += " " + quote(a);
@@ -989,7 +939,7 @@ TEST(Cli, ShippedRegistryExitsZeroInWellUnderASecond) {
 // The real binary on files that crashed or exhausted the old symbol scan: it reports and
 // exits 1, never dies of a signal.
 TEST(Cli, HostileElfFilesExitOne) {
-  TempTree t;
+  Scratch t;
   t.dir("plugins");
   const fs::path wild = t.root() / "plugins" / "libkreg_wild.so";
   patch_testgrp(wild, [](std::string& b) {
@@ -1015,7 +965,7 @@ TEST(Cli, HostileElfFilesExitOne) {
 }
 
 TEST(Cli, CrashingAndHangingPluginsExitOne) {
-  TempTree t;
+  Scratch t;
   const fs::path m =
       t.write("registry.yaml",
               manifest_text(KREG_TEST_PLUGIN_DIR, {{"alpha", "libkreg_crash_segv_static.so", ""},
@@ -1039,7 +989,7 @@ TEST(Cli, CrashingAndHangingPluginsExitOne) {
 }
 
 TEST(Cli, UnsafeLibraryWrongPinAndUpdatePins) {
-  TempTree t;
+  Scratch t;
   const fs::path lib = t.plugin("testgrp", "plugins/libkreg_testgrp.so");
   const fs::path m = t.write("registry.yaml",
                              "# keep me\nkreg_manifest: 1\nplugin_dir: plugins\ngroups:\n"
@@ -1080,7 +1030,7 @@ TEST(Cli, UnsafeLibraryWrongPinAndUpdatePins) {
 }
 
 TEST(Cli, ExpectedGroupsAndUsageErrors) {
-  TempTree t;
+  Scratch t;
   t.plugin("testgrp", "plugins/libkreg_testgrp.so");
   const fs::path m =
       t.write("registry.yaml",
@@ -1107,7 +1057,7 @@ TEST(Cli, ExpectedGroupsAndUsageErrors) {
 // A manifest path that names no file, or a text built to hang the parser: exit 2 (cannot
 // read) or 1 (schema) with the reason, at once, never a hang or an out-of-memory death.
 TEST(Cli, ManifestThatIsNotARegularFileOrHangsTheParser) {
-  TempTree t;
+  Scratch t;
   const fs::path fifo = t.root() / "registry.yaml";
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
   const fs::path comma = t.write("comma.yaml", ",");
@@ -1141,7 +1091,7 @@ namespace kreg {
 namespace {
 
 TEST(Waivers, AnOpWithoutReferenceNeedsAWaiver) {
-  TempTree t;
+  Scratch t;
   t.plugin("no_reference", "plugins/libkreg_testgrp.so");
   const fs::path dir = t.root() / "plugins";
   const fs::path bare =
@@ -1161,7 +1111,7 @@ TEST(Waivers, AnOpWithoutReferenceNeedsAWaiver) {
 }
 
 TEST(Waivers, StaleWaiversAreViolations) {
-  TempTree t;
+  Scratch t;
   t.plugin("testgrp", "plugins/libkreg_testgrp.so");
   const fs::path dir = t.root() / "plugins";
   const fs::path m = t.write(
@@ -1251,7 +1201,7 @@ TEST_F(BrokenFile, MalformedMetadataIsAnError) {
 
 // A library built without the SDK 1.2 macros: a warning, not a violation.
 TEST(MetadataMatch, LibraryWithoutMetadataIsAWarning) {
-  TempTree t;
+  Scratch t;
   const fs::path m = t.write(
       "registry.yaml", manifest_text(KREG_TEST_PLUGIN_DIR, {{"testgrp", "libkreg_no_entry.so", ""},
                                                             {"other", "libkreg_testgrp.so", ""}}));
@@ -1271,7 +1221,7 @@ TEST(MetadataMatch, LibraryWithoutMetadataIsAWarning) {
 // The record checks read the metadata: a plugin whose load crashes still has its ops
 // named, its references checked, its sources compared.
 TEST(MetadataMatch, RecordChecksRunOnTheMetadataWhenTheLoadFails) {
-  TempTree t;
+  Scratch t;
   const fs::path m = t.write(
       "registry.yaml",
       manifest_text(KREG_TEST_PLUGIN_DIR, {{"testgrp", "libkreg_crash_segv_static.so", ""}}));
@@ -1352,7 +1302,7 @@ TEST(ArchCoverage, ClaimsAgainstImages) {
 }
 
 TEST(ArchCoverage, CpuOnlyLibraryPassesWithANote) {
-  TempTree t;
+  Scratch t;
   const fs::path m =
       t.write("registry.yaml",
               manifest_text(KREG_TEST_PLUGIN_DIR, {{"testgrp", "libkreg_testgrp.so", ""}}));
