@@ -1,9 +1,10 @@
-// The parent side of the child-process load behind `kreg validate` and the host's
-// pre-check: finds kreg-probe, starts it with posix_spawn (or, without one, forks a
-// single-threaded process), reads its report and output within the timeout, and says how
-// the child ended. The child reports through a pipe in a small length-prefixed format; its
-// progress (which phase, and PluginLibrary::open's stage) is kept in a shared page so the
-// parent can say where a child that died without reporting was (plugin_probe_wire.hpp).
+// The parent side of the child process behind `kreg validate` (its load and its jit-sources
+// compiles) and the host's pre-check: finds kreg-probe, starts it with posix_spawn (or,
+// without one, forks a single-threaded process), reads its report and output within the
+// timeout, and says how the child ended. The child reports through a pipe in a small
+// length-prefixed format; its progress (which phase, and PluginLibrary::open's stage) is
+// kept in a shared page so the parent can say where a child that died without reporting
+// was (plugin_probe_wire.hpp).
 #include "kreg/plugin_probe.hpp"
 
 #include <dirent.h>
@@ -135,6 +136,19 @@ bool decode_snapshot(std::string_view payload, const fs::path& file, PluginSnaps
   return r.ok();
 }
 
+bool decode_jit_report(std::string_view payload, JitCompileReport* out) {
+  Reader r(payload);
+  uint32_t count = 0;
+  r.u32(&out->implementations);
+  r.u32(&out->builds);
+  r.u32(&count);
+  for (uint32_t i = 0; i < count && r.ok(); ++i) {
+    std::string failure;
+    if (r.str(&failure)) out->failures.push_back(std::move(failure));
+  }
+  return r.ok();
+}
+
 std::string phase_text(Phase phase, Stage stage) {
   switch (phase) {
     case Phase::kStarting:
@@ -153,6 +167,8 @@ std::string phase_text(Phase phase, Stage stage) {
       return "in its init hook";
     case Phase::kReporting:
       return "while reporting its descriptor";
+    case Phase::kCompiling:
+      return "while compiling its jit sources (NVRTC)";
     case Phase::kShutdown:
       return "while unloading (its shutdown hook or static destructors)";
     case Phase::kDone:
@@ -261,7 +277,8 @@ bool raise_fd(Fd& fd) {
 // inherited, its own process group, default signal dispositions, an empty signal mask.
 // Returns 0 or an errno value.
 int spawn_probe(const fs::path& exe, const fs::path& file, const PluginLibrary::Expect& expect,
-                bool run_init, pid_t parent, int data_fd, int out_fd, int page_fd, pid_t* pid) {
+                const probe::Task& task, pid_t parent, int data_fd, int out_fd, int page_fd,
+                pid_t* pid) {
   std::vector<std::string> args = {kProbeExecutableName,
                                    "--protocol",
                                    std::to_string(probe::kProtocol),
@@ -272,7 +289,9 @@ int spawn_probe(const fs::path& exe, const fs::path& file, const PluginLibrary::
                                    "--progress-fd",
                                    std::to_string(probe::kChildProgressFd),
                                    "--init",
-                                   run_init ? "1" : "0",
+                                   task.run_init ? "1" : "0",
+                                   "--compile-jit",
+                                   task.compile_jit ? "1" : "0",
                                    "--group",
                                    expect.group};
   if (expect.version) {
@@ -431,6 +450,7 @@ ProbeResult probe_plugin(const fs::path& file, const PluginLibrary::Expect& expe
     return call_failed("fcntl(F_DUPFD_CLOEXEC)", errno);
   }
 
+  const probe::Task task{options.run_init, options.compile_jit};
   const pid_t parent = ::getpid();
   const auto start = std::chrono::steady_clock::now();
   pid_t pid = -1;
@@ -446,12 +466,12 @@ ProbeResult probe_plugin(const fs::path& file, const PluginLibrary::Expect& expe
       if (int null = ::open("/dev/null", O_RDONLY); null >= 0) ::dup2(null, STDIN_FILENO);
       ::dup2(out_w.get(), STDOUT_FILENO);
       ::dup2(out_w.get(), STDERR_FILENO);
-      probe::load_and_report(file, expect, options.run_init, progress, data_w.get());
+      probe::load_and_report(file, expect, task, progress, data_w.get());
     }
     // Also here: the child's setpgid may not have run yet when we kill its group.
     ::setpgid(pid, pid);
-  } else if (int rc = spawn_probe(exe.path, file, expect, options.run_init, parent, data_w.get(),
-                                  out_w.get(), page_fd.get(), &pid);
+  } else if (int rc = spawn_probe(exe.path, file, expect, task, parent, data_w.get(), out_w.get(),
+                                  page_fd.get(), &pid);
              rc != 0) {
     return call_failed(("posix_spawn " + exe.path.string()).c_str(), rc);
   }
@@ -567,6 +587,7 @@ ProbeResult probe_plugin(const fs::path& file, const PluginLibrary::Expect& expe
 
   // Decode what arrived.
   bool hello = false, done = false, have_snapshot = false, have_failure = false;
+  bool have_jit = false;
   std::string refused_arguments;
   std::string_view rest(received);
   while (rest.size() >= 5) {
@@ -606,6 +627,8 @@ ProbeResult probe_plugin(const fs::path& file, const PluginLibrary::Expect& expe
       }
     } else if (tag == probe::kSnapshot) {
       have_snapshot = decode_snapshot(payload, file, &result.snapshot);
+    } else if (tag == probe::kJitReport) {
+      have_jit = decode_jit_report(payload, &result.jit);
     } else if (tag == probe::kDone) {
       done = true;
     }
@@ -648,7 +671,8 @@ ProbeResult probe_plugin(const fs::path& file, const PluginLibrary::Expect& expe
                      output_hint(output);
     return result;
   }
-  if (have_snapshot && done && reaped && WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+  if (have_snapshot && (have_jit || !options.compile_jit) && done && reaped && WIFEXITED(status) &&
+      WEXITSTATUS(status) == 0) {
     result.end = ProbeEnd::kOk;
     result.stage = Stage::kOk;
     return result;

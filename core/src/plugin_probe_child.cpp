@@ -1,6 +1,7 @@
 // The child side of probe_plugin: kreg-probe's main (a fresh process image the parent
-// starts with posix_spawn) and the body it shares with the fork fallback. Everything it
-// learns goes to the data pipe; whatever the plugin prints goes to stdout and stderr, which
+// starts with posix_spawn) and the body it shares with the fork fallback: the load, and with
+// --compile-jit the NVRTC compiles of validate's jit-sources rule. Everything it learns goes
+// to the data pipe; whatever the plugin (or NVRTC) prints goes to stdout and stderr, which
 // the parent captures, so a plugin cannot corrupt the parent's output (--json on stdout).
 #include <fcntl.h>
 #include <signal.h>
@@ -10,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -19,7 +21,11 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
+#include "kreg/dtype.hpp"
+#include "kreg/jit.hpp"
+#include "kreg/jit_cache.hpp"
 #include "kreg/parse_number.hpp"
 #include "kreg/plugin_probe.hpp"
 #include "kreg/text.hpp"
@@ -73,6 +79,83 @@ std::string encode_snapshot(const PluginLibrary& lib) {
   return w.message(kSnapshot);
 }
 
+// The architectures a plugin was built for ("80-real,90a" -> 80, 90: each entry's leading
+// digits), else Hopper's.
+std::vector<int> build_sms(std::string_view archs) {
+  std::vector<int> out;
+  while (!archs.empty()) {
+    const size_t end = archs.find_first_of(",;");
+    std::string_view item = archs.substr(0, end);
+    int v = 0;
+    size_t i = 0;
+    for (; i < item.size() && i < 4 && item[i] >= '0' && item[i] <= '9'; ++i)
+      v = v * 10 + (item[i] - '0');
+    if (i > 0 && v >= 50 && std::find(out.begin(), out.end(), v) == out.end()) out.push_back(v);
+    if (end == std::string_view::npos) break;
+    archs.remove_prefix(end + 1);
+  }
+  if (out.empty()) out.push_back(90);
+  return out;
+}
+
+// The most compile errors reported, in bytes (each carries NVRTC's log, itself cut at 4000
+// characters); the rest are counted.
+constexpr size_t kMaxJitFailureBytes = size_t{1} << 20;
+
+// jit-sources: every jit implementation compiled for each architecture the plugin was built
+// for, in every dtype it takes, at a representative specialization (every dimension
+// parameter 128), into the process's JIT cache (a second run is fast).
+std::string compile_jit_sources(const PluginLibrary& lib) {
+  std::vector<const KernelSpec*> jits;
+  for (const KernelSpec& k : lib.kernels()) {
+    if (k.jit) jits.push_back(&k);
+  }
+  uint32_t builds = 0;
+  std::vector<std::string> failures;
+  size_t bytes = 0, dropped = 0;
+  auto failed = [&](std::string message) {
+    if (bytes + message.size() > kMaxJitFailureBytes) {
+      ++dropped;
+      return;
+    }
+    bytes += message.size();
+    failures.push_back(std::move(message));
+  };
+  if (!jits.empty()) {
+    auto cache = jit::process_cache();
+    if (!cache) {
+      failed("no JIT cache: " + cache.status().message());
+    } else {
+      const std::vector<int> sms = build_sms(lib.info().cuda_archs);
+      for (const KernelSpec* k : jits) {
+        std::map<std::string, int64_t> dims;
+        for (const std::string& p : k->jit->params) dims[p] = 128;
+        for (int sm : sms) {
+          for (int d = 0; d < static_cast<int>(DType::kCount); ++d) {
+            if (!(k->dtypes & mask_of(static_cast<DType>(d)))) continue;
+            auto values = jit::specialize(*k, dims, static_cast<DType>(d));
+            Status st = values.status();
+            if (values) {
+              st = jit::build(*k, *k->jit, *values, jit::arch_name(sm), **cache).status();
+              if (st.ok()) ++builds;
+            }
+            if (!st.ok()) failed(st.message());
+          }
+        }
+      }
+    }
+  }
+  if (dropped > 0) {
+    failures.push_back("... and " + std::to_string(dropped) + " more compile errors");
+  }
+  Writer w;
+  w.u32(static_cast<uint32_t>(jits.size()));
+  w.u32(builds);
+  w.u32(static_cast<uint32_t>(failures.size()));
+  for (const std::string& f : failures) w.str(f);
+  return w.message(kJitReport);
+}
+
 }  // namespace
 
 void prepare_child(pid_t parent) {
@@ -102,7 +185,7 @@ void prepare_child(pid_t parent) {
   ::on_exit([](int status, void*) { ::_exit(status); }, nullptr);
 }
 
-void load_and_report(const fs::path& file, const PluginLibrary::Expect& expect, bool run_init,
+void load_and_report(const fs::path& file, const PluginLibrary::Expect& expect, const Task& task,
                      Progress* progress, int data_fd) {
   {
     Writer w;
@@ -120,7 +203,7 @@ void load_and_report(const fs::path& file, const PluginLibrary::Expect& expect, 
     write_all(data_fd, w.message(kRefused));
     ::_exit(0);
   }
-  if (run_init) {
+  if (task.run_init) {
     progress->phase = Phase::kInit;
     if (Status st = (*lib)->init(); !st.ok()) {
       Writer w;
@@ -133,6 +216,16 @@ void load_and_report(const fs::path& file, const PluginLibrary::Expect& expect, 
   progress->phase = Phase::kReporting;
   std::unique_ptr<PluginLibrary> loaded = std::move(lib).value();
   write_all(data_fd, encode_snapshot(*loaded));
+  if (task.compile_jit) {
+    progress->phase = Phase::kCompiling;
+    write_all(data_fd, compile_jit_sources(*loaded));
+    // The library stays loaded: its unloading is the plain probe's check (library-loads),
+    // not the compile's.
+    progress->phase = Phase::kDone;
+    Writer w;
+    write_all(data_fd, w.message(kDone));
+    ::_exit(0);
+  }
   // Unloading is part of the check: a host unloads groups on reload and at exit.
   progress->phase = Phase::kShutdown;
   loaded.reset();
@@ -152,14 +245,15 @@ struct Arguments {
   pid_t parent = 0;
   int data_fd = -1;
   int progress_fd = -1;
-  bool run_init = true;
+  Task task;
   std::string group;
   std::optional<std::string> version;
   fs::path file;
 };
 
-constexpr const char* kOptions[] = {"--protocol", "--parent", "--data-fd", "--progress-fd",
-                                    "--init",     "--group",  "--version", "--file"};
+constexpr const char* kOptions[] = {"--protocol",    "--parent",  "--data-fd",
+                                    "--progress-fd", "--init",    "--compile-jit",
+                                    "--group",       "--version", "--file"};
 
 bool is_option(std::string_view s) {
   for (const char* o : kOptions) {
@@ -216,8 +310,8 @@ Status parse_arguments(int argc, char** argv, Arguments* out) {
   if (!data) return malformed.ok() ? data.status() : malformed;
   out->data_fd = *data;
   if (!malformed.ok()) return malformed;
-  for (const char* required :
-       {"--protocol", "--parent", "--progress-fd", "--init", "--group", "--file"}) {
+  for (const char* required : {"--protocol", "--parent", "--progress-fd", "--init", "--compile-jit",
+                               "--group", "--file"}) {
     if (!values.count(required)) {
       return Status(KREG_INVALID_ARGUMENT, std::string(required) + " is required");
     }
@@ -243,7 +337,10 @@ Status parse_arguments(int argc, char** argv, Arguments* out) {
   }
   auto init = parse_bool(values.at("--init"), "--init");
   if (!init) return init.status();
-  out->run_init = *init;
+  out->task.run_init = *init;
+  auto compile_jit = parse_bool(values.at("--compile-jit"), "--compile-jit");
+  if (!compile_jit) return compile_jit.status();
+  out->task.compile_jit = *compile_jit;
   out->group = values.at("--group");
   if (auto v = values.find("--version"); v != values.end()) out->version = v->second;
   out->file = values.at("--file");
@@ -289,8 +386,8 @@ int probe_child_main(int argc, char** argv) {
   }
   ::close(args.progress_fd);
   prepare_child(args.parent);
-  load_and_report(args.file, {args.group, args.version}, args.run_init,
-                  static_cast<Progress*>(page), args.data_fd);
+  load_and_report(args.file, {args.group, args.version}, args.task, static_cast<Progress*>(page),
+                  args.data_fd);
 }
 
 }  // namespace kreg

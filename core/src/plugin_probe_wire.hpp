@@ -18,11 +18,19 @@ namespace kreg::probe {
 
 // Bump whenever anything below changes (tags, payloads, Progress, the arguments): a
 // kreg-probe speaking another protocol refuses its arguments instead of misreporting.
-inline constexpr uint32_t kProtocol = 1;
+inline constexpr uint32_t kProtocol = 2;
 
 using Stage = PluginLibrary::Stage;
 
-enum class Phase : int32_t { kStarting, kOpening, kInit, kReporting, kShutdown, kDone };
+enum class Phase : int32_t {
+  kStarting,
+  kOpening,
+  kInit,
+  kReporting,
+  kCompiling,  // --compile-jit: NVRTC compiling the jit implementations
+  kShutdown,
+  kDone
+};
 
 // Lives in a shared page (a memfd both processes map): the child writes, the parent reads
 // after the child ended, so it can say where a child that died without reporting was.
@@ -36,9 +44,11 @@ enum Tag : uint8_t {
   kRefused = 1,       // u32 stage, u32 code, str message
   kInitFailed = 2,    // u32 code, str message
   kSnapshot = 3,      // the descriptor and kernel records (plugin_probe.cpp)
-  kDone = 4,          // (empty) unloaded cleanly
+  kDone = 4,          // (empty) unloaded cleanly; --compile-jit: the compile report is sent
   kHello = 5,         // u32 protocol: the child parsed its arguments and runs no plugin code yet
   kBadArguments = 6,  // str message: the child refused its command line
+  // --compile-jit, after kSnapshot: u32 implementations, u32 builds, u32 n, n x str failure
+  kJitReport = 7,
 };
 
 // Descriptors in a kreg-probe child: stdin is /dev/null, stdout and stderr the output pipe,
@@ -112,10 +122,18 @@ void write_all(int fd, const std::string& s);
 // (on_exit -> _exit). Does not touch descriptors or the process group.
 void prepare_child(pid_t parent);
 
+// What the child does once the library is open (kreg-probe's --init and --compile-jit).
+struct Task {
+  bool run_init = true;
+  bool compile_jit = false;
+};
+
 // The child's work: says hello, loads `file` with PluginLibrary::open (progress in
-// `progress`), runs the init hook if asked, reports on `data_fd`, unloads. Never returns.
+// `progress`), runs the init hook if asked, reports on `data_fd`; then either compiles the
+// jit implementations and reports that (compile_jit: the library stays loaded) or unloads.
+// Never returns.
 [[noreturn]] void load_and_report(const std::filesystem::path& file,
-                                  const PluginLibrary::Expect& expect, bool run_init,
+                                  const PluginLibrary::Expect& expect, const Task& task,
                                   Progress* progress, int data_fd);
 
 }  // namespace kreg::probe

@@ -4,15 +4,10 @@
 // its child. docs/validation.md describes each check.
 #include "kreg/validation.hpp"
 
-#include <poll.h>
-#include <signal.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
-#include <chrono>
 #include <fstream>
 #include <map>
 #include <set>
@@ -23,7 +18,6 @@
 #include "kreg/dtype.hpp"
 #include "kreg/elf_file.hpp"
 #include "kreg/jit.hpp"
-#include "kreg/jit_cache.hpp"
 #include "kreg/kernel_spec.hpp"
 #include "kreg/plugin_library.hpp"
 #include "kreg/plugin_probe.hpp"
@@ -199,30 +193,11 @@ LoadOutcome load_in_child(Context& cx, const GroupEntry& g, const fs::path& file
   return out;
 }
 
-// The architectures a plugin was built for ("80-real,90a" -> 80, 90: each entry's leading
-// digits), else Hopper's.
-std::vector<int> build_sms(std::string_view archs) {
-  std::vector<int> out;
-  while (!archs.empty()) {
-    const size_t end = archs.find_first_of(",;");
-    std::string_view item = archs.substr(0, end);
-    int v = 0;
-    size_t i = 0;
-    for (; i < item.size() && i < 4 && item[i] >= '0' && item[i] <= '9'; ++i)
-      v = v * 10 + (item[i] - '0');
-    if (i > 0 && v >= 50 && std::find(out.begin(), out.end(), v) == out.end()) out.push_back(v);
-    if (end == std::string_view::npos) break;
-    archs.remove_prefix(end + 1);
-  }
-  if (out.empty()) out.push_back(90);
-  return out;
-}
-
 // jit-sources: every jit implementation's source compiles, with NVRTC, for each
 // architecture the plugin was built for, in every dtype it takes, at a representative
-// specialization (every dimension parameter 128). In a child process with a timeout (a
-// compile that hangs or crashes fails the rule, not the validator); results land in the
-// process's JIT cache, so a second run is fast.
+// specialization (every dimension parameter 128). The compiles run in the probe's child
+// (kreg-probe --compile-jit), with a timeout: a compile that hangs or crashes fails the
+// rule, not the validator. Results land in the JIT cache, so a second run is fast.
 void check_jit_sources(Context& cx, const GroupEntry& g, const fs::path& file,
                        const PluginSnapshot& snap) {
   Reporter& rep = cx.rep;
@@ -232,92 +207,23 @@ void check_jit_sources(Context& cx, const GroupEntry& g, const fs::path& file,
   if (auto v = jit::nvrtc_version(); !v) {
     return rep.skip("jit-sources", g.name, "NVRTC is not available here: " + v.status().message());
   }
-  int fds[2];
-  if (::pipe(fds) != 0)
-    return rep.fail("jit-sources", g.name, g.library_where.to_string(), "pipe failed");
-  const pid_t pid = ::fork();
-  if (pid < 0) {
-    ::close(fds[0]);
-    ::close(fds[1]);
-    return rep.fail("jit-sources", g.name, g.library_where.to_string(), "fork failed");
-  }
-  if (pid == 0) {
-    ::close(fds[0]);
-    std::string report;
-    auto lib = PluginLibrary::open(file, {g.name, g.version});
-    auto cache = jit::process_cache();
-    if (!lib) {
-      report = "cannot load: " + lib.status().message();
-    } else if (!cache) {
-      report = "no JIT cache: " + cache.status().message();
-    } else {
-      for (const KernelSpec& k : (*lib)->kernels()) {
-        if (!k.jit) continue;
-        std::map<std::string, int64_t> dims;
-        for (const std::string& p : k.jit->params) dims[p] = 128;
-        for (int sm : build_sms((*lib)->info().cuda_archs)) {
-          for (int d = 0; d < static_cast<int>(DType::kCount); ++d) {
-            if (!(k.dtypes & mask_of(static_cast<DType>(d)))) continue;
-            auto values = jit::specialize(k, dims, static_cast<DType>(d));
-            Status st = values.status();
-            if (values) {
-              auto built = jit::build(k, *k.jit, *values, jit::arch_name(sm), **cache);
-              st = built.status();
-            }
-            if (!st.ok()) report += (report.empty() ? "" : "\n") + st.message();
-          }
-        }
-      }
-    }
-    size_t off = 0;
-    while (off < report.size()) {
-      const ssize_t n = ::write(fds[1], report.data() + off, report.size() - off);
-      if (n <= 0) break;
-      off += static_cast<size_t>(n);
-    }
-    ::_exit(report.empty() ? 0 : 1);
-  }
-  ::close(fds[1]);
+  ProbeOptions popts;
   // Compiles take longer than loads: six times the load timeout, at least 30 s.
-  const double limit_s = std::max(30.0, 6 * cx.options.timeout_s);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(limit_s);
-  std::string report;
-  bool timed_out = false;
-  for (;;) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-                          deadline - std::chrono::steady_clock::now())
-                          .count();
-    if (left <= 0) {
-      timed_out = true;
-      break;
-    }
-    pollfd pfd{fds[0], POLLIN, 0};
-    const int r = ::poll(&pfd, 1, static_cast<int>(std::min<long long>(left, 1000)));
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) continue;
-    char buf[4096];
-    const ssize_t n = ::read(fds[0], buf, sizeof buf);
-    if (n <= 0) break;
-    if (report.size() < (size_t{1} << 20)) report.append(buf, static_cast<size_t>(n));
-  }
-  ::close(fds[0]);
-  if (timed_out) ::kill(pid, SIGKILL);
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
+  popts.timeout_s = std::max(30.0, 6 * cx.options.timeout_s);
+  popts.run_init = false;  // NVRTC needs no init hook (library-loads ran it)
+  popts.compile_jit = true;
+  const ProbeResult probe = probe_plugin(file, {g.name, g.version}, popts);
   const std::string where = g.library_where.to_string();
-  if (timed_out) {
-    return rep.fail("jit-sources", g.name, where,
-                    "compiling the jit sources took longer than " +
-                        std::to_string(static_cast<int>(limit_s)) + " s (killed)");
+  if (!probe.forked.empty()) rep.warn("jit-sources", g.name, where, probe.forked);
+  if (!probe.ok()) {
+    std::string msg = named(probe.message, file, g.library);
+    if (probe.end == ProbeEnd::kRefused) msg = "cannot load: " + msg;
+    return rep.fail("jit-sources", g.name, where, msg);
   }
-  if (WIFSIGNALED(status)) {
-    return rep.fail("jit-sources", g.name, where,
-                    "the child compiling the jit sources died of " + signal_name(WTERMSIG(status)));
-  }
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || !report.empty()) {
-    return rep.fail("jit-sources", g.name, where,
-                    report.empty() ? "the compile child failed" : report);
+  if (!probe.jit.failures.empty()) {
+    std::string report;
+    for (const std::string& f : probe.jit.failures) report += (report.empty() ? "" : "\n") + f;
+    return rep.fail("jit-sources", g.name, where, report);
   }
   rep.pass("jit-sources", g.name);
 }
@@ -425,8 +331,9 @@ void check_arch(Context& cx, const GroupEntry& g, const StaticView& view,
     rep.skip("arch-coverage", g.name, "no kernel records (the library did not load)");
     return;
   }
-  const bool any_cuda = std::any_of(kernels->begin(), kernels->end(),
-                                    [](const KernelSpec& k) { return k.backend == "cuda" || k.backend == "nccl"; });
+  const bool any_cuda = std::any_of(kernels->begin(), kernels->end(), [](const KernelSpec& k) {
+    return k.backend == "cuda" || k.backend == "nccl";
+  });
   if (!any_cuda) {
     rep.pass("arch-coverage", g.name, "no CUDA implementations");
     return;

@@ -1,7 +1,8 @@
 // The child process of probe_plugin (kreg/plugin_probe.hpp): a fresh kreg-probe started with
 // posix_spawn, never a fork of the caller. Probes from a process whose other threads hold a
 // lock and allocate; kreg-probe's command line (paths and names that a shell or a parser
-// would mangle, malformed arguments, another protocol); explicit executables that are
+// would mangle, malformed arguments, another protocol); the jit-sources compile mode (its
+// option on the command line, no fork); explicit executables that are
 // missing or not kreg-probe; and, from a copy of this test and of kreg without kreg-probe,
 // the documented fallback: a fork of a single-threaded process only.
 #include <gtest/gtest.h>
@@ -359,9 +360,9 @@ TEST(ProbeProcess, ArgumentsTheChildRefusesAreReportedByTheParent) {
     const char* says;
   };
   for (const Case& c : {
-           // argv[1..2] are "--protocol 1"
+           // argv[1..2] are "--protocol 2"
            Case{"shift 2\nexec \"$PROBE\" --protocol 999 \"$@\"\n",
-                "--protocol 999: this kreg-probe speaks protocol 1"},
+                "--protocol 999: this kreg-probe speaks protocol 2"},
            Case{"exec \"$PROBE\" \"$@\" --group again\n", "--group is given twice"},
            Case{"exec \"$PROBE\" \"$@\" --grup x\n", "('--grup') is no option"},
            Case{"exec \"$PROBE\" \"$@\" --version\n", "--version is missing its value"},
@@ -377,6 +378,49 @@ TEST(ProbeProcess, ArgumentsTheChildRefusesAreReportedByTheParent) {
     EXPECT_TRUE(contains(r.message, wrapper.string() + " refused its arguments: ")) << r.message;
     EXPECT_TRUE(contains(r.message, c.says)) << c.says << " not in " << r.message;
   }
+}
+
+// validate's jit-sources compiles (ProbeOptions::compile_jit) run in the same kreg-probe,
+// told so on its command line; a plugin without jit implementations compiles nothing.
+TEST(ProbeProcess, TheJitCompileModeRunsInKregProbeToo) {
+  install_fork_handlers();
+  const int prepares_before = g_fork_prepares.load();
+  Scratch s;
+  const fs::path log = s.root() / "argv";
+  const fs::path wrapper = s.write("wrapper",
+                                   "#!/bin/sh\nprintf '%s\\n' \"$@\" > '" + log.string() +
+                                       "'\nexec '" KREG_PROBE_EXECUTABLE "' \"$@\"\n",
+                                   0755);
+  ProbeOptions o;
+  o.executable = wrapper;
+  o.run_init = false;
+  o.compile_jit = true;
+  const ProbeResult r = probe_plugin(test_plugin("testgrp"), {"testgrp", std::string("0.1.0")}, o);
+  const std::string args = read_file(log);
+  ASSERT_TRUE(r.ok()) << r.message;
+  EXPECT_EQ(r.snapshot.info.group, "testgrp");
+  EXPECT_EQ(r.jit.implementations, 0u);
+  EXPECT_EQ(r.jit.builds, 0u);
+  EXPECT_TRUE(r.jit.failures.empty());
+  EXPECT_EQ(r.executable, wrapper);
+  EXPECT_TRUE(r.forked.empty()) << r.forked;
+  EXPECT_TRUE(contains(args, "\n--init\n0\n--compile-jit\n1\n")) << args;
+
+  o.compile_jit = false;
+  const ProbeResult plain =
+      probe_plugin(test_plugin("testgrp"), {"testgrp", std::string("0.1.0")}, o);
+  ASSERT_TRUE(plain.ok()) << plain.message;
+  EXPECT_TRUE(contains(read_file(log), "\n--compile-jit\n0\n")) << read_file(log);
+  // A crash before the compiles is reported as for a plain load.
+  ProbeOptions crash;
+  crash.timeout_s = test::budget(2);
+  crash.run_init = false;
+  crash.compile_jit = true;
+  const ProbeResult segv =
+      probe_plugin(test_plugin("crash_segv_static"), {"testgrp", std::nullopt}, crash);
+  EXPECT_EQ(segv.end, ProbeEnd::kSignaled) << segv.message;
+  EXPECT_TRUE(contains(segv.message, "running its static initializers")) << segv.message;
+  EXPECT_EQ(g_fork_prepares.load(), prepares_before) << "probe_plugin forked this process";
 }
 
 struct ChildRun {
@@ -464,6 +508,16 @@ TEST(ProbeInACopy, ForksOnlyASingleThreadedProcess) {
   const ProbeResult segv =
       probe_plugin(test_plugin("crash_segv_static"), {"testgrp", std::nullopt}, quick);
   EXPECT_EQ(segv.end, ProbeEnd::kSignaled) << segv.message;
+  // The jit-sources compile mode takes the same fallback.
+  ProbeOptions compile;
+  compile.run_init = false;
+  compile.compile_jit = true;
+  const ProbeResult compiled =
+      probe_plugin(test_plugin("testgrp"), {"testgrp", std::string("0.1.0")}, compile);
+  ASSERT_TRUE(compiled.ok()) << compiled.message;
+  EXPECT_EQ(compiled.jit.implementations, 0u);
+  EXPECT_TRUE(contains(compiled.forked, "the child was a fork of this single-threaded process"))
+      << compiled.forked;
 
   // Another thread: never a fork.
   std::mutex mu;

@@ -1,15 +1,24 @@
 // Loading a plugin in a child process: the crash-isolated first look at a library.
 //
-// probe_plugin starts the kreg-probe executable (posix_spawn: a fresh process image, never a
-// fork of the caller) with the library's path, the expected group and version and whether to
-// run the init hook as separate argv elements (no shell: a path may hold spaces, newlines,
-// any byte but NUL, or start with '-'). The child loads the library with PluginLibrary::open
-// (which runs its static initializers and entry function), runs its init hook, sends what it
-// read (descriptor and kernel records, or where and why opening failed) back through an
-// inherited pipe, then runs the shutdown hook and unloads it; its progress is kept in a
-// shared page (an inherited memfd it maps). The parent never maps the library. A plugin that
-// segfaults, aborts, throws, calls exit() or hangs anywhere on that path is reported with
-// the signal, the exit status or the timeout, and the phase it was in.
+// probe_plugin starts the kreg-probe executable (posix_spawn: a fresh process image, never
+// a fork of the caller) with the library's path, the expected group and version, whether to
+// run the init hook and whether to compile its jit sources as separate argv elements (no
+// shell: a path may hold spaces, newlines, any byte but NUL, or start with '-'). The child
+// loads the library with PluginLibrary::open (which runs its static initializers and entry
+// function), runs its init hook, sends what it read (descriptor and kernel records, or
+// where and why opening failed) back through an inherited pipe, then runs the shutdown hook
+// and unloads it; its progress is kept in a shared page (an inherited memfd it maps). The
+// parent never maps the library. A plugin that segfaults, aborts, throws, calls exit() or
+// hangs anywhere on that path is reported with the signal, the exit status or the timeout,
+// and the phase it was in.
+//
+// With ProbeOptions::compile_jit (kreg validate's jit-sources rule) the same child, once it
+// has sent the descriptor, compiles every jit implementation with NVRTC into the process's
+// JIT cache (for each architecture the plugin was built for, in each dtype it takes, every
+// dimension parameter 128) and reports the compile errors in ProbeResult::jit; it then
+// exits without unloading the library (unloading is the plain probe's check). A compile that
+// crashes or hangs ends the probe like a crashing plugin, in the phase "while compiling its
+// jit sources".
 //
 // Because the child is a new program, probe_plugin is safe in a running, multithreaded host
 // (a watcher thread, CUDA initialized, Python with torch): no lock another thread holds is
@@ -75,6 +84,9 @@ struct ProbeOptions {
   // ready to load it. Starting kreg-probe before that has max(timeout_s, 10 s) of its own.
   double timeout_s = 10;
   bool run_init = true;  // run the init hook (and then the shutdown hook)
+  // Compile the plugin's jit implementations after loading it (see above); the results are
+  // in ProbeResult::jit. Compiles are slow: give timeout_s room for them.
+  bool compile_jit = false;
   // When set and it becomes true, the child is killed within ~50 ms and the probe ends
   // kCancelled (a watcher being stopped need not wait out a hanging plugin's timeout).
   const std::atomic<bool>* cancel = nullptr;
@@ -100,8 +112,19 @@ ProbeExecutable find_probe_executable(const std::filesystem::path& requested = {
 // is a plugin writing where it should not, and the child is killed.
 inline constexpr size_t kMaxProbeReportBytes = size_t{64} << 20;
 
+// What the child's compile of the jit implementations found (ProbeOptions::compile_jit).
+struct JitCompileReport {
+  uint32_t implementations = 0;  // jit implementations the loaded library has
+  uint32_t builds = 0;           // specializations compiled or found in the cache
+  // One per compile that failed (NVRTC's log in it, naming op, specialization and arch),
+  // or why nothing could be compiled ("no JIT cache: ..."); at most about 1 MiB of them.
+  std::vector<std::string> failures;
+};
+
 enum class ProbeEnd {
-  kOk,          // loaded, initialized and unloaded cleanly
+  // Loaded, initialized and unloaded cleanly; compile_jit: loaded and the compiles ran
+  // (their errors are in ProbeResult::jit, not here).
+  kOk,
   kRefused,     // PluginLibrary::open refused it (`stage` says where)
   kInitFailed,  // the init hook returned an error
   kSignaled,    // the child was killed by a signal
@@ -123,6 +146,7 @@ struct ProbeResult {
   // ("while loading the library (static initializers)", "in its init hook", ...).
   std::string message;
   PluginSnapshot snapshot;  // kOk
+  JitCompileReport jit;     // kOk with compile_jit
   std::string output;       // the last few KB the child wrote to stdout and stderr
   // How the child was started: the kreg-probe that ran, or (empty) `forked` says why the
   // child was a fork of this process (no kreg-probe found, single-threaded process).
