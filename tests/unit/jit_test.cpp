@@ -1,17 +1,23 @@
 // The JIT backend without a GPU (kreg/jit.hpp, docs/jit.md): a plugin's kreg_jit_desc read
 // and checked against its signature, specializations and kernel expressions, the cache key
 // (what changes it and what does not), and real NVRTC compiles into a cache: hits, a
-// moved cache, an edited header, compile errors, and eight processes on one empty cache.
+// moved cache, an edited header, compile errors, and eight processes on one empty cache;
+// validate's jit-sources rule, whose compiles run in kreg-probe (with real NVRTC, and with a
+// stand-in that fails, crashes or hangs: tests/fixtures/plugins/fake_nvrtc.cpp).
 // Tests that need NVRTC skip with the reason where it cannot be loaded.
 #include "kreg/jit.hpp"
 
 #include <gtest/gtest.h>
+#include <pthread.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,6 +29,7 @@
 #include "kreg/kernel_spec.hpp"
 #include "kreg/manifest.hpp"
 #include "kreg/plugin_library.hpp"
+#include "kreg/plugin_probe.hpp"
 #include "kreg/registry.hpp"
 #include "kreg/schema.hpp"
 #include "kreg/validation.hpp"
@@ -402,6 +409,15 @@ TEST(JitPlugin, ASourceOutsideTheLibraryIsRefused) {
       << p.status().message();
 }
 
+// fork() runs pthread_atfork handlers; posix_spawn does not.
+std::atomic<int> g_forks{0};
+
+int forks_so_far() {
+  static const bool installed = ::pthread_atfork([] { ++g_forks; }, nullptr, nullptr) == 0;
+  EXPECT_TRUE(installed);
+  return g_forks.load();
+}
+
 TEST(JitPlugin, ValidateCompilesEveryJitSource) {
   SKIP_WITHOUT_NVRTC();
   TempDir tmp;
@@ -409,7 +425,10 @@ TEST(JitPlugin, ValidateCompilesEveryJitSource) {
   kreg::ValidateOptions opts;
   opts.timeout_s = 5;
   const fs::path good = write_manifest(tmp.path(), "libkreg_jitgrp.so");
+  const int forks_before = forks_so_far();
   auto ok = kreg::validate_registry(good, opts);
+  // The load and the compiles ran in kreg-probe, started with posix_spawn.
+  EXPECT_EQ(g_forks.load(), forks_before) << "validate forked the test process";
   bool passed = false;
   for (const auto& o : ok.outcomes) {
     if (o.check == "jit-sources" && o.group == "jitgrp") passed = o.passed && !o.skipped;
@@ -436,8 +455,10 @@ struct Outcome {
   std::string output;
 };
 
-Outcome cli(const std::string& args, const fs::path& cache) {
-  const std::string cmd = "KREG_JIT_CACHE=" + cache.string() + " " KREG_CLI " " + args + " 2>&1";
+// `kreg args` with the JIT cache at `cache` and the environment assignments `env`.
+Outcome cli(const std::string& args, const fs::path& cache, const std::string& env = "") {
+  const std::string cmd =
+      "KREG_JIT_CACHE=" + cache.string() + " " + env + " " KREG_CLI " " + args + " 2>&1";
   Outcome r;
   FILE* p = ::popen(cmd.c_str(), "r");
   if (p == nullptr) return r;
@@ -488,6 +509,122 @@ TEST(JitCli, BuildListInfoClear) {
   EXPECT_EQ(clear.exit_code, 0) << clear.output;
   EXPECT_NE(clear.output.find("removed 2 entries"), std::string::npos) << clear.output;
   EXPECT_NE(cli("jit ls", cache).output.find("0 entries"), std::string::npos);
+}
+
+// ---- jit-sources with a stand-in NVRTC: no NVRTC or GPU needed ----
+
+std::string fake_nvrtc_env(const std::string& compile, const fs::path& mark) {
+  return "KREG_NVRTC='" KREG_FAKE_NVRTC "' KREG_FAKE_NVRTC_COMPILE=" + compile +
+         " KREG_FAKE_NVRTC_MARK='" + mark.string() + "'";
+}
+
+std::vector<std::string> lines_of(const fs::path& p) {
+  std::vector<std::string> out;
+  std::ifstream in(p);
+  for (std::string line; std::getline(in, line);) out.push_back(line);
+  return out;
+}
+
+TEST(JitSources, TheCompilesRunInKregProbeAndTheirErrorsFailTheRule) {
+  TempDir tmp;
+  const fs::path mark = tmp.path() / "compiled-by";
+  const std::string m = "--manifest " + write_manifest(tmp.path(), "libkreg_jitgrp.so").string();
+  const Outcome r = cli(m + " validate", tmp.path() / "cache", fake_nvrtc_env("fail", mark));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("ok   library-loads      jitgrp"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("error [jit-sources] jitgrp"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("jitgrp.scale (jit, H=128, sm_90a): NVRTC failed to compile "
+                          "scale.cu.jit: NVRTC_ERROR_COMPILATION"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("fake-nvrtc: refused --gpu-architecture=sm_90a"), std::string::npos)
+      << "NVRTC's log: " << r.output;
+  // Every compile ran in kreg-probe: a fork of the validator would be named kreg.
+  const std::vector<std::string> compilers = lines_of(mark);
+  ASSERT_FALSE(compilers.empty()) << "nothing compiled: " << r.output;
+  for (const std::string& c : compilers) EXPECT_EQ(c, kreg::kProbeExecutableName);
+}
+
+TEST(JitSources, ACompilerThatCrashesFailsTheRuleNotTheValidator) {
+  TempDir tmp;
+  const fs::path mark = tmp.path() / "compiled-by";
+  const std::string m = "--manifest " + write_manifest(tmp.path(), "libkreg_jitgrp.so").string();
+  const Outcome r = cli(m + " validate", tmp.path() / "cache", fake_nvrtc_env("segv", mark));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("error [jit-sources] jitgrp"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("plugin 'jitgrp' ("), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("killed by SIGSEGV"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("while compiling its jit sources (NVRTC)"), std::string::npos)
+      << r.output;
+  EXPECT_EQ(lines_of(mark), std::vector<std::string>{kreg::kProbeExecutableName});
+  // The checks after it still ran.
+  EXPECT_NE(r.output.find("groups-guard"), std::string::npos) << r.output;
+}
+
+// Sets an environment variable for a scope, the old value back after.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const std::string& value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    ::setenv(name, value.c_str(), 1);
+  }
+  ~ScopedEnv() {
+    if (old_) {
+      ::setenv(name_, old_->c_str(), 1);
+    } else {
+      ::unsetenv(name_);
+    }
+  }
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+// probe_plugin's compile mode directly (validate's limit is 30 s at least): the child gets
+// the stand-in through its environment; nothing here loads NVRTC in this process.
+TEST(JitSources, ACompilerThatHangsIsKilledAtTheTimeout) {
+  TempDir tmp;
+  ScopedEnv nvrtc("KREG_NVRTC", KREG_FAKE_NVRTC);
+  ScopedEnv how("KREG_FAKE_NVRTC_COMPILE", "hang");
+  ScopedEnv cache("KREG_JIT_CACHE", (tmp.path() / "cache").string());
+  kreg::ProbeOptions o;
+  o.timeout_s = 1;
+  o.run_init = false;
+  o.compile_jit = true;
+  const auto t0 = std::chrono::steady_clock::now();
+  const kreg::ProbeResult r =
+      kreg::probe_plugin(fixture("jitgrp"), {"jitgrp", std::string("0.1.0")}, o);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(r.end, kreg::ProbeEnd::kTimedOut) << r.message;
+  EXPECT_NE(r.message.find("plugin 'jitgrp' (" + fixture("jitgrp").string() +
+                           "): timed out after 1 s while compiling its jit sources (NVRTC)"),
+            std::string::npos)
+      << r.message;
+  EXPECT_LT(took, 30) << "killed at its timeout";
+}
+
+// The compile mode reports what it compiled: one jit implementation, f32 only, built for
+// Hopper (jitgrp has no CUDA architectures); with the stand-in, one failure.
+TEST(JitSources, TheProbeReportsTheCompiles) {
+  TempDir tmp;
+  ScopedEnv nvrtc("KREG_NVRTC", KREG_FAKE_NVRTC);
+  ScopedEnv how("KREG_FAKE_NVRTC_COMPILE", "fail");
+  ScopedEnv cache("KREG_JIT_CACHE", (tmp.path() / "cache").string());
+  kreg::ProbeOptions o;
+  o.run_init = false;
+  o.compile_jit = true;
+  const kreg::ProbeResult r =
+      kreg::probe_plugin(fixture("jitgrp"), {"jitgrp", std::string("0.1.0")}, o);
+  ASSERT_TRUE(r.ok()) << r.message;
+  EXPECT_EQ(r.snapshot.info.group, "jitgrp");
+  EXPECT_EQ(r.jit.implementations, 1u);
+  EXPECT_EQ(r.jit.builds, 0u);
+  ASSERT_EQ(r.jit.failures.size(), 1u);
+  EXPECT_NE(r.jit.failures[0].find("fake-nvrtc: refused --gpu-architecture=sm_90a"),
+            std::string::npos)
+      << r.jit.failures[0];
+  EXPECT_TRUE(r.forked.empty()) << r.forked;
 }
 
 }  // namespace
