@@ -29,6 +29,7 @@
 #include "layernorm.hpp"
 #include "reference.hpp"
 #include "store/store.hpp"
+#include "test_support.hpp"
 
 namespace kc = kreg::communication;
 namespace ref = kreg::communication::reference;
@@ -95,23 +96,6 @@ std::vector<float> random_values(size_t n, ref::Dtype d, uint32_t seed) {
 
 // ---- Stores and ranks ----
 
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "kreg_comm_impl_XXXXXX").string();
-    path_ = ::mkdtemp(pattern.data()) != nullptr ? fs::path(pattern) : fs::path();
-  }
-  ~TempDir() {
-    std::error_code ec;
-    if (!path_.empty()) fs::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
-
 enum class StoreKind { kTcp, kFile };
 
 // A store for one test: a TCP server on 127.0.0.1 port 0, or a file store in a temp dir.
@@ -122,8 +106,8 @@ class TestStore {
     if (kind == StoreKind::kTcp) {
       server_ = kreg::comm::TcpStoreServer::start("127.0.0.1", 0, &err);
       if (server_ != nullptr) url_ = "tcp://127.0.0.1:" + std::to_string(server_->port());
-    } else if (!dir_.path().empty()) {
-      url_ = "file://" + (dir_.path() / "store").string();
+    } else if (!dir_.root().empty()) {
+      url_ = "file://" + (dir_.root() / "store").string();
     }
     error_ = err;
   }
@@ -131,7 +115,7 @@ class TestStore {
   const std::string& error() const { return error_; }
 
  private:
-  TempDir dir_;
+  kreg::test::Scratch dir_;
   std::unique_ptr<kreg::comm::TcpStoreServer> server_;
   std::string url_;
   std::string error_;

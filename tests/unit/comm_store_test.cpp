@@ -24,6 +24,7 @@
 #include <gtest/gtest.h>
 
 #include "store.hpp"
+#include "test_support.hpp"
 
 namespace fs = std::filesystem;
 using kreg::comm::connect_store;
@@ -36,24 +37,6 @@ namespace {
 double since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
-
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "kreg-store-XXXXXX").string();
-    path_ = ::mkdtemp(pattern.data()) != nullptr ? fs::path(pattern) : fs::path();
-  }
-  ~TempDir() {
-    std::error_code ec;
-    if (!path_.empty()) fs::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
 
 std::string hex(std::string_view s) {
   static constexpr char kHex[] = "0123456789abcdef";
@@ -77,8 +60,8 @@ class StoreTest : public ::testing::TestWithParam<std::string> {
       ASSERT_GT(server_->port(), 0);
       url_ = "tcp://127.0.0.1:" + std::to_string(server_->port());
     } else {
-      ASSERT_FALSE(dir_.path().empty());
-      url_ = "file://" + (dir_.path() / "store").string();  // created by connect_store
+      ASSERT_FALSE(dir_.root().empty());
+      url_ = "file://" + (dir_.root() / "store").string();  // created by connect_store
     }
     store_ = open();
     ASSERT_NE(store_, nullptr);
@@ -91,7 +74,7 @@ class StoreTest : public ::testing::TestWithParam<std::string> {
     return s;
   }
 
-  TempDir dir_;
+  kreg::test::Scratch dir_;
   std::unique_ptr<TcpStoreServer> server_;
   std::string url_;
   std::unique_ptr<Store> store_;
@@ -117,7 +100,7 @@ TEST_P(StoreTest, SetGetAddErase) {
   ASSERT_TRUE(store_->set(odd, std::string("v\0w", 3), &error)) << error;
   ASSERT_TRUE(store_->get(odd, 0, &value, &error)) << error;
   EXPECT_EQ(value, std::string("v\0w", 3));
-  EXPECT_FALSE(fs::exists(dir_.path() / "x"));
+  EXPECT_FALSE(fs::exists(dir_.root() / "x"));
 
   int64_t n = 0;
   ASSERT_TRUE(store_->add("n", 5, &n, &error)) << error;
@@ -440,7 +423,7 @@ TEST(TcpStoreServer, StoppedServerGivesAClearError) {
 }
 
 TEST(ConnectStore, RejectsBadUrls) {
-  TempDir tmp;
+  kreg::test::Scratch tmp;
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"", "unknown scheme"},
       {"http://127.0.0.1:80", "unknown scheme"},
@@ -462,7 +445,7 @@ TEST(ConnectStore, RejectsBadUrls) {
       {"file://", "needs an absolute path"},
       {"tcp://127.0.0.1:80\x1b[31m", "control characters"},
       {std::string("tcp://127.0.0.1:8\0", 18), "control characters"},
-      {"file://" + tmp.path().string() + "/a\nb", "control characters"},
+      {"file://" + tmp.root().string() + "/a\nb", "control characters"},
   };
   const auto start = Clock::now();
   for (const auto& [url, expect] : cases) {
@@ -479,7 +462,7 @@ TEST(ConnectStore, RejectsBadUrls) {
   connect_store("tcp://127.0.0.1:80\x1b[31m", 0, &error);
   EXPECT_NE(error.find("\\x1b[31m"), std::string::npos) << error;
   // A file store's path that is a file, not a directory.
-  const std::string file = (tmp.path() / "f").string();
+  const std::string file = (tmp.root() / "f").string();
   ASSERT_TRUE(std::fopen(file.c_str(), "w") != nullptr);
   EXPECT_EQ(connect_store("file://" + file, 0, &error), nullptr);
   EXPECT_NE(error.find("not a directory"), std::string::npos) << error;
@@ -488,11 +471,11 @@ TEST(ConnectStore, RejectsBadUrls) {
 // ---- files planted in a file store's directory ----
 
 TEST(FileStore, RefusesFifosAndOversizedFiles) {
-  TempDir tmp;
+  kreg::test::Scratch tmp;
   std::string error, value;
-  auto s = connect_store("file://" + tmp.path().string(), 0, &error);
+  auto s = connect_store("file://" + tmp.root().string(), 0, &error);
   ASSERT_NE(s, nullptr) << error;
-  const std::string fifo = (tmp.path() / ("v" + hex("fifo"))).string();
+  const std::string fifo = (tmp.root() / ("v" + hex("fifo"))).string();
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
   auto start = Clock::now();
   EXPECT_FALSE(s->get("fifo", 5.0, &value, &error));
@@ -504,7 +487,7 @@ TEST(FileStore, RefusesFifosAndOversizedFiles) {
   EXPECT_NE(error.find("not a regular file"), std::string::npos) << error;
 
   // A sparse file one byte over the limit: refused from its size, never read.
-  const std::string huge = (tmp.path() / ("v" + hex("huge"))).string();
+  const std::string huge = (tmp.root() / ("v" + hex("huge"))).string();
   {
     FILE* f = std::fopen(huge.c_str(), "w");
     ASSERT_NE(f, nullptr);
@@ -517,7 +500,7 @@ TEST(FileStore, RefusesFifosAndOversizedFiles) {
   EXPECT_NE(error.find("more than 1073741824"), std::string::npos) << error;
 
   // A symbolic link planted as a value.
-  const std::string link = (tmp.path() / ("v" + hex("link"))).string();
+  const std::string link = (tmp.root() / ("v" + hex("link"))).string();
   ASSERT_EQ(::symlink("/etc/passwd", link.c_str()), 0);
   EXPECT_FALSE(s->get("link", 0, &value, &error));
   EXPECT_NE(error.find("is a symbolic link"), std::string::npos) << error;
@@ -542,9 +525,9 @@ int run(const std::string& cmd, std::string* out) {
 }
 
 TEST(KregStoreCli, ServesUntilSigterm) {
-  TempDir tmp;
-  const std::string port_file = (tmp.path() / "port").string();
-  const std::string log = (tmp.path() / "log").string();
+  kreg::test::Scratch tmp;
+  const std::string port_file = (tmp.root() / "port").string();
+  const std::string log = (tmp.root() / "log").string();
   const pid_t pid = ::fork();
   ASSERT_GE(pid, 0);
   if (pid == 0) {

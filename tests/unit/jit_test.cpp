@@ -33,6 +33,7 @@
 #include "kreg/registry.hpp"
 #include "kreg/schema.hpp"
 #include "kreg/validation.hpp"
+#include "test_support.hpp"
 
 namespace {
 
@@ -101,22 +102,6 @@ KernelSpec spec_of(Desc& desc) {
   if (src) s.jit = *src;
   return s;
 }
-
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "kreg-jit-test-XXXXXX").string();
-    path_ = ::mkdtemp(pattern.data()) != nullptr ? fs::path(pattern) : fs::path();
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
 
 bool have_nvrtc(std::string* why) {
   auto v = kreg::jit::nvrtc_version();
@@ -244,13 +229,13 @@ TEST(JitKey, ChangesWithEveryInputAndNothingElse) {
 
 TEST(JitBuild, CompilesOnceThenHitsAndSurvivesAMove) {
   SKIP_WITHOUT_NVRTC();
-  TempDir tmp;
+  kreg::test::Scratch tmp;
   Desc desc;
   const KernelSpec spec = spec_of(desc);
   const Specialization s{{{"H", "4097"}, {"dtype", "bf16"}}};
   std::string key, cubin;
   {
-    Cache cache(tmp.path() / "a");
+    Cache cache(tmp.root() / "a");
     auto first = kreg::jit::build(spec, *spec.jit, s, "sm_90a", cache);
     ASSERT_TRUE(first) << first.status().message();
     EXPECT_TRUE(first->compiled);
@@ -269,8 +254,8 @@ TEST(JitBuild, CompilesOnceThenHitsAndSurvivesAMove) {
     cubin = first->cubin;
   }
   // The whole cache moved elsewhere: every entry still hits (no path in any key).
-  fs::rename(tmp.path() / "a", tmp.path() / "moved");
-  Cache moved(tmp.path() / "moved");
+  fs::rename(tmp.root() / "a", tmp.root() / "moved");
+  Cache moved(tmp.root() / "moved");
   auto hit = kreg::jit::build(spec, *spec.jit, s, "sm_90a", moved);
   ASSERT_TRUE(hit) << hit.status().message();
   EXPECT_FALSE(hit->compiled);
@@ -288,8 +273,8 @@ TEST(JitBuild, CompilesOnceThenHitsAndSurvivesAMove) {
 
 TEST(JitBuild, ErrorsNameTheSourceAndShowTheLog) {
   SKIP_WITHOUT_NVRTC();
-  TempDir tmp;
-  Cache cache(tmp.path());
+  kreg::test::Scratch tmp;
+  Cache cache(tmp.root());
   Desc broken;
   broken.source += "this is not C++;\n";
   const KernelSpec spec = spec_of(broken);
@@ -313,7 +298,7 @@ TEST(JitBuild, ErrorsNameTheSourceAndShowTheLog) {
 
 TEST(JitBuild, EightProcessesOnAnEmptyCacheCompileOnce) {
   SKIP_WITHOUT_NVRTC();
-  TempDir tmp;
+  kreg::test::Scratch tmp;
   Desc desc;
   const KernelSpec spec = spec_of(desc);
   const Specialization s{{{"H", "1000"}, {"dtype", "f32"}}};
@@ -329,7 +314,7 @@ TEST(JitBuild, EightProcessesOnAnEmptyCacheCompileOnce) {
       ::close(start[1]);
       char c;
       (void)!::read(start[0], &c, 1);  // all start together when the parent closes the pipe
-      Cache cache(tmp.path());
+      Cache cache(tmp.root());
       auto r = kreg::jit::build(spec, *spec.jit, s, "sm_90a", cache);
       const char out = !r ? 'E' : r->compiled ? 'C' : 'H';
       (void)!::write(report[1], &out, 1);
@@ -366,8 +351,8 @@ fs::path write_manifest(const fs::path& dir, const std::string& library) {
 }
 
 TEST(JitPlugin, LoadsWithItsSourceAndFallsBackWhereJitCannotRun) {
-  TempDir tmp;
-  auto manifest = kreg::load_manifest(write_manifest(tmp.path(), "libkreg_jitgrp.so"), {});
+  kreg::test::Scratch tmp;
+  auto manifest = kreg::load_manifest(write_manifest(tmp.root(), "libkreg_jitgrp.so"), {});
   ASSERT_TRUE(manifest) << manifest.status().message();
   auto reg = kreg::Registry::open(*manifest);
   ASSERT_TRUE(reg) << reg.status().message();
@@ -420,11 +405,11 @@ int forks_so_far() {
 
 TEST(JitPlugin, ValidateCompilesEveryJitSource) {
   SKIP_WITHOUT_NVRTC();
-  TempDir tmp;
-  ::setenv("KREG_JIT_CACHE", (tmp.path() / "cache").c_str(), 1);
+  kreg::test::Scratch tmp;
+  ::setenv("KREG_JIT_CACHE", (tmp.root() / "cache").c_str(), 1);
   kreg::ValidateOptions opts;
   opts.timeout_s = 5;
-  const fs::path good = write_manifest(tmp.path(), "libkreg_jitgrp.so");
+  const fs::path good = write_manifest(tmp.root(), "libkreg_jitgrp.so");
   const int forks_before = forks_so_far();
   auto ok = kreg::validate_registry(good, opts);
   // The load and the compiles ran in kreg-probe, started with posix_spawn.
@@ -435,7 +420,7 @@ TEST(JitPlugin, ValidateCompilesEveryJitSource) {
   }
   EXPECT_TRUE(passed) << "jit-sources passes for a source that compiles";
   fs::remove(good);
-  auto bad = kreg::validate_registry(write_manifest(tmp.path(), "libkreg_jitgrp_broken.so"), opts);
+  auto bad = kreg::validate_registry(write_manifest(tmp.root(), "libkreg_jitgrp_broken.so"), opts);
   EXPECT_FALSE(bad.ok());
   bool found = false;
   for (const auto& f : bad.findings) {
@@ -471,9 +456,9 @@ Outcome cli(const std::string& args, const fs::path& cache, const std::string& e
 }
 
 TEST(JitCli, BuildListInfoClear) {
-  TempDir tmp;
-  const fs::path cache = tmp.path() / "cache";
-  const std::string m = "--manifest " + write_manifest(tmp.path(), "libkreg_jitgrp.so").string();
+  kreg::test::Scratch tmp;
+  const fs::path cache = tmp.root() / "cache";
+  const std::string m = "--manifest " + write_manifest(tmp.root(), "libkreg_jitgrp.so").string();
   // Usage errors first: they need no NVRTC.
   Outcome no_shape = cli(m + " jit build --op jitgrp.scale --arch sm_90a", cache);
   EXPECT_EQ(no_shape.exit_code, 2) << no_shape.output;
@@ -526,10 +511,10 @@ std::vector<std::string> lines_of(const fs::path& p) {
 }
 
 TEST(JitSources, TheCompilesRunInKregProbeAndTheirErrorsFailTheRule) {
-  TempDir tmp;
-  const fs::path mark = tmp.path() / "compiled-by";
-  const std::string m = "--manifest " + write_manifest(tmp.path(), "libkreg_jitgrp.so").string();
-  const Outcome r = cli(m + " validate", tmp.path() / "cache", fake_nvrtc_env("fail", mark));
+  kreg::test::Scratch tmp;
+  const fs::path mark = tmp.root() / "compiled-by";
+  const std::string m = "--manifest " + write_manifest(tmp.root(), "libkreg_jitgrp.so").string();
+  const Outcome r = cli(m + " validate", tmp.root() / "cache", fake_nvrtc_env("fail", mark));
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("ok   library-loads      jitgrp"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("error [jit-sources] jitgrp"), std::string::npos) << r.output;
@@ -546,10 +531,10 @@ TEST(JitSources, TheCompilesRunInKregProbeAndTheirErrorsFailTheRule) {
 }
 
 TEST(JitSources, ACompilerThatCrashesFailsTheRuleNotTheValidator) {
-  TempDir tmp;
-  const fs::path mark = tmp.path() / "compiled-by";
-  const std::string m = "--manifest " + write_manifest(tmp.path(), "libkreg_jitgrp.so").string();
-  const Outcome r = cli(m + " validate", tmp.path() / "cache", fake_nvrtc_env("segv", mark));
+  kreg::test::Scratch tmp;
+  const fs::path mark = tmp.root() / "compiled-by";
+  const std::string m = "--manifest " + write_manifest(tmp.root(), "libkreg_jitgrp.so").string();
+  const Outcome r = cli(m + " validate", tmp.root() / "cache", fake_nvrtc_env("segv", mark));
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("error [jit-sources] jitgrp"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("plugin 'jitgrp' ("), std::string::npos) << r.output;
@@ -584,10 +569,10 @@ class ScopedEnv {
 // probe_plugin's compile mode directly (validate's limit is 30 s at least): the child gets
 // the stand-in through its environment; nothing here loads NVRTC in this process.
 TEST(JitSources, ACompilerThatHangsIsKilledAtTheTimeout) {
-  TempDir tmp;
+  kreg::test::Scratch tmp;
   ScopedEnv nvrtc("KREG_NVRTC", KREG_FAKE_NVRTC);
   ScopedEnv how("KREG_FAKE_NVRTC_COMPILE", "hang");
-  ScopedEnv cache("KREG_JIT_CACHE", (tmp.path() / "cache").string());
+  ScopedEnv cache("KREG_JIT_CACHE", (tmp.root() / "cache").string());
   kreg::ProbeOptions o;
   o.timeout_s = 1;
   o.run_init = false;
@@ -607,10 +592,10 @@ TEST(JitSources, ACompilerThatHangsIsKilledAtTheTimeout) {
 // The compile mode reports what it compiled: one jit implementation, f32 only, built for
 // Hopper (jitgrp has no CUDA architectures); with the stand-in, one failure.
 TEST(JitSources, TheProbeReportsTheCompiles) {
-  TempDir tmp;
+  kreg::test::Scratch tmp;
   ScopedEnv nvrtc("KREG_NVRTC", KREG_FAKE_NVRTC);
   ScopedEnv how("KREG_FAKE_NVRTC_COMPILE", "fail");
-  ScopedEnv cache("KREG_JIT_CACHE", (tmp.path() / "cache").string());
+  ScopedEnv cache("KREG_JIT_CACHE", (tmp.root() / "cache").string());
   kreg::ProbeOptions o;
   o.run_init = false;
   o.compile_jit = true;

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include "test_support.hpp"
 #include "time_budget.hpp"
 
 #include <sys/stat.h>
@@ -461,25 +462,6 @@ TEST(Manifest, NeverThrows) {
 
 // ---- Hardening: files that are not manifests, and texts built to hurt the parser ----
 
-// A fresh directory under the system temp folder, removed afterwards.
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "kreg-manifest-XXXXXX").string();
-    path_ = mkdtemp(pattern.data()) != nullptr ? fs::path(pattern) : fs::path();
-  }
-  ~TempDir() {
-    std::error_code ec;
-    if (!path_.empty()) fs::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
-
 using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) {
@@ -516,9 +498,9 @@ TEST(ManifestFiles, DevZeroIsRefusedWithoutReading) {
 }
 
 TEST(ManifestFiles, FifoIsRefusedWithoutBlocking) {
-  TempDir dir;
-  ASSERT_FALSE(dir.path().empty());
-  const fs::path fifo = dir.path() / "registry.yaml";
+  test::Scratch dir;
+  ASSERT_FALSE(dir.root().empty());
+  const fs::path fifo = dir.root() / "registry.yaml";
   ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
   const auto t0 = Clock::now();
   std::vector<ManifestDiagnostic> diagnostics;
@@ -543,8 +525,8 @@ TEST(ManifestFiles, DirectoryIsNamedAsSuch) {
 }
 
 TEST(ManifestFiles, OversizedFileIsRefusedBeforeReading) {
-  TempDir dir;
-  const fs::path big = dir.path() / "big.yaml";
+  test::Scratch dir;
+  const fs::path big = dir.root() / "big.yaml";
   { std::ofstream(big) << "kreg_manifest: 1\ngroups: []\n"; }
   // Sparse: a gigabyte costs nothing on disk and would cost a gigabyte to read.
   fs::resize_file(big, uint64_t{1} << 30);
@@ -570,8 +552,8 @@ TEST(ManifestFiles, OversizedFileIsRefusedBeforeReading) {
 
 TEST(ManifestFiles, LargeButSaneFileIsRead) {
   // 340 KB of comments around a valid manifest: under the cap, parsed as usual.
-  TempDir dir;
-  const fs::path file = dir.path() / "registry.yaml";
+  test::Scratch dir;
+  const fs::path file = dir.root() / "registry.yaml";
   {
     std::ofstream out(file);
     out << "kreg_manifest: 1\ngroups: []\n";
