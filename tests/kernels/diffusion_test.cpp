@@ -421,13 +421,13 @@ TEST_F(GpuDiffusionKernels, LaunchShapesOnBothSidesOfTheSizeSwitches) {
   // S not a multiple of 32, per-token shift, and the affine forms (weight, bias, both).
   for (auto [b, s, h, shift_tok, affine] :
        std::vector<std::tuple<int64_t, int64_t, int64_t, bool, int>>{{2, 6336, 3072, false, 0},
-                                                                      {2, 6336, 3072, false, 1},
-                                                                      {2, 6336, 3072, false, 2},
-                                                                      {3, 4224, 2056, false, 3},
-                                                                      {2, 6336, 1536, false, 3},
-                                                                      {1, 12640, 3072, false, 0},
-                                                                      {1, 12680, 3072, false, 0},
-                                                                      {2, 6336, 3072, true, 0}}) {
+                                                                     {2, 6336, 3072, false, 1},
+                                                                     {2, 6336, 3072, false, 2},
+                                                                     {3, 4224, 2056, false, 3},
+                                                                     {2, 6336, 1536, false, 3},
+                                                                     {1, 12640, 3072, false, 0},
+                                                                     {1, 12680, 3072, false, 0},
+                                                                     {2, 6336, 3072, true, 0}}) {
     cs.push_back(norm_scale_shift_case(b, s, h, false, shift_tok, affine));
   }
   for (auto [n, dim] : std::vector<std::pair<int64_t, int64_t>>{

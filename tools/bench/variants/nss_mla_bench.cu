@@ -55,14 +55,14 @@
 #include <type_traits>
 #include <vector>
 
-#define CK(...)                                                                             \
-  do {                                                                                      \
-    const cudaError_t e_ = (__VA_ARGS__);                                                   \
-    if (e_ != cudaSuccess) {                                                                \
-      fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #__VA_ARGS__,           \
-              cudaGetErrorString(e_));                                                      \
-      exit(1);                                                                              \
-    }                                                                                       \
+#define CK(...)                                                                   \
+  do {                                                                            \
+    const cudaError_t e_ = (__VA_ARGS__);                                         \
+    if (e_ != cudaSuccess) {                                                      \
+      fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #__VA_ARGS__, \
+              cudaGetErrorString(e_));                                            \
+      exit(1);                                                                    \
+    }                                                                             \
   } while (0)
 
 using bf16 = __nv_bfloat16;
@@ -81,7 +81,9 @@ __device__ __forceinline__ uint4 ld_na(const void* p) {
       : "l"(p));
   return v;
 }
-__device__ __forceinline__ uint4 ld_nc(const void* p) { return __ldg(static_cast<const uint4*>(p)); }
+__device__ __forceinline__ uint4 ld_nc(const void* p) {
+  return __ldg(static_cast<const uint4*>(p));
+}
 __device__ __forceinline__ void st_cs(void* p, uint4 v) { __stcs(static_cast<uint4*>(p), v); }
 __device__ __forceinline__ void prefetch_l2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
@@ -117,8 +119,8 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
 __device__ __forceinline__ void bulk_g2s(uint32_t dst, const void* src, uint32_t bytes,
                                          uint32_t bar) {
   asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-          dst),
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
+          "r"(dst),
       "l"(src), "r"(bytes), "r"(bar)
       : "memory");
 }
@@ -523,8 +525,8 @@ cudaError_t launch(const NormArgs& a, cudaStream_t stream) {
   if (threads_per_row <= kWarpSize) {
     block.x = bit_ceil_u(static_cast<unsigned>(threads_per_row));
   } else {
-    block.x = static_cast<unsigned>(
-        std::min(kMaxThreadsPerRow, round_up(threads_per_row, kWarpSize)));
+    block.x =
+        static_cast<unsigned>(std::min(kMaxThreadsPerRow, round_up(threads_per_row, kWarpSize)));
   }
   unsigned rows_per_block = 1;
   if (block.x <= kWarpSize) {
@@ -611,12 +613,12 @@ bool launch_set_mla(void* buf, const void* loc, const void* nope, const void* ro
   if (threads < kBlockThreads * kSmsL) {
     block = std::clamp<int64_t>(((threads + kSmsL - 1) / kSmsL + 31) / 32 * 32, 32, kBlockThreads);
   }
-  set_mla_flat_kernel<Idx, W><<<static_cast<unsigned>((threads + block - 1) / block),
-                                static_cast<unsigned>(block), 0, stream>>>(
-      static_cast<W*>(buf), static_cast<const Idx*>(loc), static_cast<const W*>(nope),
-      static_cast<const W*>(rope), static_cast<uint32_t>(threads), rows,
-      static_cast<uint32_t>(nope_words), static_cast<uint32_t>(rope_words),
-      FastDivisor(static_cast<uint32_t>(row_words)));
+  set_mla_flat_kernel<Idx, W>
+      <<<static_cast<unsigned>((threads + block - 1) / block), static_cast<unsigned>(block), 0,
+         stream>>>(static_cast<W*>(buf), static_cast<const Idx*>(loc), static_cast<const W*>(nope),
+                   static_cast<const W*>(rope), static_cast<uint32_t>(threads), rows,
+                   static_cast<uint32_t>(nope_words), static_cast<uint32_t>(rope_words),
+                   FastDivisor(static_cast<uint32_t>(row_words)));
   return true;
 }
 
@@ -678,7 +680,8 @@ __device__ __forceinline__ void load_row(uint4 (&d)[kItems], const bf16* __restr
   }
 }
 // The 128-byte lines of a row of `hidden` bf16 into L2 (lanes take lines lane, lane + 32, ...).
-__device__ __forceinline__ void prefetch_row_l2(const bf16* base, int64_t row, int hidden, int lane) {
+__device__ __forceinline__ void prefetch_row_l2(const bf16* base, int64_t row, int hidden,
+                                                int lane) {
   const int lines = hidden * 2 / 128;
   for (int l = lane; l < lines; l += 32) ptx::prefetch_l2(base + row * hidden + l * 64);
 }
@@ -695,7 +698,8 @@ __device__ __forceinline__ void row_stats(const uint4 (&v)[kItems], int lane, in
     for (int k = 0; k < kItems; ++k) {
       if (lane + 32 * k < vecs) {
         const uint4 q = v[k];
-        s += ((lo(q.x) + hi(q.x)) + (lo(q.y) + hi(q.y))) + ((lo(q.z) + hi(q.z)) + (lo(q.w) + hi(q.w)));
+        s += ((lo(q.x) + hi(q.x)) + (lo(q.y) + hi(q.y))) +
+             ((lo(q.z) + hi(q.z)) + (lo(q.w) + hi(q.w)));
       }
     }
     mean = warp_sum(s) / hf;
@@ -708,7 +712,8 @@ __device__ __forceinline__ void row_stats(const uint4 (&v)[kItems], int lane, in
         const float d2 = lo_again(q.y) - mean, d3 = hi_again(q.y) - mean;
         const float d4 = lo_again(q.z) - mean, d5 = hi_again(q.z) - mean;
         const float d6 = lo_again(q.w) - mean, d7 = hi_again(q.w) - mean;
-        sq += ((d0 * d0 + d1 * d1) + (d2 * d2 + d3 * d3)) + ((d4 * d4 + d5 * d5) + (d6 * d6 + d7 * d7));
+        sq += ((d0 * d0 + d1 * d1) + (d2 * d2 + d3 * d3)) +
+              ((d4 * d4 + d5 * d5) + (d6 * d6 + d7 * d7));
       }
     }
     rstd = rsqrtf(warp_sum(sq) / hf + eps);
@@ -905,8 +910,8 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
   auto issue = [&](int i) {  // lane 0 only
     const uint32_t bar = bar_of(i);
     ptx::mbar_arrive_expect_tx(bar, row_bytes);
-    ptx::bulk_g2s(ptx::smem_u32(buf_of(i)), x + static_cast<int64_t>(row_of(i)) * hidden,
-                  row_bytes, bar);
+    ptx::bulk_g2s(ptx::smem_u32(buf_of(i)), x + static_cast<int64_t>(row_of(i)) * hidden, row_bytes,
+                  bar);
   };
   if (lane == 0) {
     for (int i = 0; i < kStages && i < kRowsPerWarp; ++i) {
@@ -980,8 +985,9 @@ bool launch_rows(const Call& c, Shape* shape) {
   constexpr int kRowsPerBlock = kWarps * kRowsPerWarp;
   const int mode = mode_of(c, kRowsPerBlock);
   if (mode < 0) return false;
-  auto* fn = mode == 0 ? nss_rows_kernel<kWarps, kRowsPerWarp, kMinBlocks, kPre, kOnePass, false, false>
-                       : nss_rows_kernel<kWarps, kRowsPerWarp, kMinBlocks, kPre, kOnePass, true, true>;
+  auto* fn = mode == 0
+                 ? nss_rows_kernel<kWarps, kRowsPerWarp, kMinBlocks, kPre, kOnePass, false, false>
+                 : nss_rows_kernel<kWarps, kRowsPerWarp, kMinBlocks, kPre, kOnePass, true, true>;
   const int rows = c.B * c.S;
   const size_t smem = 4 * static_cast<size_t>(c.H / 8) * 16;
   const unsigned grid = static_cast<unsigned>(rows / kRowsPerBlock);
@@ -1027,8 +1033,8 @@ bool launch_tma(const Call& c, Shape* shape) {
 // launcher's choice, replayed without launching).
 template <bool kNoAlloc>
 bool launch_orig(const Call& c, Shape* shape) {
-  const orig::NormArgs a{c.x,   c.scale, c.shift, c.weight, c.bias,   c.out,   int64_t{c.B} * c.S,
-                         c.S,   c.H,     c.eps,   c.sc_tok, c.sh_tok};
+  const orig::NormArgs a{c.x, c.scale, c.shift, c.weight, c.bias,  c.out, int64_t{c.B} * c.S,
+                         c.S, c.H,     c.eps,   c.sc_tok, c.sh_tok};
   if (c.H % 8 != 0) return false;
   if (shape) {
     orig::g_describe_only = true;
@@ -1050,7 +1056,7 @@ bool launch_orig(const Call& c, Shape* shape) {
 namespace mla {
 
 constexpr int kNopeW = 64, kRopeW = 8, kRowW = 72;  // 16-byte words
-constexpr int kRowBytes = kRowW * 16;                // 1152
+constexpr int kRowBytes = kRowW * 16;               // 1152
 
 template <bool kCs>
 __device__ __forceinline__ void st(uint4* p, uint4 v) {
@@ -1071,7 +1077,8 @@ __global__ void __launch_bounds__(256)
                      int64_t rows) {
   constexpr int kPer = (kRowW + kLanes - 1) / kLanes;
   const int lane = static_cast<int>(threadIdx.x) & (kLanes - 1);
-  const int t = static_cast<int>(blockIdx.x) * (256 / kLanes) + static_cast<int>(threadIdx.x) / kLanes;
+  const int t =
+      static_cast<int>(blockIdx.x) * (256 / kLanes) + static_cast<int>(threadIdx.x) / kLanes;
   if (t >= n) return;
   const int64_t dst = __ldg(loc + t);
   uint4 w[kPer];
@@ -1259,8 +1266,8 @@ bool launch_persist(const Call& c, Shape* shape) {
     CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, mla_persist_kernel, 256, 0));
     if (per_sm < 1) per_sm = 1;
   }
-  const unsigned grid = static_cast<unsigned>(
-      std::min<int64_t>((int64_t{c.n} + 7) / 8, int64_t{g_sms} * per_sm));
+  const unsigned grid =
+      static_cast<unsigned>(std::min<int64_t>((int64_t{c.n} + 7) / 8, int64_t{g_sms} * per_sm));
   if (shape) {
     *shape = {reinterpret_cast<const void*>(mla_persist_kernel), 256, 0, grid};
     return true;
@@ -1292,8 +1299,8 @@ bool launch_tma(const Call& c, Shape* shape) {
 // Host side: copy baseline, timing, data, references
 // ---------------------------------------------------------------------------------------
 
-__global__ void __launch_bounds__(256) copy16_kernel(const uint4* __restrict__ src,
-                                                     uint4* __restrict__ dst, int64_t words) {
+__global__ void __launch_bounds__(256)
+    copy16_kernel(const uint4* __restrict__ src, uint4* __restrict__ dst, int64_t words) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * 256 + threadIdx.x;
   if (i < words) dst[i] = src[i];
 }
@@ -1337,7 +1344,8 @@ std::string kernel_info(const void* fn, int threads, size_t smem, unsigned grid)
   int per_sm = 0;
   CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, threads, smem));
   char s[200];
-  snprintf(s, sizeof s, "regs %d, spill %zu B, %d thr x %u blocks, smem %zu B, %d blocks/SM (%d warps)",
+  snprintf(s, sizeof s,
+           "regs %d, spill %zu B, %d thr x %u blocks, smem %zu B, %d blocks/SM (%d warps)",
            a.numRegs, static_cast<size_t>(a.localSizeBytes), threads, grid, smem, per_sm,
            per_sm * threads / 32);
   return s;
@@ -1555,8 +1563,10 @@ void run_nss() {
     const int64_t copy_words = static_cast<int64_t>(bytes / 2) / 16;
     const float copy_us = median_us([&](int) { copy16(csrc, cdst, copy_words); }, 1);
     const double copy_gbps = 2.0 * copy_words * 16 / copy_us * 1e-3;
-    printf("-- case %s: %.1f MB per call (1 buffer set: inputs > 200 MB); copy of %.1f MB: %.2f us, %.0f GB/s\n",
-           cs.name, bytes / 1e6, 2.0 * copy_words * 16 / 1e6, copy_us, copy_gbps);
+    printf(
+        "-- case %s: %.1f MB per call (1 buffer set: inputs > 200 MB); copy of %.1f MB: %.2f us, "
+        "%.0f GB/s\n",
+        cs.name, bytes / 1e6, 2.0 * copy_words * 16 / 1e6, copy_us, copy_gbps);
     for (const Variant& v : variants) {
       nss::Shape shape;
       CK(cudaMemset(dout, 0xff, xbytes));  // NaN: a row the kernel skips cannot pass
@@ -1671,11 +1681,12 @@ void run_mla() {
   CK(cudaMalloc(&dloc_bad, n * 8));
   CK(cudaMemcpy(dloc_bad, loc_bad.data(), n * 8, cudaMemcpyHostToDevice));
 
-  const float copy_us =
-      median_us([&](int s) { copy16(sv[s].csrc, sv[s].cdst, copy_words); }, sets);
+  const float copy_us = median_us([&](int s) { copy16(sv[s].csrc, sv[s].cdst, copy_words); }, sets);
   const double copy_gbps = 2.0 * copy_words * 16 / copy_us * 1e-3;
-  printf("-- %.2f MB per call, %d buffer sets (%.0f MB touched per rotation); copy of %.1f MB: %.2f us, %.0f GB/s\n",
-         bytes / 1e6, sets, sets * bytes / 1e6, 2.0 * copy_words * 16 / 1e6, copy_us, copy_gbps);
+  printf(
+      "-- %.2f MB per call, %d buffer sets (%.0f MB touched per rotation); copy of %.1f MB: %.2f "
+      "us, %.0f GB/s\n",
+      bytes / 1e6, sets, sets * bytes / 1e6, 2.0 * copy_words * 16 / 1e6, copy_us, copy_gbps);
 
   struct Variant {
     const char* id;
@@ -1712,8 +1723,10 @@ void run_mla() {
       const Diff d = compare_exact(got.data(), want.data(), got.size());
       char s[96];
       snprintf(s, sizeof s, " %s max|diff| %g (%lld differ)%s",
-               k == 0 ? "rand" : k == 1 ? "pad/oob" : "sorted", d.max_abs,
-               static_cast<long long>(d.bad), d.bad ? " MISMATCH" : "");
+               k == 0   ? "rand"
+               : k == 1 ? "pad/oob"
+                        : "sorted",
+               d.max_abs, static_cast<long long>(d.bad), d.bad ? " MISMATCH" : "");
       check += s;
       if (d.bad) {
         printf("    %s: first mismatch at buffer row %lld elem %lld\n", v.id,
@@ -1728,8 +1741,8 @@ void run_mla() {
     for (int k = 0; k < 2; ++k) {
       const float us = median_us(
           [&](int s) {
-            const mla::Call call{sv[s].kv, k == 0 ? sv[s].loc_rand : sv[s].loc_sorted, sv[s].nope,
-                                 sv[s].rope, n, P};
+            const mla::Call call{
+                sv[s].kv, k == 0 ? sv[s].loc_rand : sv[s].loc_sorted, sv[s].nope, sv[s].rope, n, P};
             v.launch(call, nullptr);
           },
           sets);
@@ -1770,15 +1783,17 @@ int main() {
     CK(cudaMalloc(&b, words * 16));
     CK(cudaMemset(a, 0x5a, words * 16));
     const float us = median_us([&](int) { copy16(a, b, words); }, 1);
-    const float us_memcpy = median_us(
-        [&](int) { CK(cudaMemcpyAsync(b, a, words * 16, cudaMemcpyDeviceToDevice)); }, 1);
+    const float us_memcpy =
+        median_us([&](int) { CK(cudaMemcpyAsync(b, a, words * 16, cudaMemcpyDeviceToDevice)); }, 1);
     g_big_copy_gbps = 2.0 * words * 16 / us * 1e-3;
     printf("1 GiB copy: copy16 %.1f us %.0f GB/s; cudaMemcpyAsync %.1f us %.0f GB/s\n", us,
            g_big_copy_gbps, us_memcpy, 2.0 * words * 16 / us_memcpy * 1e-3);
     CK(cudaFree(a));
     CK(cudaFree(b));
   }
-  printf("columns: variant, what, case, median us, GB/s, %% of a copy of the same bytes, %% of the 1 GiB copy, check\n");
+  printf(
+      "columns: variant, what, case, median us, GB/s, %% of a copy of the same bytes, %% of the 1 "
+      "GiB copy, check\n");
   run_nss();
   run_mla();
   CK(cudaDeviceSynchronize());

@@ -120,7 +120,8 @@ int main() {
   for (auto& b : buf) {
     CK(cudaMalloc(&b, size_t(T) * vpr * 16));
     std::vector<__nv_bfloat16> h(size_t(T) * H);
-    for (size_t i = 0; i < h.size(); ++i) h[i] = __float2bfloat16(0.5f + (i * 2654435761u % 1000) / 1000.f);
+    for (size_t i = 0; i < h.size(); ++i)
+      h[i] = __float2bfloat16(0.5f + (i * 2654435761u % 1000) / 1000.f);
     CK(cudaMemcpy(b, h.data(), h.size() * 2, cudaMemcpyHostToDevice));
   }
   uint4* w;

@@ -9,13 +9,13 @@
 #include <cstdio>
 #include <vector>
 
-#define CK(x)                                                              \
-  do {                                                                     \
-    cudaError_t e = (x);                                                   \
-    if (e != cudaSuccess) {                                                \
-      printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e));     \
-      exit(1);                                                             \
-    }                                                                      \
+#define CK(x)                                                          \
+  do {                                                                 \
+    cudaError_t e = (x);                                               \
+    if (e != cudaSuccess) {                                            \
+      printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e)); \
+      exit(1);                                                         \
+    }                                                                  \
   } while (0)
 
 enum Hint { kCs = 0, kPlain = 1, kNcPlain = 2, kCsLoadPlainStore = 3, kL2EvictFirst = 4 };
@@ -48,9 +48,9 @@ __device__ __forceinline__ int64_t rd(const void* p) { return *static_cast<const
 
 // copy_rows-like: every thread reads offset/count scalars (device), then kWords words.
 template <int H, int kWords, bool kScalars>
-__global__ void __launch_bounds__(256) copy_k(const uint4* __restrict__ src, uint4* __restrict__ dst,
-                                              const void* off, const void* cnt, int64_t rows,
-                                              int64_t row_words, int64_t host_off) {
+__global__ void __launch_bounds__(256)
+    copy_k(const uint4* __restrict__ src, uint4* __restrict__ dst, const void* off, const void* cnt,
+           int64_t rows, int64_t row_words, int64_t host_off) {
   int64_t o = host_off, n = rows;
   if constexpr (kScalars) {
     o = rd(off);
@@ -74,8 +74,9 @@ __global__ void __launch_bounds__(256) copy_k(const uint4* __restrict__ src, uin
 
 // Grid-stride persistent copy, kWords in flight.
 template <int H, int kWords>
-__global__ void __launch_bounds__(256) copy_gs(const uint4* __restrict__ src, uint4* __restrict__ dst,
-                                               const void* off, const void* cnt, int64_t row_words) {
+__global__ void __launch_bounds__(256)
+    copy_gs(const uint4* __restrict__ src, uint4* __restrict__ dst, const void* off,
+            const void* cnt, int64_t row_words) {
   const int64_t o = rd(off), n = rd(cnt);
   const int64_t total = n * row_words;
   uint4* d = dst + o * row_words;
@@ -104,7 +105,8 @@ __device__ __forceinline__ uint4 gate_math(uint4 r, uint4 x, uint4 g) {
   __nv_bfloat162* yy = reinterpret_cast<__nv_bfloat162*>(&y);
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
-    float2 a = __bfloat1622float2(rr[j]), b = __bfloat1622float2(xx[j]), c = __bfloat1622float2(gg[j]);
+    float2 a = __bfloat1622float2(rr[j]), b = __bfloat1622float2(xx[j]),
+           c = __bfloat1622float2(gg[j]);
     yy[j] = __floats2bfloat162_rn(a.x + c.x * b.x, a.y + c.y * b.y);
   }
   return y;
@@ -112,9 +114,9 @@ __device__ __forceinline__ uint4 gate_math(uint4 r, uint4 x, uint4 g) {
 
 // residual_gate_add [B,S,H] with gate [B,H]; one vector (8 bf16) a thread x kWords.
 template <int H, int kWords>
-__global__ void __launch_bounds__(256) gate_k(const uint4* residual, const uint4* x, const uint4* __restrict__ gate,
-                                              uint4* out, uint32_t vecs_per_row, uint32_t tokens,
-                                              uint32_t total) {
+__global__ void __launch_bounds__(256)
+    gate_k(const uint4* residual, const uint4* x, const uint4* __restrict__ gate, uint4* out,
+           uint32_t vecs_per_row, uint32_t tokens, uint32_t total) {
   const uint32_t base = blockIdx.x * 256 * kWords + threadIdx.x;
   uint4 r[kWords], xv[kWords], g[kWords];
 #pragma unroll
@@ -137,8 +139,9 @@ __global__ void __launch_bounds__(256) gate_k(const uint4* residual, const uint4
 
 // concat_mla_k: out[t,h] = nope[t,h] (16 vecs) ++ rope[t] (8 vecs); kVec=8 bf16.
 template <int H>
-__global__ void __launch_bounds__(192) concat_k(const uint4* __restrict__ nope, const uint4* __restrict__ rope,
-                                                uint4* __restrict__ out, int heads) {
+__global__ void __launch_bounds__(192)
+    concat_k(const uint4* __restrict__ nope, const uint4* __restrict__ rope,
+             uint4* __restrict__ out, int heads) {
   const int c = threadIdx.x;
   const int h = blockIdx.y * blockDim.y + threadIdx.y;
   if (h >= heads) return;
@@ -148,8 +151,9 @@ __global__ void __launch_bounds__(192) concat_k(const uint4* __restrict__ nope, 
 }
 // concat, flat: one thread per output vector over the whole [T*H*24] range, 256 threads.
 template <int H, int kWords>
-__global__ void __launch_bounds__(256) concat_flat(const uint4* __restrict__ nope, const uint4* __restrict__ rope,
-                                                   uint4* __restrict__ out, int heads, uint32_t total) {
+__global__ void __launch_bounds__(256)
+    concat_flat(const uint4* __restrict__ nope, const uint4* __restrict__ rope,
+                uint4* __restrict__ out, int heads, uint32_t total) {
   const uint32_t base = blockIdx.x * 256 * kWords + threadIdx.x;
   uint4 v[kWords];
 #pragma unroll
@@ -170,9 +174,14 @@ __global__ void __launch_bounds__(256) concat_flat(const uint4* __restrict__ nop
 
 // Random finite bf16 pairs (|x| in [2^-8, 2^8)), like torch.randn's bit patterns.
 __global__ void fill_random(uint32_t* p, size_t n, uint32_t seed) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
     uint32_t h = uint32_t(i) * 2654435761u ^ seed;
-    h ^= h >> 15; h *= 2246822519u; h ^= h >> 13; h *= 3266489917u; h ^= h >> 16;
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    h *= 3266489917u;
+    h ^= h >> 16;
     const uint32_t lo = (h & 0x807f) | ((0x77 + ((h >> 7) & 15)) << 7);
     const uint32_t hi = ((h >> 16) & 0x807f) | ((0x77 + ((h >> 23) & 15)) << 7);
     p[i] = lo | (hi << 16);
@@ -181,7 +190,8 @@ __global__ void fill_random(uint32_t* p, size_t n, uint32_t seed) {
 static bool g_random = false;
 static void init(void* p, size_t bytes, int byte) {
   if (g_random) {
-    fill_random<<<1024, 256>>>(static_cast<uint32_t*>(p), bytes / 4, uint32_t(bytes) ^ uint32_t(byte));
+    fill_random<<<1024, 256>>>(static_cast<uint32_t*>(p), bytes / 4,
+                               uint32_t(bytes) ^ uint32_t(byte));
     CK(cudaDeviceSynchronize());
   } else {
     CK(cudaMemset(p, byte, bytes));
@@ -227,12 +237,11 @@ int main(int argc, char** argv) {
     printf("%-48s %8.2f us %7.1f GB/s\n", name, us, bytes / us / 1e3);
   };
   const int64_t words = rows * row_words;
-#define COPY(HINT, W, SC)                                                                    \
-  rep("copy " #HINT " words=" #W " scalars=" #SC,                                            \
-      time_us([&] {                                                                          \
-        copy_k<HINT, W, SC><<<(words + 256 * W - 1) / (256 * W), 256>>>(src, dst, sc, sc + 1, \
-                                                                         rows, row_words, 8192); \
-      }),                                                                                    \
+#define COPY(HINT, W, SC)                                                                       \
+  rep("copy " #HINT " words=" #W " scalars=" #SC, time_us([&] {                                 \
+        copy_k<HINT, W, SC><<<(words + 256 * W - 1) / (256 * W), 256>>>(src, dst, sc, sc + 1,   \
+                                                                        rows, row_words, 8192); \
+      }),                                                                                       \
       copy_bytes)
   for (int pass = 0; pass < (g_random ? 1 : 2); ++pass) {
     COPY(kCs, 1, true);
@@ -251,7 +260,8 @@ int main(int argc, char** argv) {
     for (int blocks : {528, 1056, 2112}) {
       char nm[96];
       snprintf(nm, sizeof nm, "copy grid-stride plain words=4 blocks=%d", blocks);
-      rep(nm, time_us([&] { copy_gs<kPlain, 4><<<blocks, 256>>>(src, dst, sc, sc + 1, row_words); }),
+      rep(nm,
+          time_us([&] { copy_gs<kPlain, 4><<<blocks, 256>>>(src, dst, sc, sc + 1, row_words); }),
           copy_bytes);
       snprintf(nm, sizeof nm, "copy grid-stride cs words=4 blocks=%d", blocks);
       rep(nm, time_us([&] { copy_gs<kCs, 4><<<blocks, 256>>>(src, dst, sc, sc + 1, row_words); }),
@@ -278,10 +288,10 @@ int main(int argc, char** argv) {
     init(x, size_t(total) * 16, 0x3e);
     init(g, size_t(B) * vpr * 16, 0x3d);
     const double bytes = 3.0 * total * 16 + B * vpr * 16;
-#define GATE(HINT, W)                                                                             \
-  rep("gate " #HINT " words=" #W, time_us([&] {                                                   \
+#define GATE(HINT, W)                                                                           \
+  rep("gate " #HINT " words=" #W, time_us([&] {                                                 \
         gate_k<HINT, W><<<(total + 256 * W - 1) / (256 * W), 256>>>(r, x, g, o, vpr, S, total); \
-      }),                                                                                         \
+      }),                                                                                       \
       bytes)
     for (int pass = 0; pass < (g_random ? 1 : 2); ++pass) {
       GATE(kCs, 1);
@@ -311,13 +321,15 @@ int main(int argc, char** argv) {
     init(rope, size_t(T) * 8 * 16, 2);
     const double bytes = 2.0 * (double(T) * Hh * 128 + T * 64 + double(T) * Hh * 192);
     const uint32_t total = uint32_t(T) * Hh * 24;
-#define CONCAT(HINT)                                                                               \
-  rep("concat rowblock " #HINT,                                                                    \
-      time_us([&] { concat_k<HINT><<<dim3(T, Hh / 8), dim3(24, 8)>>>(nope, rope, out, Hh); }), bytes)
-#define CONCATF(HINT, W)                                                                             \
-  rep("concat flat " #HINT " words=" #W, time_us([&] {                                               \
-        concat_flat<HINT, W><<<(total + 256 * W - 1) / (256 * W), 256>>>(nope, rope, out, Hh, total); \
-      }),                                                                                            \
+#define CONCAT(HINT)                                                                           \
+  rep("concat rowblock " #HINT,                                                                \
+      time_us([&] { concat_k<HINT><<<dim3(T, Hh / 8), dim3(24, 8)>>>(nope, rope, out, Hh); }), \
+      bytes)
+#define CONCATF(HINT, W)                                                              \
+  rep("concat flat " #HINT " words=" #W, time_us([&] {                                \
+        concat_flat<HINT, W>                                                          \
+            <<<(total + 256 * W - 1) / (256 * W), 256>>>(nope, rope, out, Hh, total); \
+      }),                                                                             \
       bytes)
     for (int pass = 0; pass < (g_random ? 1 : 2); ++pass) {
       CONCAT(kCs);
