@@ -7,6 +7,7 @@
 // the documented fallback: a fork of a single-threaded process only.
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
 #include <pthread.h>
 #include <spawn.h>
 #include <sys/stat.h>
@@ -26,6 +27,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "kreg/plugin_probe.hpp"
@@ -283,6 +285,46 @@ TEST(ProbeProcess, PathsAndNamesCrossIntoTheChildAsTheyAre) {
   EXPECT_TRUE(contains(nul.message, "its group holds a NUL byte")) << nul.message;
 }
 
+// Files that are no plugin, through the child: each ends refused (never a hang on the FIFO
+// or a read of /dev/zero, never a crash), within a bound, naming the file; what the file
+// holds (NUL bytes, escape codes) reaches the message escaped or not at all.
+TEST(ProbeProcess, FilesThatAreNoPluginAreRefusedInTheChild) {
+  Scratch s;
+  const fs::path fifo = s.root() / "fifo.so";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  const fs::path empty = s.write("empty.so", "", 0755);
+  const fs::path nuls = s.write("nuls.so", std::string(4096, '\0'), 0755);
+  const fs::path escapes = s.write("escapes.so",
+                                   "\x7f"
+                                   "ELF\x1b[2J\x1b]0;owned\x07" +
+                                       std::string(200, 'A'),
+                                   0755);
+  const fs::path huge = s.write("huge.so", "", 0755);
+  fs::resize_file(huge, uintmax_t{1} << 40);  // 1 TiB, sparse: nothing is written
+  const fs::path named_oddly = s.plugin("testgrp", "\x1b[31mred\x1b[0m.so");
+  for (const fs::path& f : {fs::path("/dev/zero"), fifo, empty, nuls, escapes, huge}) {
+    SCOPED_TRACE(f.string());
+    const auto start = std::chrono::steady_clock::now();
+    const ProbeResult r = probe_plugin(f, {"testgrp", std::nullopt});
+    const double took =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_LT(took, test::budget(5.0));
+    EXPECT_EQ(r.end, ProbeEnd::kRefused) << r.message;
+    // The file checks (kind, size) or the ELF reader's, before any dlopen.
+    EXPECT_TRUE(r.stage == PluginLibrary::Stage::kFile || r.stage == PluginLibrary::Stage::kLoad)
+        << r.message;
+    EXPECT_TRUE(contains(r.message, "is not a regular file") ||
+                contains(r.message, "is not an ELF shared object") ||
+                contains(r.message, "the limit for a plugin library is"))
+        << r.message;
+    EXPECT_TRUE(contains(r.message, f.filename().string())) << r.message;
+    EXPECT_FALSE(contains(r.message, "\x1b")) << "raw escape code in: " << r.message;
+  }
+  // A real plugin whose file name holds escape codes loads; the name is data, not output.
+  const ProbeResult odd = probe_plugin(named_oddly, {"testgrp", std::nullopt});
+  EXPECT_TRUE(odd.ok()) << odd.message;
+}
+
 TEST(ProbeProcess, AnExplicitExecutableThatCannotRunFailsNamingItAndNeverForks) {
   install_fork_handlers();
   const int prepares_before = g_fork_prepares.load();
@@ -428,8 +470,10 @@ struct ChildRun {
   std::string err;
 };
 
-// Runs kreg-probe by hand with `args` (no descriptors but 0-2), stderr captured.
-ChildRun run_probe_by_hand(const std::vector<std::string>& args) {
+// Runs kreg-probe by hand with `args` (no descriptors but 0-2, and `opens`: descriptor ->
+// path, opened read-write for the child), stderr captured.
+ChildRun run_probe_by_hand(const std::vector<std::string>& args,
+                           const std::vector<std::pair<int, std::string>>& opens = {}) {
   ChildRun r;
   int err[2];
   if (::pipe(err) != 0) return r;
@@ -437,6 +481,9 @@ ChildRun run_probe_by_hand(const std::vector<std::string>& args) {
   ::posix_spawn_file_actions_init(&fa);
   ::posix_spawn_file_actions_adddup2(&fa, err[1], STDERR_FILENO);
   ::posix_spawn_file_actions_addclose(&fa, err[0]);
+  for (const auto& [fd, path] : opens) {
+    ::posix_spawn_file_actions_addopen(&fa, fd, path.c_str(), O_RDWR | O_NONBLOCK, 0);
+  }
   std::vector<std::string> storage = {KREG_PROBE_EXECUTABLE};
   storage.insert(storage.end(), args.begin(), args.end());
   std::vector<char*> argv;
@@ -467,11 +514,50 @@ TEST(ProbeProcess, KregProbeRunByHandRefusesAndSaysWhatItIs) {
            {{"--data-fd", "99"}, "--data-fd 99: not an open descriptor"},
            {{"--file", "x", "--data-fd"}, "--data-fd is missing its value"},
            {{"-h"}, "argument 1 ('-h') is no option"},
+           {{"--data-fd", "99999999999999999999"}, "--data-fd: '99999999999999999999' is out of"},
+           {{"--data-fd", "-9223372036854775809"}, "--data-fd: '-9223372036854775809' is out of"},
+           {{"\x1b[2J\x1b]0;owned\x07"}, "argument 1 ('\\x1b[2J\\x1b]0;owned\\x07') is no option"},
        }) {
     const ChildRun r = run_probe_by_hand(args);
     EXPECT_EQ(r.exit_code, 2) << r.err;
     EXPECT_TRUE(contains(r.err, "kreg-probe: " + says)) << says << " not in " << r.err;
     EXPECT_TRUE(contains(r.err, "it is not a command to run by hand")) << r.err;
+    EXPECT_FALSE(contains(r.err, "\x1b")) << "raw escape code in: " << r.err;
+  }
+  // A huge argument is quoted cut, with its size.
+  const ChildRun big = run_probe_by_hand({std::string(100000, 'A')});
+  EXPECT_EQ(big.exit_code, 2) << big.err;
+  EXPECT_TRUE(contains(big.err, "A... (100000 bytes)') is no option")) << big.err;
+  EXPECT_LT(big.err.size(), size_t{2000}) << "the argument was echoed whole";
+}
+
+// The progress page must be a mapped file of the parent's: a FIFO, /dev/zero or an empty
+// file in its place is refused with the descriptor named (never mapped, never blocked on),
+// and so is a --parent past int32 or a number that is no number.
+TEST(ProbeProcess, KregProbeRefusesAProgressPageThatIsNoFileAndBadNumbers) {
+  Scratch s;
+  const fs::path fifo = s.root() / "fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  const fs::path empty = s.write("empty", "", 0644);
+  auto args = [](const std::string& parent) {
+    return std::vector<std::string>{"--protocol",    "2", "--parent", parent, "--data-fd",     "3",
+                                    "--progress-fd", "4", "--init",   "0",    "--compile-jit", "0",
+                                    "--group",       "g", "--file",   "x.so"};
+  };
+  for (const std::string& page : {std::string("/dev/zero"), fifo.string(), empty.string()}) {
+    SCOPED_TRACE(page);
+    const ChildRun r = run_probe_by_hand(args("1"), {{3, "/dev/null"}, {4, page}});
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_TRUE(contains(r.err, "--progress-fd 4: not a file of at least")) << r.err;
+  }
+  for (const auto& [parent, says] : std::vector<std::pair<std::string, std::string>>{
+           {"2147483648", "--parent: '2147483648' is out of range"},
+           {"18446744073709551616", "--parent: '18446744073709551616' is out of"},
+           {"0x10", "--parent"},
+           {"", "--parent"}}) {
+    const ChildRun r = run_probe_by_hand(args(parent), {{3, "/dev/null"}, {4, empty.string()}});
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_TRUE(contains(r.err, "kreg-probe: " + says)) << says << " not in " << r.err;
   }
 }
 
