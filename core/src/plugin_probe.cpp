@@ -133,7 +133,7 @@ bool decode_snapshot(std::string_view payload, const fs::path& file, PluginSnaps
     r.str(&k.source_file);
     out->kernels.push_back(std::move(k));
   }
-  return r.ok();
+  return r.done();
 }
 
 bool decode_jit_report(std::string_view payload, JitCompileReport* out) {
@@ -146,7 +146,7 @@ bool decode_jit_report(std::string_view payload, JitCompileReport* out) {
     std::string failure;
     if (r.str(&failure)) out->failures.push_back(std::move(failure));
   }
-  return r.ok();
+  return r.done();
 }
 
 std::string phase_text(Phase phase, Stage stage) {
@@ -589,18 +589,27 @@ ProbeResult probe_plugin(const fs::path& file, const PluginLibrary::Expect& expe
   bool hello = false, done = false, have_snapshot = false, have_failure = false;
   bool have_jit = false;
   std::string refused_arguments;
+  std::string malformed;  // what does not decode, and where
   std::string_view rest(received);
-  while (rest.size() >= 5) {
+  while (rest.size() >= 5 && malformed.empty()) {
+    const size_t at = received.size() - rest.size();
     const auto tag = static_cast<uint8_t>(rest[0]);
     uint32_t len;
     std::memcpy(&len, rest.data() + 1, sizeof len);
-    if (rest.size() < 5 + size_t{len}) break;
+    if (tag < probe::kRefused || tag > probe::kJitReport) {
+      malformed =
+          "an unknown message (tag " + std::to_string(tag) + ") at byte " + std::to_string(at);
+      break;
+    }
+    if (rest.size() < 5 + size_t{len}) break;  // cut short: judged below
     const std::string_view payload = rest.substr(5, len);
     rest.remove_prefix(5 + size_t{len});
     Reader r(payload);
+    bool decoded = true;
     if (tag == probe::kHello) {
       uint32_t protocol = 0;
       hello = r.u32(&protocol) && protocol == probe::kProtocol;
+      decoded = r.done();
     } else if (tag == probe::kBadArguments) {
       if (!r.str(&refused_arguments) || refused_arguments.empty()) refused_arguments = "?";
     } else if (tag == probe::kRefused) {
@@ -611,7 +620,7 @@ ProbeResult probe_plugin(const fs::path& file, const PluginLibrary::Expect& expe
       result.stage = static_cast<Stage>(stage);
       result.code = static_cast<kreg_status_code>(code);
       result.end = ProbeEnd::kRefused;
-      have_failure = r.ok();
+      have_failure = decoded = r.done();
     } else if (tag == probe::kInitFailed) {
       uint32_t code = 0;
       r.u32(&code);
@@ -619,25 +628,33 @@ ProbeResult probe_plugin(const fs::path& file, const PluginLibrary::Expect& expe
       result.code = static_cast<kreg_status_code>(code);
       result.stage = Stage::kOk;
       result.end = ProbeEnd::kInitFailed;
-      have_failure = r.ok();
+      have_failure = decoded = r.done();
       // PluginLibrary::init names the group only; say which file as well.
       const std::string group_only = "plugin '" + expect.group + "': ";
       if (result.message.starts_with(group_only)) {
         result.message = head + ": " + result.message.substr(group_only.size());
       }
     } else if (tag == probe::kSnapshot) {
-      have_snapshot = decode_snapshot(payload, file, &result.snapshot);
+      have_snapshot = decoded = decode_snapshot(payload, file, &result.snapshot);
     } else if (tag == probe::kJitReport) {
-      have_jit = decode_jit_report(payload, &result.jit);
+      have_jit = decoded = decode_jit_report(payload, &result.jit);
     } else if (tag == probe::kDone) {
       done = true;
+      decoded = payload.empty();
     }
+    if (!decoded) {
+      malformed = "a message (tag " + std::to_string(tag) + ", " + std::to_string(len) +
+                  " bytes) at byte " + std::to_string(at) + " that does not decode";
+    }
+  }
+  if (malformed.empty() && !rest.empty()) {
+    malformed = "its last " + std::to_string(rest.size()) + " bytes are a message cut short";
   }
   const std::string runner = fork_child ? std::string("the forked child") : exe.path.string();
   if (!refused_arguments.empty()) {
     return spawn_failed(runner + " refused its arguments: " + refused_arguments);
   }
-  if (have_failure && hello) return result;
+  if (have_failure && hello && malformed.empty()) return result;
 
   const Phase phase = progress->phase;
   const Stage stage = progress->stage;
@@ -669,6 +686,16 @@ ProbeResult probe_plugin(const fs::path& file, const PluginLibrary::Expect& expe
     result.message = head + ": the child process loading it was killed by " +
                      signal_name(result.signal) + " (" + (what ? what : "?") + ") " + where +
                      output_hint(output);
+    return result;
+  }
+  if (!malformed.empty()) {
+    result.end = ProbeEnd::kBadReport;
+    result.stage = Stage::kOk;
+    result.message =
+        head + ": its report to kreg does not decode (" + malformed +
+        "): something in the plugin wrote to the probe's report pipe, so nothing the child "
+        "said is used" +
+        output_hint(output);
     return result;
   }
   if (have_snapshot && (have_jit || !options.compile_jit) && done && reaped && WIFEXITED(status) &&

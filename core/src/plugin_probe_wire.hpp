@@ -48,7 +48,7 @@ enum Tag : uint8_t {
   kHello = 5,         // u32 protocol: the child parsed its arguments and runs no plugin code yet
   kBadArguments = 6,  // str message: the child refused its command line
   // --compile-jit, after kSnapshot: u32 implementations, u32 builds, u32 n, n x str failure
-  kJitReport = 7,
+  kJitReport = 7,  // the last tag: the parent refuses any other value
 };
 
 // Descriptors in a kreg-probe child: stdin is /dev/null, stdout and stderr the output pipe,
@@ -104,6 +104,8 @@ class Reader {
     return true;
   }
   bool ok() const { return ok_; }
+  // Every byte read and nothing left over: the payload was exactly what was expected.
+  bool done() const { return ok_ && data_.empty(); }
 
  private:
   bool fail() {

@@ -325,6 +325,28 @@ TEST(ProbeProcess, FilesThatAreNoPluginAreRefusedInTheChild) {
   EXPECT_TRUE(odd.ok()) << odd.message;
 }
 
+// A plugin that writes junk (a length word of 2^32 - 1, NUL bytes, escape codes) to every
+// low descriptor, the child's report pipe among them, in a static initializer: the report
+// cannot be trusted, and the probe says so, within a bound, without a raw escape code.
+TEST(ProbeProcess, JunkOnTheReportPipeIsAMalformedReport) {
+  ProbeOptions o;
+  o.timeout_s = test::budget(5.0);
+  const auto start = std::chrono::steady_clock::now();
+  const ProbeResult r =
+      probe_plugin(test_plugin("crash_junk_static"), {"testgrp", std::nullopt}, o);
+  const double took =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(took, test::budget(5.0));
+  EXPECT_EQ(r.end, ProbeEnd::kBadReport) << r.message;
+  EXPECT_TRUE(contains(r.message, "crash_junk_static")) << r.message;
+  EXPECT_TRUE(contains(r.message,
+                       "its report to kreg does not decode (an unknown message (tag "
+                       "255) at byte 9)"))
+      << r.message;
+  EXPECT_TRUE(contains(r.message, "wrote to the probe's report pipe")) << r.message;
+  EXPECT_FALSE(contains(r.message, "\x1b")) << "raw escape code in: " << r.message;
+}
+
 TEST(ProbeProcess, AnExplicitExecutableThatCannotRunFailsNamingItAndNeverForks) {
   install_fork_handlers();
   const int prepares_before = g_fork_prepares.load();

@@ -131,6 +131,10 @@ enum class ProbeEnd {
   kExited,      // the child exited before reporting (the plugin called exit)
   kTimedOut,    // the child did not finish in time and was killed
   kCancelled,   // ProbeOptions::cancel was set; the child was killed
+  // The child's report did not decode (an unknown message, a payload of the wrong size, a
+  // message cut short): something in the plugin wrote to the probe's report pipe, so
+  // nothing it says can be trusted.
+  kBadReport,
   // No child could be started (pipe, memfd, posix_spawn or fork failed; no kreg-probe in a
   // multithreaded process; the executable refused its arguments or was not kreg-probe).
   kSpawnFailed,
