@@ -16,10 +16,11 @@
 // 16-byte load and store), the sum of squares a 16-lane butterfly, the NeoX partner in lane
 // l ^ 8; four warps (eight heads at a time) a token in 128-thread blocks, each half warp
 // loading all of its heads up front. The token's 64 angles are computed by every warp
-// (lane m: angles 2m and 2m + 1) and handed to the lanes that need them with shuffles: no
-// shared memory, no block barrier. H200, T=32768 32/8/8 bf16 NeoX: 210.0 -> 169.3 us
-// (75% -> 93% of copy; GPT-J 198.5 -> 168.9; scratch benchmark, 2026-12-02): the warp per
-// head moved 8 bytes a lane and its 61 registers left 4 blocks (40 KB of loads) an SM.
+// (lane m: angles 2m and 2m + 1) and handed to the lanes that need them with shuffles; the
+// only shared memory is the 64 frequencies (one copy from the parameter a block, one
+// barrier). H200, T=32768 32/8/8 bf16 NeoX: 210.0 -> 169.3 us (75% -> 93% of copy; GPT-J
+// 198.5 -> 168.9; scratch benchmark, 2026-12-02): the warp per head moved 8 bytes a lane
+// and its 61 registers left 4 blocks (40 KB of loads) an SM.
 //
 // Numerics: inv_freq[i] = base^(-2i / hd) is computed on the host in double and rounded
 // to fp32 (the CPU reference does the same, so both get the same fp32 value); the angle
@@ -190,11 +191,10 @@ struct LaneRotation {
 // elements need from the lanes that hold them (compile-time choices: one shuffle a value).
 // All 32 lanes must call it.
 template <bool kNeox>
-__device__ __forceinline__ LaneRotation<kNeox> lane_rotation(float fpos, const InvFreq& inv_freq,
-                                                             int lane) {
+__device__ __forceinline__ LaneRotation<kNeox> lane_rotation(float fpos, float2 freq, int lane) {
   float s0, c0, s1, c1;
-  sincosf(fpos * inv_freq.v[2 * lane], &s0, &c0);
-  sincosf(fpos * inv_freq.v[2 * lane + 1], &s1, &c1);
+  sincosf(fpos * freq.x, &s0, &c0);
+  sincosf(fpos * freq.y, &s1, &c1);
   LaneRotation<kNeox> r;
   if constexpr (kNeox) {
     // Element j of lane l is pair 8 (l % 8) + j (either half), held by lane 4 (l % 8) + j / 2.
@@ -234,19 +234,26 @@ __global__ void __launch_bounds__(kHwThreads, kHwMinBlocks<kHeads>)
   const int first_head = warp * 2 + (lane >> 4);
   const int64_t t = blockIdx.x;
   T* row = qkv + t * shape.width;
-  V raw[kHeads] = {};
+  uint4 raw[kHeads];
 #pragma unroll
   for (int k = 0; k < kHeads; ++k) {
     const int h = first_head + k * kHwHalfWarps;
-    if (h < shape.heads_qk) raw[k].load(row + h * kHwHeadDim + hl * 8);
+    raw[k] = make_uint4(0, 0, 0, 0);
+    if (h < shape.heads_qk) raw[k] = *reinterpret_cast<const uint4*>(row + h * kHwHeadDim + hl * 8);
   }
   const int64_t pos = shape.pos64 ? static_cast<const int64_t*>(positions)[t]
                                   : static_cast<const int32_t*>(positions)[t];
   // The weights stay packed (8 registers, not 16) and are widened per head.
-  V wq, wk;
-  wq.load(q_weight + hl * 8);
-  wk.load(k_weight + hl * 8);
-  const LaneRotation<kNeox> rot = lane_rotation<kNeox>(static_cast<float>(pos), inv_freq, lane);
+  const uint4 wq = __ldg(reinterpret_cast<const uint4*>(q_weight) + hl);
+  const uint4 wk = __ldg(reinterpret_cast<const uint4*>(k_weight) + hl);
+  // Lane m's two frequencies, 2m and 2m + 1. The first warp copies them from the parameter
+  // into shared memory and the block reads them from there: read from the parameter by
+  // every lane, each at its own address, the constant cache serializes them (256 reads a
+  // block, not 32; H200 T=32768 NeoX: 204.9 -> ~170 us, tools/bench/variants A7 vs A8).
+  __shared__ float2 freq_s[device::kWarpSize];
+  if (warp == 0) freq_s[lane] = make_float2(inv_freq.v[2 * lane], inv_freq.v[2 * lane + 1]);
+  __syncthreads();
+  const LaneRotation<kNeox> rot = lane_rotation<kNeox>(static_cast<float>(pos), freq_s[lane], lane);
   constexpr float kInvDim = 1.0f / static_cast<float>(kHwHeadDim);
 #pragma unroll
   for (int k = 0; k < kHeads; ++k) {
@@ -255,8 +262,12 @@ __global__ void __launch_bounds__(kHwThreads, kHwMinBlocks<kHeads>)
     // zeros and stores nothing.
     const bool live = h < shape.heads_qk;
     vec_t<float, 8> w, y;
-    w.cast_from(h < shape.heads_q ? wq : wk);
-    y.cast_from(raw[k]);
+    V wh;  // selected as one 16-byte word: a select of the vec_t structs goes through the stack
+    *reinterpret_cast<uint4*>(wh.data) = h < shape.heads_q ? wq : wk;
+    w.cast_from(wh);
+    V xh;
+    *reinterpret_cast<uint4*>(xh.data) = raw[k];
+    y.cast_from(xh);
     float sum_sq = 0.0f;
 #pragma unroll
     for (int j = 0; j < 8; ++j) sum_sq += y[j] * y[j];

@@ -602,8 +602,16 @@ __device__ __forceinline__ void st16(bf16* p, const uint4& v) { *reinterpret_cas
 // kPrefetch > 0 (A2): the token group's first lane also issues one bulk L2 prefetch of the
 // q/k heads of token t + kPrefetch (a block that runs about two waves later), so that the
 // later block's loads hit L2: more bytes in flight than the registers hold.
-template <bool kNeox, int kWPT, int kTPB, int kHPH, bool kFast, int kMinBlocks, int kPrefetch>
-__global__ void __launch_bounds__(kWPT* kTPB * 32, kMinBlocks) qkn_direct_kernel(const Args a) {
+//
+// kFreq (A7, A8: where the inv_freq table comes from): 0 the device buffer a.inv_freq, one
+// float2 a lane; 1 a __grid_constant__ parameter read by every lane at its own address (the
+// plugin's kernel of 2026-12-02: the constant cache serializes the 32 addresses of a warp's
+// load, 64 a warp, 256 a block); 2 the same parameter copied into shared memory by the first
+// warp (32 addresses a block) behind one block barrier.
+template <bool kNeox, int kWPT, int kTPB, int kHPH, bool kFast, int kMinBlocks, int kPrefetch,
+          int kFreq = 0>
+__global__ void __launch_bounds__(kWPT* kTPB * 32, kMinBlocks)
+    qkn_direct_kernel(const Args a, const __grid_constant__ orig::InvFreq inv) {
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const int warp = static_cast<int>(threadIdx.x) >> 5;
   const int t = static_cast<int>(blockIdx.x) * kTPB + warp / kWPT;
@@ -625,7 +633,17 @@ __global__ void __launch_bounds__(kWPT* kTPB * 32, kMinBlocks) qkn_direct_kernel
     }
   }
   const float fpos = static_cast<float>(__ldg(a.pos + t));
-  const float2 invf = __ldg(reinterpret_cast<const float2*>(a.inv_freq) + lane);
+  float2 invf;
+  if constexpr (kFreq == 0) {
+    invf = __ldg(reinterpret_cast<const float2*>(a.inv_freq) + lane);
+  } else if constexpr (kFreq == 1) {
+    invf = make_float2(inv.v[2 * lane], inv.v[2 * lane + 1]);
+  } else {
+    __shared__ float2 freq_s[32];
+    if (threadIdx.x < 32) freq_s[lane] = make_float2(inv.v[2 * lane], inv.v[2 * lane + 1]);
+    __syncthreads();
+    invf = freq_s[lane];
+  }
   const uint4 wq = __ldg(reinterpret_cast<const uint4*>(a.qw) + hl);
   const uint4 wk = __ldg(reinterpret_cast<const uint4*>(a.kw) + hl);
   const Rot<kNeox> rot = make_rot<kNeox, kFast>(fpos, invf, lane);
@@ -820,19 +838,21 @@ bool launch_orig(const Call& c, Shape* shape) {
   return true;
 }
 
-template <int kWPT, int kTPB, int kHPH, bool kFast, int kMinBlocks, int kPrefetch>
+template <int kWPT, int kTPB, int kHPH, bool kFast, int kMinBlocks, int kPrefetch, int kFreq = 0>
 bool launch_direct(const Call& c, Shape* shape) {
   const Args a = args_of(c);
   if (a.heads_qk > 2 * kWPT * kHPH) return false;
-  auto* fn = c.neox ? qkn_direct_kernel<true, kWPT, kTPB, kHPH, kFast, kMinBlocks, kPrefetch>
-                    : qkn_direct_kernel<false, kWPT, kTPB, kHPH, kFast, kMinBlocks, kPrefetch>;
+  if (kFreq == 2 && kTPB != 1) return false;  // the smem copy assumes the block is one token
+  auto* fn =
+      c.neox ? qkn_direct_kernel<true, kWPT, kTPB, kHPH, kFast, kMinBlocks, kPrefetch, kFreq>
+             : qkn_direct_kernel<false, kWPT, kTPB, kHPH, kFast, kMinBlocks, kPrefetch, kFreq>;
   const int threads = kWPT * kTPB * 32;
   const unsigned grid = static_cast<unsigned>((c.tokens + kTPB - 1) / kTPB);
   if (shape) {
     set_shape(shape, fn, threads, 0, grid);
     return true;
   }
-  fn<<<grid, threads>>>(a);
+  fn<<<grid, threads>>>(a, *c.inv_freq_host);
   CK(cudaGetLastError());
   return true;
 }
@@ -1359,6 +1379,8 @@ void run_qkn() {
       {"A4", "A1 persistent, next token prefetched", qkn::launch_persist<5, false, 4>},
       {"A5", "TMA ring 16x10KB, 8 consumer warps (w/token)", qkn::launch_tma<8, 16, false>},
       {"A6", "A1 + fast sincos (Cody-Waite + __sincosf)", qkn::launch_direct<4, 1, 5, true, 8, 0>},
+      {"A7", "A1, inv_freq from a grid-constant param", qkn::launch_direct<4, 1, 5, false, 8, 0, 1>},
+      {"A8", "A1, param inv_freq via smem + barrier", qkn::launch_direct<4, 1, 5, false, 8, 0, 2>},
   };
 
   struct Case {
