@@ -843,9 +843,9 @@ bool launch_direct(const Call& c, Shape* shape) {
   const Args a = args_of(c);
   if (a.heads_qk > 2 * kWPT * kHPH) return false;
   if (kFreq == 2 && kTPB != 1) return false;  // the smem copy assumes the block is one token
-  auto* fn =
-      c.neox ? qkn_direct_kernel<true, kWPT, kTPB, kHPH, kFast, kMinBlocks, kPrefetch, kFreq>
-             : qkn_direct_kernel<false, kWPT, kTPB, kHPH, kFast, kMinBlocks, kPrefetch, kFreq>;
+  auto* fn = c.neox
+                 ? qkn_direct_kernel<true, kWPT, kTPB, kHPH, kFast, kMinBlocks, kPrefetch, kFreq>
+                 : qkn_direct_kernel<false, kWPT, kTPB, kHPH, kFast, kMinBlocks, kPrefetch, kFreq>;
   const int threads = kWPT * kTPB * 32;
   const unsigned grid = static_cast<unsigned>((c.tokens + kTPB - 1) / kTPB);
   if (shape) {
@@ -1379,7 +1379,8 @@ void run_qkn() {
       {"A4", "A1 persistent, next token prefetched", qkn::launch_persist<5, false, 4>},
       {"A5", "TMA ring 16x10KB, 8 consumer warps (w/token)", qkn::launch_tma<8, 16, false>},
       {"A6", "A1 + fast sincos (Cody-Waite + __sincosf)", qkn::launch_direct<4, 1, 5, true, 8, 0>},
-      {"A7", "A1, inv_freq from a grid-constant param", qkn::launch_direct<4, 1, 5, false, 8, 0, 1>},
+      {"A7", "A1, inv_freq from a grid-constant param",
+       qkn::launch_direct<4, 1, 5, false, 8, 0, 1>},
       {"A8", "A1, param inv_freq via smem + barrier", qkn::launch_direct<4, 1, 5, false, 8, 0, 2>},
   };
 
