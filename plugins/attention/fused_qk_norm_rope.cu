@@ -222,18 +222,83 @@ __device__ __forceinline__ LaneRotation<kNeox> lane_rotation(float fpos, float2 
 template <int kHeads>
 constexpr int kHwMinBlocks = kHeads <= 5 ? 8 : (kHeads <= 8 ? 5 : 4);
 
+// Eight 16-bit elements of T in one 16-byte word, to and from fp32. The kernel keeps heads
+// and weights as these words (a select of vec_t structs went through the stack and left
+// the 40-head form spilling at 64 registers).
+template <typename T>
+__device__ __forceinline__ void unpack8(const uint4& r, float (&f)[8]) {
+  const uint32_t w[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+      f[2 * q] = __uint_as_float(w[q] << 16);  // the lower element of the pair: low bits
+      f[2 * q + 1] = __uint_as_float(w[q] & 0xffff0000u);
+    } else {
+      const float2 v = __half22float2(*reinterpret_cast<const __half2*>(&w[q]));
+      f[2 * q] = v.x;
+      f[2 * q + 1] = v.y;
+    }
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    const __nv_bfloat162 p = __float22bfloat162_rn(make_float2(lo, hi));
+    return *reinterpret_cast<const uint32_t*>(&p);
+  } else {
+    const __half2 p = __float22half2_rn(make_float2(lo, hi));
+    return *reinterpret_cast<const uint32_t*>(&p);
+  }
+}
+
+// One head's 8 elements of this lane, RMS-normalized with weight w and rotated. All 32
+// lanes must call it (shuffles); each half warp carries its own head.
+template <typename T, bool kNeox>
+__device__ __forceinline__ uint4 norm_rope8(const uint4& raw, const uint4& weight,
+                                            const LaneRotation<kNeox>& rot, float eps, int lane) {
+  float y[8], w[8];
+  unpack8<T>(raw, y);
+  unpack8<T>(weight, w);
+  float sum_sq = 0.0f;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) sum_sq += y[j] * y[j];
+#pragma unroll
+  for (int o = 8; o > 0; o /= 2) sum_sq += __shfl_xor_sync(device::kFullWarpMask, sum_sq, o);
+  const float inv_rms = rsqrtf(sum_sq * (1.0f / static_cast<float>(kHwHeadDim)) + eps);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) y[j] = y[j] * inv_rms * w[j];
+  float out[8];
+  if constexpr (kNeox) {
+    const bool first_half = (lane & 8) == 0;  // elements 0..63 of the head: x1
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float other = __shfl_xor_sync(device::kFullWarpMask, y[j], 8);
+      out[j] = first_half ? y[j] * rot.c[j] - other * rot.s[j] : y[j] * rot.c[j] + other * rot.s[j];
+    }
+  } else {
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {
+      const float a = y[2 * p], b = y[2 * p + 1];
+      out[2 * p] = a * rot.c[p] - b * rot.s[p];
+      out[2 * p + 1] = b * rot.c[p] + a * rot.s[p];
+    }
+  }
+  return make_uint4(pack2<T>(out[0], out[1]), pack2<T>(out[2], out[3]), pack2<T>(out[4], out[5]),
+                    pack2<T>(out[6], out[7]));
+}
+
 template <typename T, bool kNeox, int kHeads>
 __global__ void __launch_bounds__(kHwThreads, kHwMinBlocks<kHeads>)
     fused_qk_norm_rope_hw_kernel(T* __restrict__ qkv, const T* __restrict__ q_weight,
                                  const T* __restrict__ k_weight, const void* __restrict__ positions,
                                  QkvShape shape, const __grid_constant__ InvFreq inv_freq) {
-  using V = vec_t<T, 8>;
   const int lane = static_cast<int>(threadIdx.x) % device::kWarpSize;
   const int warp = static_cast<int>(threadIdx.x) / device::kWarpSize;
   const int hl = lane & 15;
   const int first_head = warp * 2 + (lane >> 4);
-  const int64_t t = blockIdx.x;
-  T* row = qkv + t * shape.width;
+  const int t = static_cast<int>(blockIdx.x);
+  T* row = qkv + static_cast<int64_t>(t) * shape.width;
   uint4 raw[kHeads];
 #pragma unroll
   for (int k = 0; k < kHeads; ++k) {
@@ -243,57 +308,24 @@ __global__ void __launch_bounds__(kHwThreads, kHwMinBlocks<kHeads>)
   }
   const int64_t pos = shape.pos64 ? static_cast<const int64_t*>(positions)[t]
                                   : static_cast<const int32_t*>(positions)[t];
-  // The weights stay packed (8 registers, not 16) and are widened per head.
   const uint4 wq = __ldg(reinterpret_cast<const uint4*>(q_weight) + hl);
   const uint4 wk = __ldg(reinterpret_cast<const uint4*>(k_weight) + hl);
   // Lane m's two frequencies, 2m and 2m + 1. The first warp copies them from the parameter
   // into shared memory and the block reads them from there: read from the parameter by
   // every lane, each at its own address, the constant cache serializes them (256 reads a
-  // block, not 32; H200 T=32768 NeoX: 204.9 -> ~170 us, tools/bench/variants A7 vs A8).
+  // block, not 32; tools/bench/variants/qkn_store_bench.cu A7 vs A8).
   __shared__ float2 freq_s[device::kWarpSize];
   if (warp == 0) freq_s[lane] = make_float2(inv_freq.v[2 * lane], inv_freq.v[2 * lane + 1]);
   __syncthreads();
   const LaneRotation<kNeox> rot = lane_rotation<kNeox>(static_cast<float>(pos), freq_s[lane], lane);
-  constexpr float kInvDim = 1.0f / static_cast<float>(kHwHeadDim);
 #pragma unroll
   for (int k = 0; k < kHeads; ++k) {
     const int h = first_head + k * kHwHalfWarps;
     // Both half warps of a warp run every step (shuffles): a head past the end computes on
     // zeros and stores nothing.
-    const bool live = h < shape.heads_qk;
-    vec_t<float, 8> w, y;
-    V wh;  // selected as one 16-byte word: a select of the vec_t structs goes through the stack
-    *reinterpret_cast<uint4*>(wh.data) = h < shape.heads_q ? wq : wk;
-    w.cast_from(wh);
-    V xh;
-    *reinterpret_cast<uint4*>(xh.data) = raw[k];
-    y.cast_from(xh);
-    float sum_sq = 0.0f;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) sum_sq += y[j] * y[j];
-#pragma unroll
-    for (int o = 8; o > 0; o /= 2) sum_sq += __shfl_xor_sync(device::kFullWarpMask, sum_sq, o);
-    const float inv_rms = rsqrtf(sum_sq * kInvDim + shape.eps);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) y[j] = y[j] * inv_rms * w[j];
-    vec_t<float, 8> out;
-    if constexpr (kNeox) {
-      const bool first_half = (lane & 8) == 0;  // elements 0..63 of the head: x1
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const float other = __shfl_xor_sync(device::kFullWarpMask, y[j], 8);
-        out[j] =
-            first_half ? y[j] * rot.c[j] - other * rot.s[j] : y[j] * rot.c[j] + other * rot.s[j];
-      }
-    } else {
-#pragma unroll
-      for (int p = 0; p < 4; ++p) {
-        const float a = y[2 * p], b = y[2 * p + 1];
-        out[2 * p] = a * rot.c[p] - b * rot.s[p];
-        out[2 * p + 1] = b * rot.c[p] + a * rot.s[p];
-      }
-    }
-    if (live) out.cast_store(row + h * kHwHeadDim + hl * 8);
+    const uint4 out =
+        norm_rope8<T, kNeox>(raw[k], h < shape.heads_q ? wq : wk, rot, shape.eps, lane);
+    if (h < shape.heads_qk) *reinterpret_cast<uint4*>(row + h * kHwHeadDim + hl * 8) = out;
   }
 }
 
