@@ -20,7 +20,10 @@
 // only shared memory is the 64 frequencies (one copy from the parameter a block, one
 // barrier). H200, T=32768 32/8/8 bf16 NeoX: 210.0 -> 169.3 us (75% -> 93% of copy; GPT-J
 // 198.5 -> 168.9; scratch benchmark, 2026-12-02): the warp per head moved 8 bytes a lane
-// and its 61 registers left 4 blocks (40 KB of loads) an SM.
+// and its 61 registers left 4 blocks (40 KB of loads) an SM. In the plugin (vs_torch.py,
+// 2026-12-02, four rounds): the per-lane parameter reads kept it at 205.0 / 196.0 us
+// (NeoX / GPT-J); this kernel runs 175.1-175.4 / 173.3-190.8. 7 blocks an SM for the
+// 40-head form (72 registers) was slower: 179.0 / 185.8.
 //
 // Numerics: inv_freq[i] = base^(-2i / hd) is computed on the host in double and rounded
 // to fp32 (the CPU reference does the same, so both get the same fp32 value); the angle
