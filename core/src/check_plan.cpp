@@ -139,6 +139,17 @@ std::unique_ptr<Impl> make_impl(const KernelSpec& spec) {
   return impl;
 }
 
+bool CheckPlan::accepts_call_other_ways(std::span<DLTensor* const> t) const {
+  if (t.size() == static_cast<size_t>(num_tensors)) {
+    for (uint32_t w = 1; w < kShapeWays; ++w) {
+      if (last[w].matches(t)) return true;
+    }
+  }
+  if (!accepts_tensors(t)) return false;
+  last[next_way.fetch_add(1, std::memory_order_relaxed) % kShapeWays].remember(t);
+  return true;
+}
+
 void ExactShapeCache::remember(std::span<DLTensor* const> t) {
   uint64_t m = 0;
   for (size_t i = 0; i < t.size(); ++i) {

@@ -191,6 +191,9 @@ struct CheckPlan {
   // accepts(), with the tensors first compared word for word with the last accepted ones
   // (KernelHandle::call); the full check on a miss, remembering what it accepts.
   bool accepts_call(std::span<DLTensor* const> t, std::span<const kreg_attr> a) const;
+  // accepts_call() past its first way (check_plan.cpp, out of line: the call path's code
+  // stays one way's compare, with no loop around it).
+  bool accepts_call_other_ways(std::span<DLTensor* const> t) const;
   // The tensors alone (selection: attributes are checked per call).
   bool accepts_tensors(std::span<DLTensor* const> t) const;
   // The attributes alone: their count, types, and resources (type and liveness).
@@ -376,16 +379,9 @@ inline bool CheckPlan::accepts_call(std::span<DLTensor* const> t,
                                     std::span<const kreg_attr> a) const {
   if (!accepts_attrs(a)) [[unlikely]]
     return false;
-  if (t.size() == static_cast<size_t>(num_tensors)) [[likely]] {
-    for (const ExactShapeCache& way : last) {
-      if (way.matches(t)) [[likely]]
-        return true;
-    }
-  }
-  if (!accepts_tensors(t)) [[unlikely]]
-    return false;
-  last[next_way.fetch_add(1, std::memory_order_relaxed) % kShapeWays].remember(t);
-  return true;
+  if (t.size() == static_cast<size_t>(num_tensors) && last[0].matches(t)) [[likely]]
+    return true;
+  return accepts_call_other_ways(t);
 }
 
 inline bool CheckPlan::accepts_attrs(std::span<const kreg_attr> a) const {
