@@ -1,0 +1,1539 @@
+// Scratch benchmark (not part of kreg): attention.decode (paged decode attention with GQA)
+// on CUDA cores (kreg's kernel) against tensor-core (mma.sync) designs, on the H200 (sm_90).
+//
+//   out[b, h] = softmax(scale * q[b, h] . K_j) V_j over the tokens j < seq_lens[b]; token j of
+//   sequence b is row (block_table[b, j / P], j % P, h / (Hq / Hk)) of k_cache / v_cache,
+//   [num_pages, P, Hk, D] bf16; q, out [B, Hq, D] bf16; block_table [B, max_pages] int32.
+//   Here bf16, D = 128, P = 16, scale = 1 / sqrt(128).
+//
+// Variants:
+//  V0  kreg's kernel as it is (plugins/attention/decode.cu, copied into namespace orig with
+//      its helpers; bf16 / D = 128 / chunks of kG = 4 heads, the instantiations these cases
+//      reach): one block of 128 threads per (split, kv head, chunk of 4 query heads,
+//      sequence); 16-token tiles of K and V (8 KiB) through shared memory, 4 stages of
+//      cp.async; a K/V row over 16 lanes (16 bytes each), fp32 FMA dot products reduced
+//      across the 16 lanes by shuffles, an online softmax per lane group, the 8 lane groups
+//      merged in shared memory; split-KV chosen by choose_splits and a log-sum-exp merge
+//      kernel launched with PDL. CUDA-core FMA bound (ncu: ~47% issue slots).
+//  V1+ tensor-core decode, one block per (split, kv head, sequence) holding all of the kv
+//      head's query heads (group 4 or 8), kWarps warps of which each owns whole 16-token
+//      tiles (one page: P % 16 == 0, tiles aligned to 16 tokens, so one table read a tile),
+//      taken round-robin within the split (warp w: tiles w, w + kWarps, ...). Every warp
+//      runs its own cp.async pipeline of kStages tiles (K 4 KiB + V 4 KiB a stage, 16 chunks
+//      of 16 bytes a lane, zero-filled past the end or for a page id out of range; the page
+//      of the tile kStages ahead is read from the table one tile before its copies are
+//      issued), so no block barrier in the main loop (cp.async.wait_group + __syncwarp).
+//      Tiles are stored with an XOR swizzle (16-byte chunk c of token row r at c ^ (r & 7);
+//      a row is 256 bytes), so ldmatrix's 8 row addresses (8 tokens, one chunk) hit 8
+//      different bank quads. Online softmax in the log2 domain: S is computed from the
+//      unscaled bf16 q and multiplied by scale * log2(e) in fp32 (q is not rounded again).
+//      At the end the warps' (max, sum, acc) are merged in shared memory and the block
+//      writes out (one split) or partials in V0's workspace format, merged by V0's merge
+//      kernel (PDL). Splits: V0's choose_splits with this kernel's occupancy.
+//    "rows" (V1, V2): the FlashAttention-2 orientation. S = Q K^T with mma.m16n8k16: A =
+//      the group's q heads (rows 0..7, rows 8..15 zero: padding; a1 = a3 = 0), held in 16
+//      registers for the 8 k-steps over D; B = K^T from ldmatrix.x4 (non-trans) of the K
+//      tile: 2 n-tiles of 8 tokens. The S accumulators' rows 0..7 (c0, c1) are the heads;
+//      the row max is a quad shuffle (xor 1, 2). P is packed to bf16 straight from the S
+//      accumulators as the A operand of O += P V (a0 = tokens 0..7, a2 = tokens 8..15) and
+//      B = V from ldmatrix.x4.trans, 16 n-tiles of 8 over D: 64 accumulator registers of
+//      which rows 8..15 (c2, c3) are padding.
+//    "trans" (V3, V4): the transposed orientation, no padding rows for group 8: S^T = K Q^T
+//      with A = K (16 tokens x 16 d, ldmatrix.x4 non-trans) and B = q^T (the same 16
+//      registers as the rows form's A); S^T's accumulators hold 2 tokens x 2 heads a lane,
+//      the column max over tokens is 2 local + 3 shuffles (xor 4, 8, 16). P^T is packed to
+//      bf16 and transposed in registers with movmatrix.trans (8x8 b16) into the B operand of
+//      O^T += V^T P^T, A = V^T from ldmatrix.x4.trans: 8 m-tiles of 16 over D, 32
+//      accumulator registers, half the MMAs of the rows form.
+//
+// Every variant is checked against a CPU reference (double math from the same bf16 inputs,
+// q ~ N(0, 2^2) and K, V ~ N(0, 1), so that the softmax is not flat) on ragged lengths
+// (one of them 0) with page ids from a random permutation; V1+ also against V0. Then timed:
+// CUDA events around each call, all calls enqueued back to back, median of 30, rotating over
+// buffer sets of > 120 MB where a call touches less than the 60 MB L2 (cases 1 and 4); case 1
+// (a few us) as the replay of a CUDA graph of 64 calls, per call. Next to each case, a
+// 16-byte-per-thread copy of the same bytes (half read, half written), timed the same way,
+// and a 1 GiB copy (bytes read + written). Bytes per call: the K and V rows read
+// (sum(seq_lens) * Hk * D * 2 * 2) plus q and out.
+//
+//   nvcc -O3 -arch=sm_90 -std=c++17 decode_mma_bench.cu -o dm && ./dm
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+#define CK(...)                                                                   \
+  do {                                                                            \
+    const cudaError_t e_ = (__VA_ARGS__);                                         \
+    if (e_ != cudaSuccess) {                                                      \
+      fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #__VA_ARGS__, \
+              cudaGetErrorString(e_));                                            \
+      exit(1);                                                                    \
+    }                                                                             \
+  } while (0)
+
+using bf16 = __nv_bfloat16;
+
+inline int g_sms = 132;
+inline cudaStream_t g_stream = nullptr;
+
+// ---------------------------------------------------------------------------------------
+// Variant 0 sources: copies of kreg's device helpers (fast_divisor, pdl, reduce, vec) and of
+// decode.cu's split kernel, merge kernel and launch logic. Changes: namespaces; bf16 only;
+// Context / Workspace replaced by a stream and a caller's buffer; no dtype/dim dispatch.
+// ---------------------------------------------------------------------------------------
+namespace orig {
+
+constexpr int kWarpSize = 32;
+constexpr unsigned kFullWarpMask = 0xffffffffu;
+
+struct FastDivisor {
+  uint32_t divisor = 1;
+  uint32_t multiplier = 1;
+  uint32_t shift = 0;
+  FastDivisor() = default;
+  __host__ __device__ explicit FastDivisor(uint32_t d) : divisor(d) {
+    while (shift < 32 && (uint64_t{1} << shift) < d) ++shift;
+    multiplier =
+        static_cast<uint32_t>(((uint64_t{1} << 32) * ((uint64_t{1} << shift) - d)) / d + 1);
+  }
+  __device__ __forceinline__ uint32_t div(uint32_t n) const {
+    return (__umulhi(n, multiplier) + n) >> shift;
+  }
+};
+
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+template <typename... Params, typename... Args>
+cudaError_t launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                   cudaStream_t stream, bool pdl, Args&&... args) {
+  if (!pdl) {
+    kernel<<<grid, block, smem, stream>>>(std::forward<Args>(args)...);
+    return cudaPeekAtLastError();
+  }
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attr;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, kernel, static_cast<Params>(std::forward<Args>(args))...);
+}
+
+struct SumOp {
+  __device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
+  static constexpr float kIdentity = 0.0f;
+};
+struct MaxOp {
+  __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
+  static constexpr float kIdentity = -__builtin_huge_valf();
+};
+template <typename Op>
+__device__ __forceinline__ float warp_reduce(float v, Op op, int width = kWarpSize) {
+  for (int offset = width / 2; offset > 0; offset /= 2) {
+    v = op(v, __shfl_xor_sync(kFullWarpMask, v, offset));
+  }
+  return v;
+}
+template <int N, typename Op>
+__device__ __forceinline__ void block_row_reduce(float (&v)[N], Op op, float* scratch) {
+  const int width = static_cast<int>(blockDim.x);
+  if (width <= kWarpSize) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) v[i] = warp_reduce(v[i], op, width);
+    return;
+  }
+  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
+  const int warps_per_row = width / kWarpSize;
+  const int first_warp = static_cast<int>(threadIdx.y) * warps_per_row;
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    v[i] = warp_reduce(v[i], op);
+    if (lane == 0)
+      scratch[i * kWarpSize + first_warp + static_cast<int>(threadIdx.x) / kWarpSize] = v[i];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    v[i] = lane < warps_per_row ? scratch[i * kWarpSize + first_warp + lane] : Op::kIdentity;
+    v[i] = warp_reduce(v[i], op);
+  }
+}
+template <typename Op>
+__device__ __forceinline__ float block_row_reduce(float v, Op op, float* scratch) {
+  float one[1] = {v};
+  block_row_reduce(one, op, scratch);
+  return one[0];
+}
+__device__ __forceinline__ float block_row_sum(float v, float* scratch) {
+  return block_row_reduce(v, SumOp{}, scratch);
+}
+__device__ __forceinline__ float block_row_max(float v, float* scratch) {
+  return block_row_reduce(v, MaxOp{}, scratch);
+}
+
+__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <typename T>
+__device__ __forceinline__ T from_float(float v) {
+  static_assert(std::is_same_v<T, __nv_bfloat16>, "bench: bf16 only");
+  return __float2bfloat16_rn(v);
+}
+
+// vec_t: only what decode.cu uses (cast_load of 8 bf16 as one 16-byte word into floats).
+template <typename T, int N>
+struct vec_t {
+  T data[N];
+  __device__ __forceinline__ T& operator[](int i) { return data[i]; }
+  __device__ __forceinline__ const T& operator[](int i) const { return data[i]; }
+  template <typename U>
+  __device__ __forceinline__ void cast_load(const U* ptr) {
+    static_assert(std::is_same_v<T, float> && std::is_same_v<U, __nv_bfloat16> && N == 8);
+    const uint4 raw = *reinterpret_cast<const uint4*>(ptr);
+    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 f = __bfloat1622float2(h[i]);
+      data[2 * i] = f.x;
+      data[2 * i + 1] = f.y;
+    }
+  }
+};
+
+constexpr int kThreads = 128;
+constexpr int kWarps = kThreads / 32;
+constexpr int kStages = 4;
+constexpr int kVec = 8;
+constexpr int kMaxSplits = 128;
+constexpr int kMinTokensPerSplit = 64;
+constexpr int kBlockCostTokens = 64;
+constexpr int kMergeThreads = 128;
+
+__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool pred) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  const int src_bytes = pred ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem),
+               "r"(src_bytes)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+template <typename T>
+struct DecodeParams {
+  const T* q;
+  const T* k_cache;
+  const T* v_cache;
+  const int32_t* block_table;
+  const int32_t* seq_lens;
+  T* out;
+  float* ws_acc;
+  float2* ws_ml;
+  int64_t num_pages;
+  int heads_q;
+  int heads_k;
+  int group;
+  int page_size;
+  FastDivisor page_div = FastDivisor(1);
+  int max_pages;
+  int num_splits;
+  float scale_log2;
+};
+
+template <typename T, int kDim, int kG>
+__global__ void __launch_bounds__(kThreads, 4) decode_split_kernel(DecodeParams<T> p) {
+  constexpr int kLanes = kDim / kVec;
+  constexpr int kRowsPerWarp = 32 / kLanes;
+  constexpr int kGroups = kWarps * kRowsPerWarp;
+  constexpr int kTile = 2048 / kDim;
+  constexpr int kRounds = kTile / kGroups;
+  constexpr int kChunksPerThread = kTile * kLanes / kThreads;
+  constexpr int kStageElems = kTile * kDim;
+  static_assert(kRounds * kGroups == kTile && kChunksPerThread * kThreads == kTile * kLanes);
+  static_assert(kGroups * kG * kDim * sizeof(float) <= kStages * 2 * kStageElems * sizeof(T),
+                "the block merge reuses the pipeline's shared memory");
+
+  __shared__ alignas(16) unsigned char smem_raw[kStages * 2 * kStageElems * sizeof(T)];
+  __shared__ bool valid_s[kStages][kTile];
+  __shared__ float red_m[kGroups][kG];
+  __shared__ float red_l[kGroups][kG];
+  T* const tiles = reinterpret_cast<T*>(smem_raw);
+
+  const int split = static_cast<int>(blockIdx.x);
+  const int chunks = p.group / kG;
+  const int kh = static_cast<int>(blockIdx.y) / chunks;
+  const int hq0 = kh * p.group + (static_cast<int>(blockIdx.y) - kh * chunks) * kG;
+  const int b = static_cast<int>(blockIdx.z);
+  const int tid = static_cast<int>(threadIdx.x);
+  const int lane = tid % 32;
+  const int group_id = (tid / 32) * kRowsPerWarp + lane / kLanes;
+  const int dl = lane % kLanes;
+
+  pdl_wait();
+
+  const int capacity = p.max_pages * p.page_size;
+  const int len = min(max(p.seq_lens[b], 0), capacity);
+  const int per_split = ((len + p.num_splits - 1) / p.num_splits + kTile - 1) / kTile * kTile;
+  const int begin = min(len, split * per_split);
+  const int end = min(len, begin + per_split);
+  const int num_tiles = (end - begin + kTile - 1) / kTile;
+
+  const int32_t* table = p.block_table + static_cast<int64_t>(b) * p.max_pages;
+  auto lookup = [&](int tile, int32_t(&pages)[kChunksPerThread]) {
+#pragma unroll
+    for (int i = 0; i < kChunksPerThread; ++i) {
+      const int tok = begin + tile * kTile + (tid + i * kThreads) / kLanes;
+      pages[i] = tok < end ? table[p.page_div.div(static_cast<uint32_t>(tok))] : -1;
+    }
+  };
+  auto issue = [&](int tile, int stage, const int32_t(&pages)[kChunksPerThread]) {
+    T* ks = tiles + (2 * stage) * kStageElems;
+    T* vs = tiles + (2 * stage + 1) * kStageElems;
+#pragma unroll
+    for (int i = 0; i < kChunksPerThread; ++i) {
+      const int cid = tid + i * kThreads;
+      const int tt = cid / kLanes;
+      const int dc = cid % kLanes;
+      const int tok = begin + tile * kTile + tt;
+      const int64_t page = pages[i];
+      const bool ok = page >= 0 && page < p.num_pages;
+      const T* src_k = p.k_cache;
+      const T* src_v = p.v_cache;
+      if (ok) {
+        const int slot =
+            tok - static_cast<int>(p.page_div.div(static_cast<uint32_t>(tok))) * p.page_size;
+        const int64_t row = (page * p.page_size + slot) * p.heads_k + kh;
+        src_k += row * kDim + dc * kVec;
+        src_v += row * kDim + dc * kVec;
+      }
+      cp_async_16(ks + tt * kDim + dc * kVec, src_k, ok);
+      cp_async_16(vs + tt * kDim + dc * kVec, src_v, ok);
+      if (dc == 0) valid_s[stage][tt] = ok;
+    }
+  };
+
+  int32_t pages[kStages][kChunksPerThread];
+#pragma unroll
+  for (int s = 0; s < kStages; ++s) lookup(s, pages[s]);
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < num_tiles) issue(s, s, pages[s]);
+    cp_async_commit();
+  }
+  int32_t next_pages[kChunksPerThread];
+#pragma unroll
+  for (int i = 0; i < kChunksPerThread; ++i) next_pages[i] = pages[kStages - 1][i];
+
+  float qf[kG][kVec];
+#pragma unroll
+  for (int g = 0; g < kG; ++g) {
+    vec_t<float, kVec> v;
+    v.cast_load(p.q + (static_cast<int64_t>(b) * p.heads_q + hq0 + g) * kDim + dl * kVec);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) qf[g][j] = v[j] * p.scale_log2;
+  }
+  pdl_launch_dependents();
+
+  float m[kG], l[kG], acc[kG][kVec];
+#pragma unroll
+  for (int g = 0; g < kG; ++g) {
+    m[g] = -INFINITY;
+    l[g] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) acc[g][j] = 0.0f;
+  }
+
+  for (int tile = 0; tile < num_tiles; ++tile) {
+    const int next = tile + kStages - 1;
+    if (next < num_tiles) issue(next, next % kStages, next_pages);
+    cp_async_commit();
+    if (next + 1 < num_tiles) lookup(next + 1, next_pages);
+    cp_async_wait<kStages - 1>();
+    __syncthreads();
+    const int stage = tile % kStages;
+    const T* ks = tiles + (2 * stage) * kStageElems;
+    const T* vs = tiles + (2 * stage + 1) * kStageElems;
+    float s[kRounds][kG];
+#pragma unroll
+    for (int r = 0; r < kRounds; ++r) {
+      vec_t<float, kVec> kf;
+      kf.cast_load(ks + (r * kGroups + group_id) * kDim + dl * kVec);
+#pragma unroll
+      for (int g = 0; g < kG; ++g) {
+        float dot = 0.0f;
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) dot += qf[g][j] * kf[j];
+        s[r][g] = dot;
+      }
+    }
+#pragma unroll
+    for (int off = kLanes / 2; off > 0; off /= 2) {
+#pragma unroll
+      for (int r = 0; r < kRounds; ++r) {
+#pragma unroll
+        for (int g = 0; g < kG; ++g) {
+          s[r][g] += __shfl_xor_sync(kFullWarpMask, s[r][g], off);
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < kRounds; ++r) {
+      if (!valid_s[stage][r * kGroups + group_id]) {
+#pragma unroll
+        for (int g = 0; g < kG; ++g) s[r][g] = -INFINITY;
+      }
+    }
+#pragma unroll
+    for (int g = 0; g < kG; ++g) {
+      float mx = m[g];
+#pragma unroll
+      for (int r = 0; r < kRounds; ++r) mx = fmaxf(mx, s[r][g]);
+      const float ref = mx == -INFINITY ? 0.0f : mx;
+      const float corr = exp2f(m[g] - ref);
+      m[g] = mx;
+      l[g] *= corr;
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) acc[g][j] *= corr;
+#pragma unroll
+      for (int r = 0; r < kRounds; ++r) {
+        s[r][g] = exp2f(s[r][g] - ref);
+        l[g] += s[r][g];
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < kRounds; ++r) {
+      vec_t<float, kVec> vf;
+      vf.cast_load(vs + (r * kGroups + group_id) * kDim + dl * kVec);
+#pragma unroll
+      for (int g = 0; g < kG; ++g) {
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) acc[g][j] += s[r][g] * vf[j];
+      }
+    }
+    __syncthreads();
+  }
+  cp_async_wait<0>();
+  __syncthreads();
+
+  float* red_acc = reinterpret_cast<float*>(smem_raw);
+#pragma unroll
+  for (int g = 0; g < kG; ++g) {
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) red_acc[(group_id * kG + g) * kDim + dl * kVec + j] = acc[g][j];
+    if (dl == 0) {
+      red_m[group_id][g] = m[g];
+      red_l[group_id][g] = l[g];
+    }
+  }
+  __syncthreads();
+  for (int o = tid; o < kG * kDim; o += kThreads) {
+    const int g = o / kDim;
+    const int d = o % kDim;
+    float mx = -INFINITY;
+#pragma unroll
+    for (int n = 0; n < kGroups; ++n) mx = fmaxf(mx, red_m[n][g]);
+    float sum = 0.0f, a = 0.0f;
+    if (mx != -INFINITY) {
+#pragma unroll
+      for (int n = 0; n < kGroups; ++n) {
+        const float mn = red_m[n][g];
+        if (mn == -INFINITY) continue;
+        const float w = exp2f(mn - mx);
+        sum += w * red_l[n][g];
+        a += w * red_acc[(n * kG + g) * kDim + d];
+      }
+    }
+    const int64_t bh = static_cast<int64_t>(b) * p.heads_q + hq0 + g;
+    if (p.num_splits == 1) {
+      p.out[bh * kDim + d] = from_float<T>(sum > 0.0f ? a / sum : 0.0f);
+    } else {
+      const int64_t idx = bh * p.num_splits + split;
+      p.ws_acc[idx * kDim + d] = a;
+      if (d == 0) p.ws_ml[idx] = make_float2(mx, sum);
+    }
+  }
+}
+
+template <typename T, int kDim>
+__global__ void __launch_bounds__(kMergeThreads)
+    decode_merge_kernel(const float* __restrict__ ws_acc, const float2* __restrict__ ws_ml,
+                        T* __restrict__ out, int num_splits) {
+  constexpr int kLanes = kDim / 4;
+  constexpr int kRows = kMergeThreads / kLanes;
+  static_assert(kMergeThreads >= kMaxSplits && kRows * kLanes == kMergeThreads);
+  __shared__ float scratch[2][kWarpSize];
+  __shared__ float w_s[kMergeThreads];
+  __shared__ alignas(16) float part[kRows][kDim];
+
+  pdl_wait();
+  const int64_t bh = blockIdx.x;
+  const int tid = static_cast<int>(threadIdx.x);
+  const float2 ml = tid < num_splits ? ws_ml[bh * num_splits + tid] : make_float2(-INFINITY, 0.0f);
+  const float mx = block_row_max(ml.x, scratch[0]);
+  const float w = ml.x == -INFINITY ? 0.0f : exp2f(ml.x - mx);
+  const float sum = block_row_sum(w * ml.y, scratch[1]);
+  w_s[tid] = w;
+  __syncthreads();
+
+  const int row = tid / kLanes;
+  const int c = (tid % kLanes) * 4;
+  const float* src = ws_acc + bh * num_splits * kDim + c;
+  float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 4
+  for (int s = row; s < num_splits; s += kRows) {
+    const float ws = w_s[s];
+    const float4 v = *reinterpret_cast<const float4*>(src + static_cast<int64_t>(s) * kDim);
+    a.x += ws * v.x;
+    a.y += ws * v.y;
+    a.z += ws * v.z;
+    a.w += ws * v.w;
+  }
+  pdl_launch_dependents();
+  *reinterpret_cast<float4*>(&part[row][c]) = a;
+  __syncthreads();
+  for (int d = tid; d < kDim; d += kMergeThreads) {
+    float t = 0.0f;
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) t += part[r][d];
+    out[bh * kDim + d] = from_float<T>(sum > 0.0f ? t / sum : 0.0f);
+  }
+}
+
+// choose_splits as in decode.cu, with the minimum split length and the block cost as
+// parameters (decode.cu's constants by default) so the mma variants can reuse it.
+int choose_splits(int64_t base_blocks, int64_t capacity, int64_t resident,
+                  int min_tokens = kMinTokensPerSplit, int block_cost = kBlockCostTokens) {
+  const int64_t most = std::clamp<int64_t>(capacity / min_tokens, 1, kMaxSplits);
+  int best = 1;
+  double best_cost = INFINITY;
+  for (int64_t s = 1; s <= most; ++s) {
+    const double per_block = static_cast<double>(capacity) / static_cast<double>(s);
+    const auto waves = static_cast<double>((base_blocks * s + resident - 1) / resident);
+    const double cost = waves * (per_block + block_cost) + 0.5 * per_block;
+    if (cost < best_cost) {
+      best_cost = cost;
+      best = static_cast<int>(s);
+    }
+  }
+  return best;
+}
+
+template <typename T, int kDim, int kG>
+int64_t resident_blocks() {
+  static int64_t known = 0;
+  if (known > 0) return known;
+  int per_sm = 0;
+  CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, decode_split_kernel<T, kDim, kG>,
+                                                   kThreads, 0));
+  known = std::max(1, g_sms * per_sm);
+  return known;
+}
+
+// launch_split<bf16, 128, 4> of decode.cu (group % 4 == 0 for every case here), without
+// PDL on the split kernel (ctx.pdl() false), the merge always programmatic. The
+// workspace is the caller's buffer, at least workspace_bytes().
+template <typename T, int kDim, int kG>
+int splits_for(const DecodeParams<T>& p, int batch) {
+  const int64_t base_blocks = int64_t{batch} * p.heads_k * (p.group / kG);
+  return choose_splits(base_blocks, int64_t{p.max_pages} * p.page_size,
+                       resident_blocks<T, kDim, kG>());
+}
+
+template <typename T, int kDim, int kG>
+void launch_split(DecodeParams<T> p, int batch, void* ws, cudaStream_t stream) {
+  p.num_splits = splits_for<T, kDim, kG>(p, batch);
+  const size_t partials =
+      p.num_splits > 1 ? static_cast<size_t>(batch) * p.heads_q * p.num_splits : 0;
+  const size_t acc_bytes = partials * kDim * sizeof(float);
+  if (p.num_splits > 1) {
+    p.ws_acc = static_cast<float*>(ws);
+    p.ws_ml = reinterpret_cast<float2*>(static_cast<char*>(ws) + acc_bytes);
+  }
+  const dim3 grid(static_cast<unsigned>(p.num_splits),
+                  static_cast<unsigned>(p.heads_k * (p.group / kG)), static_cast<unsigned>(batch));
+  CK(launch(decode_split_kernel<T, kDim, kG>, grid, dim3(kThreads), 0, stream, false, p));
+  if (p.num_splits > 1) {
+    CK(launch(decode_merge_kernel<T, kDim>, dim3(static_cast<unsigned>(int64_t{batch} * p.heads_q)),
+              dim3(kMergeThreads), 0, stream, true, static_cast<const float*>(p.ws_acc),
+              static_cast<const float2*>(p.ws_ml), p.out, p.num_splits));
+  }
+}
+
+}  // namespace orig
+
+// ---------------------------------------------------------------------------------------
+// V1+: tensor-core decode (see the header). bf16, D = 128, page size a multiple of 16,
+// group (Hq / Hk) at most 8.
+// ---------------------------------------------------------------------------------------
+namespace tc {
+
+constexpr int kDim = 128;
+constexpr int kTile = 16;                         // tokens a warp tile (one page slice)
+constexpr int kTileElems = kTile * kDim;          // 2048 bf16 = 4 KiB (K or V)
+constexpr int kMaxGroup = 8;                      // query heads a block
+constexpr int kRedStride = kDim + 4;              // floats a row of the block merge
+
+struct Params {
+  const bf16* q;
+  const bf16* k_cache;
+  const bf16* v_cache;
+  const int32_t* block_table;
+  const int32_t* seq_lens;
+  bf16* out;
+  float* ws_acc;  // [B, Hq, num_splits, D]
+  float2* ws_ml;  // [B, Hq, num_splits]
+  int64_t num_pages;
+  int heads_q;
+  int heads_k;
+  int group;
+  int page_size;
+  orig::FastDivisor page_div = orig::FastDivisor(1);
+  int max_pages;
+  int num_splits;
+  float scale_log2;
+};
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* gmem, bool pred) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem),
+               "r"(pred ? 16 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+// d += A (16x16, row) * B (16x8, col), bf16 in, fp32 accumulate.
+__device__ __forceinline__ void mma(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                    uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+      "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+// 8x8 b16 transpose across the warp: lane l holds (row l / 4, cols 2 (l % 4), +1) before and
+// after, of the matrix and of its transpose.
+__device__ __forceinline__ uint32_t movmatrix_t(uint32_t x) {
+  uint32_t y;
+  asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+  return y;
+}
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x (low half) = lo
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// Byte offset in a [16][128] bf16 tile of chunk c (16 bytes) of token row r, swizzled.
+__device__ __forceinline__ uint32_t tile_off(int r, int c) {
+  return static_cast<uint32_t>(r * (kDim * 2) + ((c ^ (r & 7)) << 4));
+}
+
+template <int kWarps, int kStages>
+__host__ __device__ constexpr int smem_bytes() {
+  return kWarps * kStages * 2 * kTileElems * 2;
+}
+
+// kTrans false: the "rows" form (heads as the MMA's M); true: the "trans" form (tokens,
+// then D, as M). Registers: at most 128 (launch bounds for 512 threads an SM).
+template <int kWarps, int kStages, bool kTrans>
+__global__ void __launch_bounds__(kWarps * 32, 16 / kWarps) split_kernel(Params p) {
+  static_assert(kWarps * kMaxGroup * kRedStride * 4 <= smem_bytes<kWarps, kStages>(),
+                "the block merge reuses the pipeline's shared memory");
+  extern __shared__ __align__(128) unsigned char smem[];
+  __shared__ float red_m[kWarps][kMaxGroup];
+  __shared__ float red_l[kWarps][kMaxGroup];
+
+  const int split = static_cast<int>(blockIdx.x);
+  const int kh = static_cast<int>(blockIdx.y);
+  const int b = static_cast<int>(blockIdx.z);
+  const int hq0 = kh * p.group;
+  const int tid = static_cast<int>(threadIdx.x);
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+  const int gid = lane >> 2;  // the MMA fragments' groupID
+  const int tig = lane & 3;   // thread in group
+
+  orig::pdl_wait();
+
+  const int capacity = p.max_pages * p.page_size;
+  const int len = min(max(p.seq_lens[b], 0), capacity);
+  const int per_split = ((len + p.num_splits - 1) / p.num_splits + kTile - 1) / kTile * kTile;
+  const int begin = min(len, split * per_split);  // a multiple of 16
+  const int end = min(len, begin + per_split);
+  const int num_tiles = (end - begin + kTile - 1) / kTile;
+  const int my_tiles = num_tiles > warp ? (num_tiles - warp - 1) / kWarps + 1 : 0;
+
+  // This warp's stages: [kStages][K, V][16][128] bf16.
+  const uint32_t wbase = smem_u32(smem) + static_cast<uint32_t>(warp * kStages * 2 * kTileElems * 2);
+  const int32_t* table = p.block_table + static_cast<int64_t>(b) * p.max_pages;
+  auto tile_tok0 = [&](int i) { return begin + (warp + i * kWarps) * kTile; };
+  // Page id of the warp's tile i (one page: P % 16 == 0 and tok0 % 16 == 0); -1 past the end.
+  auto lookup = [&](int i) -> int32_t {
+    const int tok0 = tile_tok0(i);
+    return tok0 < end ? __ldg(table + p.page_div.div(static_cast<uint32_t>(tok0))) : -1;
+  };
+  // Copies of tile i into stage s: lane l takes chunk l % 16 of rows 2j + l / 16, j < 8.
+  // Returns whether the page id is in range (rows past `end` are zero-filled either way).
+  auto issue = [&](int i, int s, int32_t page) -> bool {
+    const int tok0 = tile_tok0(i);
+    const bool pok = page >= 0 && page < p.num_pages;
+    const int slot0 = tok0 - static_cast<int>(p.page_div.div(static_cast<uint32_t>(tok0))) * p.page_size;
+    const int c = lane & 15;
+    const int64_t row0 = (static_cast<int64_t>(pok ? page : 0) * p.page_size + slot0) * p.heads_k + kh;
+    const uint32_t ks = wbase + static_cast<uint32_t>(s * 2 * kTileElems * 2);
+    const uint32_t vs = ks + kTileElems * 2;
+#pragma unroll
+    for (int j = 0; j < kTile / 2; ++j) {
+      const int r = 2 * j + (lane >> 4);
+      const bool ok = pok && tok0 + r < end;
+      const int64_t off = ok ? (row0 + static_cast<int64_t>(r) * p.heads_k) * kDim + c * 8 : 0;
+      cp_async_16(ks + tile_off(r, c), p.k_cache + off, ok);
+      cp_async_16(vs + tile_off(r, c), p.v_cache + off, ok);
+    }
+    return pok;
+  };
+
+  uint32_t ok_bits = 0;  // bit s: the page of the tile in stage s is in range
+  int32_t next_page;
+  {
+    int32_t pages[kStages];
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) pages[s] = lookup(s);
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+      if (s < my_tiles && issue(s, s, pages[s])) ok_bits |= 1u << s;
+      orig::cp_async_commit();
+    }
+    next_page = pages[kStages - 1];
+  }
+
+  // q of head gid (zero for gid >= group): the rows form's A (a0, a2) and the trans form's
+  // B (b0, b1) are the same words: q[gid][16 ks + 2 tig, +1] and q[gid][16 ks + 8 + 2 tig, +1].
+  uint32_t qf[kDim / 16][2];
+  {
+    const bool hv = gid < p.group;
+    const bf16* qrow = p.q + (static_cast<int64_t>(b) * p.heads_q + hq0 + (hv ? gid : 0)) * kDim;
+#pragma unroll
+    for (int ks = 0; ks < kDim / 16; ++ks) {
+      qf[ks][0] = hv ? *reinterpret_cast<const uint32_t*>(qrow + 16 * ks + 2 * tig) : 0u;
+      qf[ks][1] = hv ? *reinterpret_cast<const uint32_t*>(qrow + 16 * ks + 8 + 2 * tig) : 0u;
+    }
+  }
+  orig::pdl_launch_dependents();
+
+  // The rows form: m, l of head gid; acc[dn] = O[gid][8 dn + 2 tig, +1] (c0, c1; c2, c3 pad).
+  // The trans form: m, l of heads 2 tig, 2 tig + 1; acc[mt] = O^T[16 mt + gid (+8)][2 tig, +1].
+  constexpr int kHeadsLane = kTrans ? 2 : 1;
+  constexpr int kAcc = kTrans ? kDim / 16 : kDim / 8;
+  float m[kHeadsLane], l[kHeadsLane];
+  float acc[kAcc][4];
+#pragma unroll
+  for (int h = 0; h < kHeadsLane; ++h) {
+    m[h] = -INFINITY;
+    l[h] = 0.0f;
+  }
+#pragma unroll
+  for (int i = 0; i < kAcc; ++i) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
+  }
+
+  // ldmatrix row addresses (bytes in a tile, before the stage base), per lane:
+  //  pattern A: matrices (rows 0-7, chunk 2x), (rows 0-7, 2x+1), (rows 8-15, 2x), (rows 8-15, 2x+1)
+  //  pattern B: matrices (rows 0-7, chunk 2x), (rows 8-15, 2x), (rows 0-7, 2x+1), (rows 8-15, 2x+1)
+  const int ra = ((lane >> 4) << 3) + (lane & 7), ca = (lane >> 3) & 1;
+  const int rb = (((lane >> 3) & 1) << 3) + (lane & 7), cb = lane >> 4;
+
+  for (int i = 0; i < my_tiles; ++i) {
+    const int nxt = i + kStages - 1;
+    __syncwarp();  // every lane is done with stage nxt % kStages (read at tile i - 1)
+    if (nxt < my_tiles) {
+      const int s = nxt % kStages;
+      ok_bits &= ~(1u << s);
+      if (issue(nxt, s, next_page)) ok_bits |= 1u << s;
+    }
+    orig::cp_async_commit();
+    if (nxt + 1 < my_tiles) next_page = lookup(nxt + 1);
+    orig::cp_async_wait<kStages - 1>();
+    __syncwarp();  // the other lanes' copies of tile i are visible
+
+    const int stage = i % kStages;
+    const uint32_t ks = wbase + static_cast<uint32_t>(stage * 2 * kTileElems * 2);
+    const uint32_t vs = ks + kTileElems * 2;
+    const bool pok = (ok_bits >> stage) & 1u;
+    const int valid = pok ? min(kTile, end - tile_tok0(i)) : 0;  // rows [0, valid) count
+
+    if constexpr (!kTrans) {
+      // S[gid][8 nt + 2 tig, +1] in s[nt][0..1]; s[nt][2..3] are the padding rows.
+      float s[2][4] = {};
+#pragma unroll
+      for (int kst = 0; kst < kDim / 16; ++kst) {
+        uint32_t kb[4];  // pattern A with x = kst: b0, b1 of tokens 0-7, then of 8-15
+        ldsm_x4(kb, ks + tile_off(ra, 2 * kst + ca));
+        mma(s[0], qf[kst][0], 0u, qf[kst][1], 0u, kb[0], kb[1]);
+        mma(s[1], qf[kst][0], 0u, qf[kst][1], 0u, kb[2], kb[3]);
+      }
+      float mx = m[0];
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const int t = 8 * nt + 2 * tig + j;
+          s[nt][j] = t < valid ? s[nt][j] * p.scale_log2 : -INFINITY;
+          mx = fmaxf(mx, s[nt][j]);
+        }
+      }
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float ref = mx == -INFINITY ? 0.0f : mx;
+      const float corr = exp2f(m[0] - ref);
+      m[0] = mx;
+      l[0] *= corr;
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          s[nt][j] = exp2f(s[nt][j] - ref);
+          l[0] += s[nt][j];
+        }
+      }
+#pragma unroll
+      for (int dn = 0; dn < kAcc; ++dn) {
+        acc[dn][0] *= corr;
+        acc[dn][1] *= corr;
+      }
+      // P as A: a0 = P[gid][2 tig, +1] (tokens 0-7), a2 = P[gid][8 + 2 tig, +1].
+      const uint32_t pa0 = pack_bf16(s[0][0], s[0][1]);
+      const uint32_t pa2 = pack_bf16(s[1][0], s[1][1]);
+#pragma unroll
+      for (int dp = 0; dp < kDim / 16; ++dp) {
+        uint32_t vb[4];  // pattern B with x = dp: b0, b1 of n-tile 2 dp, then of 2 dp + 1
+        ldsm_x4_t(vb, vs + tile_off(rb, 2 * dp + cb));
+        mma(acc[2 * dp], pa0, 0u, pa2, 0u, vb[0], vb[1]);
+        mma(acc[2 * dp + 1], pa0, 0u, pa2, 0u, vb[2], vb[3]);
+      }
+    } else {
+      // S^T[token gid (+8)][head 2 tig, +1]: c0, c1 token gid; c2, c3 token gid + 8.
+      float s[4] = {};
+#pragma unroll
+      for (int kst = 0; kst < kDim / 16; ++kst) {
+        uint32_t ka[4];  // pattern B with x = kst: a0..a3 of K (16 tokens x 16 d)
+        ldsm_x4(ka, ks + tile_off(rb, 2 * kst + cb));
+        mma(s, ka[0], ka[1], ka[2], ka[3], qf[kst][0], qf[kst][1]);
+      }
+      const bool v0 = gid < valid, v1 = gid + 8 < valid;
+      s[0] = v0 ? s[0] * p.scale_log2 : -INFINITY;
+      s[1] = v0 ? s[1] * p.scale_log2 : -INFINITY;
+      s[2] = v1 ? s[2] * p.scale_log2 : -INFINITY;
+      s[3] = v1 ? s[3] * p.scale_log2 : -INFINITY;
+      float mx[2] = {fmaxf(m[0], fmaxf(s[0], s[2])), fmaxf(m[1], fmaxf(s[1], s[3]))};
+#pragma unroll
+      for (int off = 4; off < 32; off *= 2) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], off));
+      }
+      float corr[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float ref = mx[h] == -INFINITY ? 0.0f : mx[h];
+        corr[h] = exp2f(m[h] - ref);
+        m[h] = mx[h];
+        s[h] = exp2f(s[h] - ref);
+        s[h + 2] = exp2f(s[h + 2] - ref);
+        l[h] = l[h] * corr[h] + s[h] + s[h + 2];
+      }
+#pragma unroll
+      for (int mt = 0; mt < kAcc; ++mt) {
+        acc[mt][0] *= corr[0];
+        acc[mt][1] *= corr[1];
+        acc[mt][2] *= corr[0];
+        acc[mt][3] *= corr[1];
+      }
+      // P^T (tokens x heads) as B of O^T += V^T P^T: b0 = P^T[2 tig, +1][gid] (tokens 0-7),
+      // b1 the same for tokens 8-15; the transposes of the accumulators' 8x8 blocks.
+      const uint32_t pb0 = movmatrix_t(pack_bf16(s[0], s[1]));
+      const uint32_t pb1 = movmatrix_t(pack_bf16(s[2], s[3]));
+#pragma unroll
+      for (int mt = 0; mt < kAcc; ++mt) {
+        uint32_t va[4];  // pattern A with x = mt, transposed: a0..a3 of V^T (16 d x 16 tokens)
+        ldsm_x4_t(va, vs + tile_off(ra, 2 * mt + ca));
+        mma(acc[mt], va[0], va[1], va[2], va[3], pb0, pb1);
+      }
+    }
+  }
+  orig::cp_async_wait<0>();
+  __syncthreads();  // every warp is done with the pipeline's shared memory
+
+  // The warps' states over disjoint tokens, merged as V0 merges its lane groups.
+  float* red_acc = reinterpret_cast<float*>(smem);  // [kWarps][kMaxGroup][kRedStride]
+  if constexpr (!kTrans) {
+    l[0] += __shfl_xor_sync(0xffffffffu, l[0], 1);
+    l[0] += __shfl_xor_sync(0xffffffffu, l[0], 2);
+    float* row = red_acc + (warp * kMaxGroup + gid) * kRedStride + 2 * tig;
+#pragma unroll
+    for (int dn = 0; dn < kAcc; ++dn) {
+      *reinterpret_cast<float2*>(row + 8 * dn) = make_float2(acc[dn][0], acc[dn][1]);
+    }
+    if (tig == 0) {
+      red_m[warp][gid] = m[0];
+      red_l[warp][gid] = l[0];
+    }
+  } else {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int off = 4; off < 32; off *= 2) l[h] += __shfl_xor_sync(0xffffffffu, l[h], off);
+    }
+    float* r0 = red_acc + (warp * kMaxGroup + 2 * tig) * kRedStride + gid;
+    float* r1 = r0 + kRedStride;
+#pragma unroll
+    for (int mt = 0; mt < kAcc; ++mt) {
+      r0[16 * mt] = acc[mt][0];
+      r1[16 * mt] = acc[mt][1];
+      r0[16 * mt + 8] = acc[mt][2];
+      r1[16 * mt + 8] = acc[mt][3];
+    }
+    if (gid == 0) {
+      red_m[warp][2 * tig] = m[0];
+      red_m[warp][2 * tig + 1] = m[1];
+      red_l[warp][2 * tig] = l[0];
+      red_l[warp][2 * tig + 1] = l[1];
+    }
+  }
+  __syncthreads();
+  for (int o = tid; o < p.group * kDim; o += kWarps * 32) {
+    const int g = o / kDim;
+    const int d = o % kDim;
+    float mx = -INFINITY;
+#pragma unroll
+    for (int n = 0; n < kWarps; ++n) mx = fmaxf(mx, red_m[n][g]);
+    float sum = 0.0f, a = 0.0f;
+    if (mx != -INFINITY) {
+#pragma unroll
+      for (int n = 0; n < kWarps; ++n) {
+        const float mn = red_m[n][g];
+        if (mn == -INFINITY) continue;
+        const float w = exp2f(mn - mx);
+        sum += w * red_l[n][g];
+        a += w * red_acc[(n * kMaxGroup + g) * kRedStride + d];
+      }
+    }
+    const int64_t bh = static_cast<int64_t>(b) * p.heads_q + hq0 + g;
+    if (p.num_splits == 1) {
+      p.out[bh * kDim + d] = __float2bfloat16_rn(sum > 0.0f ? a / sum : 0.0f);
+    } else {
+      const int64_t idx = bh * p.num_splits + split;
+      p.ws_acc[idx * kDim + d] = a;
+      if (d == 0) p.ws_ml[idx] = make_float2(mx, sum);
+    }
+  }
+}
+
+template <int kWarps, int kStages, bool kTrans>
+int64_t resident_blocks() {
+  static int64_t known = 0;
+  if (known > 0) return known;
+  auto fn = split_kernel<kWarps, kStages, kTrans>;
+  CK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                          smem_bytes<kWarps, kStages>()));
+  int per_sm = 0;
+  CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, kWarps * 32,
+                                                   smem_bytes<kWarps, kStages>()));
+  known = std::max(1, g_sms * per_sm);
+  return known;
+}
+
+template <int kWarps, int kStages, bool kTrans>
+int splits_for(const Params& p, int batch) {
+  // A block's rounds are kWarps tiles; at least one round a split.
+  return orig::choose_splits(int64_t{batch} * p.heads_k, int64_t{p.max_pages} * p.page_size,
+                             resident_blocks<kWarps, kStages, kTrans>(),
+                             std::max(orig::kMinTokensPerSplit, kWarps * kTile));
+}
+
+template <int kWarps, int kStages, bool kTrans>
+void launch(Params p, int batch, void* ws, cudaStream_t stream) {
+  if (p.group > kMaxGroup || p.page_size % kTile != 0) {
+    fprintf(stderr, "tc::launch: needs Hq / Hk <= 8 and page_size %% 16 == 0\n");
+    exit(1);
+  }
+  p.num_splits = splits_for<kWarps, kStages, kTrans>(p, batch);
+  const size_t partials =
+      p.num_splits > 1 ? static_cast<size_t>(batch) * p.heads_q * p.num_splits : 0;
+  if (p.num_splits > 1) {
+    p.ws_acc = static_cast<float*>(ws);
+    p.ws_ml = reinterpret_cast<float2*>(static_cast<char*>(ws) + partials * kDim * sizeof(float));
+  }
+  const dim3 grid(static_cast<unsigned>(p.num_splits), static_cast<unsigned>(p.heads_k),
+                  static_cast<unsigned>(batch));
+  CK(orig::launch(split_kernel<kWarps, kStages, kTrans>, grid, dim3(kWarps * 32),
+                  smem_bytes<kWarps, kStages>(), stream, false, p));
+  if (p.num_splits > 1) {
+    CK(orig::launch(orig::decode_merge_kernel<bf16, kDim>,
+                    dim3(static_cast<unsigned>(int64_t{batch} * p.heads_q)),
+                    dim3(orig::kMergeThreads), 0, stream, true,
+                    static_cast<const float*>(p.ws_acc), static_cast<const float2*>(p.ws_ml),
+                    p.out, p.num_splits));
+  }
+}
+
+}  // namespace tc
+
+// ---------------------------------------------------------------------------------------
+// Harness
+// ---------------------------------------------------------------------------------------
+constexpr int kDim = 128;
+constexpr int kPage = 16;
+constexpr int kReps = 30;
+constexpr int kGraphCalls = 64;
+
+__global__ void __launch_bounds__(256)
+    copy16_kernel(const uint4* __restrict__ src, uint4* __restrict__ dst, int64_t words) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * 256 + threadIdx.x;
+  if (i < words) dst[i] = src[i];
+}
+void copy16(const void* src, void* dst, int64_t words, cudaStream_t st) {
+  copy16_kernel<<<static_cast<unsigned>((words + 255) / 256), 256, 0, st>>>(
+      static_cast<const uint4*>(src), static_cast<uint4*>(dst), words);
+  CK(cudaGetLastError());
+}
+
+__host__ __device__ inline uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+// p[i] = bf16(sd * N(0, 1)), Box-Muller from a hash of (seed, i).
+__global__ void fill_normal_kernel(bf16* p, int64_t n, uint64_t seed, float sd) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const uint64_t h = mix64(seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(i) + 1);
+    const float u1 = (static_cast<float>(h >> 40) + 1.0f) * (1.0f / 16777217.0f);  // (0, 1]
+    const float u2 = static_cast<float>((h >> 8) & 0xffffffu) * (1.0f / 16777216.0f);
+    p[i] = __float2bfloat16_rn(sd * sqrtf(-2.0f * logf(u1)) * cospif(2.0f * u2));
+  }
+}
+void fill_normal(bf16* p, int64_t n, uint64_t seed, float sd) {
+  fill_normal_kernel<<<g_sms * 8, 256, 0, g_stream>>>(p, n, seed, sd);
+  CK(cudaGetLastError());
+}
+
+// Median microseconds of one call (calls rotate over `sets` buffer sets). Events: every call
+// between its own pair of events, all enqueued back to back. Graph: kGraphCalls calls
+// captured into one graph, each replay between two events, divided by kGraphCalls.
+float time_us(const std::function<void(int)>& launch, int sets, bool graph) {
+  std::vector<float> t(kReps);
+  if (!graph) {
+    for (int i = 0; i < 3; ++i) launch(i % sets);
+    CK(cudaStreamSynchronize(g_stream));
+    std::vector<cudaEvent_t> ev(2 * kReps);
+    for (auto& e : ev) CK(cudaEventCreate(&e));
+    for (int i = 0; i < kReps; ++i) {
+      CK(cudaEventRecord(ev[2 * i], g_stream));
+      launch(i % sets);
+      CK(cudaEventRecord(ev[2 * i + 1], g_stream));
+    }
+    CK(cudaStreamSynchronize(g_stream));
+    for (int i = 0; i < kReps; ++i) {
+      float ms = 0;
+      CK(cudaEventElapsedTime(&ms, ev[2 * i], ev[2 * i + 1]));
+      t[i] = ms * 1000.0f;
+    }
+    for (auto& e : ev) CK(cudaEventDestroy(e));
+  } else {
+    cudaGraph_t g;
+    CK(cudaStreamBeginCapture(g_stream, cudaStreamCaptureModeGlobal));
+    for (int c = 0; c < kGraphCalls; ++c) launch(c % sets);
+    CK(cudaStreamEndCapture(g_stream, &g));
+    cudaGraphExec_t ge;
+    CK(cudaGraphInstantiate(&ge, g, 0));
+    for (int i = 0; i < 3; ++i) CK(cudaGraphLaunch(ge, g_stream));
+    CK(cudaStreamSynchronize(g_stream));
+    cudaEvent_t a, b;
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    for (int i = 0; i < kReps; ++i) {
+      CK(cudaEventRecord(a, g_stream));
+      CK(cudaGraphLaunch(ge, g_stream));
+      CK(cudaEventRecord(b, g_stream));
+      CK(cudaEventSynchronize(b));
+      float ms = 0;
+      CK(cudaEventElapsedTime(&ms, a, b));
+      t[i] = ms * 1000.0f / kGraphCalls;
+    }
+    CK(cudaEventDestroy(a));
+    CK(cudaEventDestroy(b));
+    CK(cudaGraphExecDestroy(ge));
+    CK(cudaGraphDestroy(g));
+  }
+  std::sort(t.begin(), t.end());
+  return 0.5f * (t[kReps / 2 - 1] + t[kReps / 2]);
+}
+
+struct Rng {
+  uint64_t s;
+  explicit Rng(uint64_t seed) : s(seed) {}
+  uint64_t next() { return mix64(s += 0x9E3779B97F4A7C15ull); }
+  int below(int n) { return static_cast<int>(next() % static_cast<uint64_t>(n)); }
+};
+
+inline float bf2f(uint16_t h) {
+  const uint32_t u = uint32_t{h} << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+struct Case {
+  const char* name;
+  int batch, ctx, hq, hk;
+  bool ragged;    // lengths uniform in [1, ctx] (else all ctx)
+  int zero_seq;   // this sequence gets length 0 (-1: none)
+  bool graph;     // time as graph replays
+  uint64_t seed;
+};
+
+struct Set {
+  bf16 *q = nullptr, *k = nullptr, *v = nullptr, *out = nullptr;
+  int32_t *table = nullptr, *lens = nullptr;
+};
+
+struct Problem {
+  Case cs;
+  int max_pages = 0;
+  int64_t num_pages = 0;
+  std::vector<int32_t> lens, table;
+  std::vector<uint16_t> q, k, v;  // set 0's contents
+  std::vector<float> ref;         // [B, Hq, D]
+  std::vector<Set> sets;
+  double bytes = 0;  // per call
+  int64_t kv_elems() const { return num_pages * kPage * cs.hk * kDim; }
+};
+
+void build(Problem& pb, int nsets) {
+  const Case& c = pb.cs;
+  Rng rng(c.seed);
+  pb.max_pages = (c.ctx + kPage - 1) / kPage;
+  pb.lens.assign(c.batch, c.ctx);
+  if (c.ragged) {
+    for (auto& x : pb.lens) x = 1 + rng.below(c.ctx);
+  }
+  if (c.zero_seq >= 0 && c.zero_seq < c.batch) pb.lens[c.zero_seq] = 0;
+  int64_t need = 0, tokens = 0;
+  for (int x : pb.lens) {
+    need += (x + kPage - 1) / kPage;
+    tokens += x;
+  }
+  pb.num_pages = need + 7;  // a few pages no sequence uses
+  std::vector<int32_t> perm(pb.num_pages);
+  for (int64_t i = 0; i < pb.num_pages; ++i) perm[i] = static_cast<int32_t>(i);
+  for (int64_t i = pb.num_pages - 1; i > 0; --i) {
+    std::swap(perm[i], perm[static_cast<int64_t>(rng.next() % static_cast<uint64_t>(i + 1))]);
+  }
+  pb.table.assign(static_cast<size_t>(c.batch) * pb.max_pages, 0);
+  int64_t next = 0;
+  for (int b = 0; b < c.batch; ++b) {
+    for (int j = 0; j < (pb.lens[b] + kPage - 1) / kPage; ++j) {
+      pb.table[static_cast<size_t>(b) * pb.max_pages + j] = perm[next++];
+    }
+  }
+  const int64_t q_elems = int64_t{c.batch} * c.hq * kDim;
+  pb.bytes = static_cast<double>(tokens) * c.hk * kDim * 2 * 2 + 2.0 * q_elems * 2;
+
+  pb.sets.resize(nsets);
+  for (int s = 0; s < nsets; ++s) {
+    Set& st = pb.sets[s];
+    CK(cudaMalloc(&st.q, q_elems * 2));
+    CK(cudaMalloc(&st.out, q_elems * 2));
+    CK(cudaMalloc(&st.k, pb.kv_elems() * 2));
+    CK(cudaMalloc(&st.v, pb.kv_elems() * 2));
+    CK(cudaMalloc(&st.table, pb.table.size() * 4));
+    CK(cudaMalloc(&st.lens, pb.lens.size() * 4));
+    CK(cudaMemcpy(st.table, pb.table.data(), pb.table.size() * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(st.lens, pb.lens.data(), pb.lens.size() * 4, cudaMemcpyHostToDevice));
+    fill_normal(st.q, q_elems, c.seed * 16 + 3 * s + 1, 2.0f);
+    fill_normal(st.k, pb.kv_elems(), c.seed * 16 + 3 * s + 2, 1.0f);
+    fill_normal(st.v, pb.kv_elems(), c.seed * 16 + 3 * s + 3, 1.0f);
+  }
+  CK(cudaStreamSynchronize(g_stream));
+  pb.q.resize(q_elems);
+  pb.k.resize(pb.kv_elems());
+  pb.v.resize(pb.kv_elems());
+  CK(cudaMemcpy(pb.q.data(), pb.sets[0].q, q_elems * 2, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(pb.k.data(), pb.sets[0].k, pb.kv_elems() * 2, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(pb.v.data(), pb.sets[0].v, pb.kv_elems() * 2, cudaMemcpyDeviceToHost));
+}
+
+void free_problem(Problem& pb) {
+  for (Set& st : pb.sets) {
+    CK(cudaFree(st.q));
+    CK(cudaFree(st.out));
+    CK(cudaFree(st.k));
+    CK(cudaFree(st.v));
+    CK(cudaFree(st.table));
+    CK(cudaFree(st.lens));
+  }
+  pb.sets.clear();
+}
+
+// CPU reference (plugins/attention/reference.cpp's math): double scores and softmax from the
+// bf16 inputs, out in float (compared with the bf16 results). Threads over (b, h).
+void reference(Problem& pb, double scale) {
+  const Case& c = pb.cs;
+  const int group = c.hq / c.hk;
+  pb.ref.assign(static_cast<size_t>(c.batch) * c.hq * kDim, 0.0f);
+  const int rows = c.batch * c.hq;
+  std::atomic<int> next_row{0};
+  auto work = [&]() {
+    std::vector<double> sc, o(kDim), qd(kDim);
+    for (int bh; (bh = next_row.fetch_add(1)) < rows;) {
+      const int b = bh / c.hq, h = bh % c.hq, kvh = h / group;
+      const int len = pb.lens[b];
+      for (int d = 0; d < kDim; ++d) qd[d] = bf2f(pb.q[static_cast<size_t>(bh) * kDim + d]);
+      sc.assign(len, 0.0);
+      double mx = -INFINITY;
+      auto row_of = [&](int j) {
+        const int64_t page = pb.table[static_cast<size_t>(b) * pb.max_pages + j / kPage];
+        return ((page * kPage + j % kPage) * c.hk + kvh) * kDim;
+      };
+      for (int j = 0; j < len; ++j) {
+        const uint16_t* kr = pb.k.data() + row_of(j);
+        double dot = 0;
+        for (int d = 0; d < kDim; ++d) dot += qd[d] * bf2f(kr[d]);
+        sc[j] = dot * scale;
+        mx = std::max(mx, sc[j]);
+      }
+      std::fill(o.begin(), o.end(), 0.0);
+      double sum = 0;
+      for (int j = 0; j < len; ++j) {
+        const double w = std::exp(sc[j] - mx);
+        sum += w;
+        const uint16_t* vr = pb.v.data() + row_of(j);
+        for (int d = 0; d < kDim; ++d) o[d] += w * bf2f(vr[d]);
+      }
+      for (int d = 0; d < kDim; ++d) {
+        pb.ref[static_cast<size_t>(bh) * kDim + d] = len > 0 ? static_cast<float>(o[d] / sum) : 0.0f;
+      }
+    }
+  };
+  const unsigned n = std::max(1u, std::min(64u, std::thread::hardware_concurrency()));
+  std::vector<std::thread> th;
+  for (unsigned i = 0; i < n; ++i) th.emplace_back(work);
+  for (auto& t : th) t.join();
+}
+
+// A variant: its launcher for a set of a problem, its split count, and its split kernel.
+struct Variant {
+  const char* id;
+  const char* name;
+  std::function<void(const Problem&, const Set&, void*, cudaStream_t)> launch;
+  std::function<int(const Problem&)> splits;
+  const void* fn;
+  int threads;
+  int smem;
+};
+
+orig::DecodeParams<bf16> orig_params(const Problem& pb, const Set& st, double scale) {
+  orig::DecodeParams<bf16> p{};
+  p.q = st.q;
+  p.k_cache = st.k;
+  p.v_cache = st.v;
+  p.block_table = st.table;
+  p.seq_lens = st.lens;
+  p.out = st.out;
+  p.num_pages = pb.num_pages;
+  p.heads_q = pb.cs.hq;
+  p.heads_k = pb.cs.hk;
+  p.group = pb.cs.hq / pb.cs.hk;
+  p.page_size = kPage;
+  p.page_div = orig::FastDivisor(kPage);
+  p.max_pages = pb.max_pages;
+  p.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
+  return p;
+}
+
+tc::Params tc_params(const Problem& pb, const Set& st, double scale) {
+  tc::Params p{};
+  p.q = st.q;
+  p.k_cache = st.k;
+  p.v_cache = st.v;
+  p.block_table = st.table;
+  p.seq_lens = st.lens;
+  p.out = st.out;
+  p.num_pages = pb.num_pages;
+  p.heads_q = pb.cs.hq;
+  p.heads_k = pb.cs.hk;
+  p.group = pb.cs.hq / pb.cs.hk;
+  p.page_size = kPage;
+  p.page_div = orig::FastDivisor(kPage);
+  p.max_pages = pb.max_pages;
+  p.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
+  return p;
+}
+
+const double kScale = 1.0 / std::sqrt(128.0);
+
+template <int kWarps, int kStages, bool kTrans>
+Variant tc_variant(const char* id, const char* name) {
+  return Variant{id,
+                 name,
+                 [](const Problem& pb, const Set& st, void* ws, cudaStream_t s) {
+                   tc::launch<kWarps, kStages, kTrans>(tc_params(pb, st, kScale), pb.cs.batch, ws,
+                                                       s);
+                 },
+                 [](const Problem& pb) {
+                   return tc::splits_for<kWarps, kStages, kTrans>(
+                       tc_params(pb, pb.sets[0], kScale), pb.cs.batch);
+                 },
+                 reinterpret_cast<const void*>(tc::split_kernel<kWarps, kStages, kTrans>),
+                 kWarps * 32,
+                 tc::smem_bytes<kWarps, kStages>()};
+}
+
+std::vector<Variant> variants() {
+  std::vector<Variant> v;
+  v.push_back(Variant{
+      "V0", "kreg decode: FMA, 4-head chunks, 16-tok tiles",
+      [](const Problem& pb, const Set& st, void* ws, cudaStream_t s) {
+        orig::launch_split<bf16, kDim, 4>(orig_params(pb, st, kScale), pb.cs.batch, ws, s);
+      },
+      [](const Problem& pb) {
+        return orig::splits_for<bf16, kDim, 4>(orig_params(pb, pb.sets[0], kScale), pb.cs.batch);
+      },
+      reinterpret_cast<const void*>(orig::decode_split_kernel<bf16, kDim, 4>), orig::kThreads, 0});
+  v.push_back(tc_variant<4, 3, false>("V1", "mma rows (FA2), 4 warps x 3 stages"));
+  v.push_back(tc_variant<4, 4, false>("V2", "mma rows (FA2), 4 warps x 4 stages"));
+  v.push_back(tc_variant<4, 3, true>("V3", "mma trans (tokens as M), 4w x 3 st"));
+  v.push_back(tc_variant<4, 4, true>("V4", "mma trans (tokens as M), 4w x 4 st"));
+  v.push_back(tc_variant<8, 2, true>("V5", "mma trans (tokens as M), 8w x 2 st"));
+  return v;
+}
+
+std::string kernel_info(const Variant& v) {
+  cudaFuncAttributes a{};
+  CK(cudaFuncGetAttributes(&a, v.fn));
+  if (v.smem > 0) {
+    CK(cudaFuncSetAttribute(v.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, v.smem));
+  }
+  int per_sm = 0;
+  CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, v.fn, v.threads, v.smem));
+  char buf[220];
+  snprintf(buf, sizeof buf, "regs %d, spill %zu B, %d threads, smem %zu+%d B, %d blocks/SM (%d warps)",
+           a.numRegs, static_cast<size_t>(a.localSizeBytes), v.threads,
+           static_cast<size_t>(a.sharedSizeBytes), v.smem, per_sm, per_sm * v.threads / 32);
+  return buf;
+}
+
+struct Diff {
+  double max_abs = 0;   // vs the reference
+  double max_tol = 0;   // max |diff| / (1e-3 + |ref| / 128): above 1 fails
+  int64_t bad = 0;
+  int64_t zero_bad = 0; // elements of a length-0 sequence that are not exactly 0
+};
+
+Diff compare(const Problem& pb, const std::vector<uint16_t>& got) {
+  Diff d;
+  const int64_t per_seq = int64_t{pb.cs.hq} * kDim;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double g = bf2f(got[i]), w = pb.ref[i];
+    double e = std::fabs(g - w);
+    if (e != e) e = INFINITY;
+    d.max_abs = std::max(d.max_abs, e);
+    const double t = e / (1e-3 + std::fabs(w) / 128.0);
+    d.max_tol = std::max(d.max_tol, t);
+    if (!(t <= 1.0) || e > 2e-2) ++d.bad;
+    if (pb.lens[i / per_seq] == 0 && got[i] != 0 && got[i] != 0x8000) ++d.zero_bad;
+  }
+  return d;
+}
+
+double max_abs_between(const std::vector<uint16_t>& a, const std::vector<uint16_t>& b) {
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    double e = std::fabs(static_cast<double>(bf2f(a[i])) - bf2f(b[i]));
+    if (e != e) e = INFINITY;
+    m = std::max(m, e);
+  }
+  return m;
+}
+
+double g_big_copy_gbps = 0;
+int g_failures = 0;
+
+void run_case(const Case& cs, const std::vector<Variant>& vs, void* ws) {
+  Problem pb;
+  pb.cs = cs;
+  // Buffer sets: enough that the calls of a rotation touch > 120 MB (L2: 60 MB).
+  Problem probe;
+  probe.cs = cs;
+  int nsets = 1;
+  {
+    // The bytes a call touches, estimated from the case's expected lengths.
+    const double mean_len = cs.ragged ? 0.5 * (cs.ctx + 1) : cs.ctx;
+    const double call_bytes = cs.batch * mean_len * cs.hk * kDim * 4.0;
+    nsets = std::clamp(static_cast<int>(std::ceil(120e6 / call_bytes)), 1, 16);
+  }
+  build(pb, nsets);
+  reference(pb, kScale);
+  printf("\n== %s: B=%d ctx<=%d Hq=%d Hk=%d, %.2f MB a call, %d buffer set(s), %s\n", cs.name,
+         cs.batch, cs.ctx, cs.hq, cs.hk, pb.bytes / 1e6, nsets,
+         cs.graph ? "graph of 64 calls" : "events");
+
+  // The copy of the same bytes (half read, half written), timed the same way.
+  double copy_gbps = 0;
+  {
+    const int64_t words = std::max<int64_t>(1, static_cast<int64_t>(pb.bytes / 2) / 16);
+    std::vector<void*> src(nsets), dst(nsets);
+    for (int s = 0; s < nsets; ++s) {
+      CK(cudaMalloc(&src[s], words * 16));
+      CK(cudaMalloc(&dst[s], words * 16));
+      CK(cudaMemset(src[s], 0x5a, words * 16));
+    }
+    const float us = time_us([&](int s) { copy16(src[s], dst[s], words, g_stream); }, nsets, cs.graph);
+    copy_gbps = 2.0 * words * 16 / us * 1e-3;
+    printf("-- copy of %.2f MB: %.2f us, %.0f GB/s\n", 2.0 * words * 16 / 1e6, us, copy_gbps);
+    for (int s = 0; s < nsets; ++s) {
+      CK(cudaFree(src[s]));
+      CK(cudaFree(dst[s]));
+    }
+  }
+
+  const size_t out_elems = static_cast<size_t>(cs.batch) * cs.hq * kDim;
+  std::vector<uint16_t> v0_out;
+  for (const Variant& v : vs) {
+    // Check on set 0, its output poisoned first (0xffff: a NaN).
+    const Set& st = pb.sets[0];
+    CK(cudaMemsetAsync(st.out, 0xff, out_elems * 2, g_stream));
+    v.launch(pb, st, ws, g_stream);
+    CK(cudaStreamSynchronize(g_stream));
+    std::vector<uint16_t> got(out_elems);
+    CK(cudaMemcpy(got.data(), st.out, out_elems * 2, cudaMemcpyDeviceToHost));
+    const Diff d = compare(pb, got);
+    char chk[200];
+    const bool ok = d.bad == 0 && d.zero_bad == 0;
+    int n = snprintf(chk, sizeof chk, "%s max|d| %.2e (%.2f of tol)", ok ? "ok  " : "FAIL",
+                     d.max_abs, d.max_tol);
+    if (!ok) {
+      ++g_failures;
+      n += snprintf(chk + n, sizeof chk - n, " %lld bad, %lld nonzero for len 0",
+                    static_cast<long long>(d.bad), static_cast<long long>(d.zero_bad));
+    }
+    if (v0_out.empty()) {
+      v0_out = got;
+    } else {
+      snprintf(chk + n, sizeof chk - n, ", vs V0 %.2e", max_abs_between(got, v0_out));
+    }
+    const float us =
+        time_us([&](int s) { v.launch(pb, pb.sets[s], ws, g_stream); }, nsets, cs.graph);
+    const double gbps = pb.bytes / us * 1e-3;
+    printf("%-3s %-46s %-10s splits %3d %8.2f us %6.0f GB/s %6.1f%% copy %6.1f%% 1GiB  %s\n", v.id,
+           v.name, cs.name, v.splits(pb), us, gbps, 100.0 * gbps / copy_gbps,
+           100.0 * gbps / g_big_copy_gbps, chk);
+    fflush(stdout);
+  }
+  free_problem(pb);
+}
+
+int main() {
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess || count == 0) {
+    fprintf(stderr, "no CUDA device (%s): this benchmark needs an sm_90 GPU\n",
+            e != cudaSuccess ? cudaGetErrorString(e) : "device count 0");
+    return 2;
+  }
+  int dev = 0;
+  CK(cudaSetDevice(dev));
+  cudaDeviceProp p{};
+  CK(cudaGetDeviceProperties(&p, dev));
+  g_sms = p.multiProcessorCount;
+  printf("%s: sm_%d%d, %d SMs, L2 %d MB, smem/SM %zu KB\n", p.name, p.major, p.minor,
+         p.multiProcessorCount, p.l2CacheSize >> 20, p.sharedMemPerMultiprocessor >> 10);
+  if (p.major < 9) {
+    fprintf(stderr, "needs sm_90 (griddepcontrol, built for sm_90)\n");
+    return 2;
+  }
+  CK(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking));
+  {
+    const int64_t words = (int64_t{1} << 30) / 16;
+    void *a, *b;
+    CK(cudaMalloc(&a, words * 16));
+    CK(cudaMalloc(&b, words * 16));
+    CK(cudaMemset(a, 0x5a, words * 16));
+    const float us = time_us([&](int) { copy16(a, b, words, g_stream); }, 1, false);
+    const float us_memcpy = time_us(
+        [&](int) { CK(cudaMemcpyAsync(b, a, words * 16, cudaMemcpyDeviceToDevice, g_stream)); }, 1,
+        false);
+    g_big_copy_gbps = 2.0 * words * 16 / us * 1e-3;
+    printf("1 GiB copy: copy16 %.1f us %.0f GB/s; cudaMemcpyAsync %.1f us %.0f GB/s\n", us,
+           g_big_copy_gbps, us_memcpy, 2.0 * words * 16 / us_memcpy * 1e-3);
+    CK(cudaFree(a));
+    CK(cudaFree(b));
+  }
+
+  const std::vector<Case> cases = {
+      {"1:b1", 1, 4096, 32, 8, false, -1, true, 11},
+      {"2:b64", 64, 4096, 32, 8, false, -1, false, 12},
+      {"3:b32rag", 32, 4096, 64, 8, true, -1, false, 13},
+      {"4:b16rag", 16, 1024, 32, 8, true, 5, false, 14},
+  };
+  // One workspace for every call: the most partials any case can ask for (128 splits).
+  size_t ws_bytes = 0;
+  for (const Case& c : cases) {
+    ws_bytes = std::max(ws_bytes, static_cast<size_t>(c.batch) * c.hq * orig::kMaxSplits *
+                                      (kDim + 2) * sizeof(float));
+  }
+  void* ws = nullptr;
+  CK(cudaMalloc(&ws, ws_bytes));
+
+  const std::vector<Variant> vs = variants();
+  printf("kernels (split kernels; the merge is V0's for all):\n");
+  for (const Variant& v : vs) printf("  %-3s %-46s %s\n", v.id, v.name, kernel_info(v).c_str());
+  printf(
+      "columns: variant, what, case, splits, median us, GB/s (K/V rows read + q + out), %% of a "
+      "copy of the same bytes, %% of the 1 GiB copy, check vs the CPU reference (tol: 1e-3 + "
+      "|ref|/128 and 2e-2 abs) and max |diff| vs V0\n");
+  for (const Case& c : cases) run_case(c, vs, ws);
+  CK(cudaFree(ws));
+  CK(cudaDeviceSynchronize());
+  printf("\n%s\n", g_failures ? "CHECK FAILURES (see FAIL lines)" : "all checks passed");
+  return g_failures ? 1 : 0;
+}
