@@ -641,6 +641,36 @@ __device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], uint32_t addr) {
                : "r"(addr)
                : "memory");
 }
+// ldmatrix at tile + (lane_off ^ kX), computed inside the asm so that the compiler does not
+// hoist one offset register per k-step out of the tile loop. With the swizzle, chunk
+// 2 x + e of row r (e in {0, 1}) is at tile_off(r, e) ^ (x << 5).
+template <int kX, bool kT>
+__device__ __forceinline__ void ldsm_x4_sw(uint32_t (&r)[4], uint32_t tile, uint32_t lane_off) {
+  if constexpr (kT) {
+    asm volatile(
+        "{\n\t.reg .b32 a;\n\txor.b32 a, %5, %6;\n\tadd.u32 a, a, %4;\n\t"
+        "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [a];\n\t}\n"
+        : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+        : "r"(tile), "r"(lane_off), "n"(kX << 5)
+        : "memory");
+  } else {
+    asm volatile(
+        "{\n\t.reg .b32 a;\n\txor.b32 a, %5, %6;\n\tadd.u32 a, a, %4;\n\t"
+        "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [a];\n\t}\n"
+        : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+        : "r"(tile), "r"(lane_off), "n"(kX << 5)
+        : "memory");
+  }
+}
+// Compile-time loop: f(std::integral_constant<int, I>) for I in [0, N).
+template <int I, int N, typename F>
+__device__ __forceinline__ void static_for(F&& f) {
+  if constexpr (I < N) {
+    f(std::integral_constant<int, I>{});
+    static_for<I + 1, N>(f);
+  }
+}
+
 // d += A (16x16, row) * B (16x8, col), bf16 in, fp32 accumulate.
 __device__ __forceinline__ void mma(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
                                     uint32_t a3, uint32_t b0, uint32_t b1) {
@@ -648,6 +678,15 @@ __device__ __forceinline__ void mma(float (&d)[4], uint32_t a0, uint32_t a1, uin
       "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+// The same with the accumulator's rows 8..15 (c2, c3) in separate registers: the rows form's
+// padding rows, which stay exactly 0 (A's rows 8..15 are zero), share a few register pairs.
+__device__ __forceinline__ void mma_pad(float (&d)[2], float (&pad)[2], uint32_t a0, uint32_t a2,
+                                        uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+      "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(pad[0]), "+f"(pad[1])
+      : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
 }
 // 8x8 b16 transpose across the warp: lane l holds (row l / 4, cols 2 (l % 4), +1) before and
 // after, of the matrix and of its transpose.
@@ -672,14 +711,22 @@ __host__ __device__ constexpr int smem_bytes() {
 }
 
 // kTrans false: the "rows" form (heads as the MMA's M); true: the "trans" form (tokens,
-// then D, as M). Registers: at most 128 (launch bounds for 512 threads an SM).
+// then D, as M). Registers: the trans form at most 128 (launch bounds for 512 threads an
+// SM; 120 used). The rows form at most 168 (384 threads an SM): capped at 128 it spills
+// (56-80 bytes; its padding accumulators' shared registers serialize the PV MMAs and ptxas
+// then keeps all of V's fragments live), and its shared memory allows at most 3 blocks of
+// 4 warps an SM anyway (2 stages; 2 blocks with 3 stages, 1 with 4).
 template <int kWarps, int kStages, bool kTrans>
-__global__ void __launch_bounds__(kWarps * 32, 16 / kWarps) split_kernel(Params p) {
+__global__ void __launch_bounds__(kWarps * 32, (kTrans ? 16 : 12) / kWarps) split_kernel(Params p) {
   static_assert(kWarps * kMaxGroup * kRedStride * 4 <= smem_bytes<kWarps, kStages>(),
                 "the block merge reuses the pipeline's shared memory");
   extern __shared__ __align__(128) unsigned char smem[];
   __shared__ float red_m[kWarps][kMaxGroup];
   __shared__ float red_l[kWarps][kMaxGroup];
+  // The rows form keeps q in shared memory ([8][128] bf16, swizzled like the tiles, rows
+  // past the group zero) and reads it back with ldmatrix each tile: 16 registers fewer.
+  constexpr bool kQSmem = !kTrans;
+  __shared__ __align__(128) unsigned char q_s[kQSmem ? kMaxGroup * kDim * 2 : 16];
 
   const int split = static_cast<int>(blockIdx.x);
   const int kh = static_cast<int>(blockIdx.y);
@@ -716,17 +763,22 @@ __global__ void __launch_bounds__(kWarps * 32, 16 / kWarps) split_kernel(Params 
     const int tok0 = tile_tok0(i);
     const bool pok = page >= 0 && page < p.num_pages;
     const int slot0 = tok0 - static_cast<int>(p.page_div.div(static_cast<uint32_t>(tok0))) * p.page_size;
-    const int c = lane & 15;
-    const int64_t row0 = (static_cast<int64_t>(pok ? page : 0) * p.page_size + slot0) * p.heads_k + kh;
+    const int c = lane & 15, h = lane >> 4;
+    // Element offset of row h, then + j * step for row 2 j + h; one offset for K and V.
+    int64_t off = ((static_cast<int64_t>(pok ? page : 0) * p.page_size + slot0 + h) * p.heads_k + kh) *
+                      kDim + c * 8;
+    const int64_t step = int64_t{2} * p.heads_k * kDim;
+    const int rows_ok = pok ? end - tok0 : 0;  // rows [0, rows_ok) are copied
     const uint32_t ks = wbase + static_cast<uint32_t>(s * 2 * kTileElems * 2);
     const uint32_t vs = ks + kTileElems * 2;
+    const uint32_t d0 = tile_off(h, c);  // row 2 j + h: (d0 ^ ((2 j & 7) << 4)) + 512 j
 #pragma unroll
     for (int j = 0; j < kTile / 2; ++j) {
-      const int r = 2 * j + (lane >> 4);
-      const bool ok = pok && tok0 + r < end;
-      const int64_t off = ok ? (row0 + static_cast<int64_t>(r) * p.heads_k) * kDim + c * 8 : 0;
-      cp_async_16(ks + tile_off(r, c), p.k_cache + off, ok);
-      cp_async_16(vs + tile_off(r, c), p.v_cache + off, ok);
+      const bool ok = 2 * j + h < rows_ok;
+      const uint32_t d = (d0 ^ static_cast<uint32_t>(((2 * j) & 7) << 4)) + 512u * j;
+      cp_async_16(ks + d, ok ? p.k_cache + off : p.k_cache, ok);
+      cp_async_16(vs + d, ok ? p.v_cache + off : p.v_cache, ok);
+      off += step;
     }
     return pok;
   };
@@ -747,8 +799,19 @@ __global__ void __launch_bounds__(kWarps * 32, 16 / kWarps) split_kernel(Params 
 
   // q of head gid (zero for gid >= group): the rows form's A (a0, a2) and the trans form's
   // B (b0, b1) are the same words: q[gid][16 ks + 2 tig, +1] and q[gid][16 ks + 8 + 2 tig, +1].
-  uint32_t qf[kDim / 16][2];
-  {
+  uint32_t qf[kQSmem ? 1 : kDim / 16][2];
+  if constexpr (kQSmem) {
+    for (int c = tid; c < kMaxGroup * (kDim / 8); c += kWarps * 32) {
+      const int r = c / (kDim / 8), ch = c % (kDim / 8);
+      uint4 w = make_uint4(0u, 0u, 0u, 0u);
+      if (r < p.group) {
+        w = *reinterpret_cast<const uint4*>(
+            p.q + (static_cast<int64_t>(b) * p.heads_q + hq0 + r) * kDim + ch * 8);
+      }
+      *reinterpret_cast<uint4*>(q_s + tile_off(r, ch)) = w;
+    }
+    __syncthreads();
+  } else {
     const bool hv = gid < p.group;
     const bf16* qrow = p.q + (static_cast<int64_t>(b) * p.heads_q + hq0 + (hv ? gid : 0)) * kDim;
 #pragma unroll
@@ -763,8 +826,10 @@ __global__ void __launch_bounds__(kWarps * 32, 16 / kWarps) split_kernel(Params 
   // The trans form: m, l of heads 2 tig, 2 tig + 1; acc[mt] = O^T[16 mt + gid (+8)][2 tig, +1].
   constexpr int kHeadsLane = kTrans ? 2 : 1;
   constexpr int kAcc = kTrans ? kDim / 16 : kDim / 8;
+  constexpr int kPads = 4;  // the rows form: register pairs for the padding rows (c2, c3)
   float m[kHeadsLane], l[kHeadsLane];
-  float acc[kAcc][4];
+  float acc[kAcc][kTrans ? 4 : 2];
+  float pad[kPads][2] = {};
 #pragma unroll
   for (int h = 0; h < kHeadsLane; ++h) {
     m[h] = -INFINITY;
@@ -773,7 +838,7 @@ __global__ void __launch_bounds__(kWarps * 32, 16 / kWarps) split_kernel(Params 
 #pragma unroll
   for (int i = 0; i < kAcc; ++i) {
 #pragma unroll
-    for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
+    for (int j = 0; j < (kTrans ? 4 : 2); ++j) acc[i][j] = 0.0f;
   }
 
   // ldmatrix row addresses (bytes in a tile, before the stage base), per lane:
@@ -781,6 +846,10 @@ __global__ void __launch_bounds__(kWarps * 32, 16 / kWarps) split_kernel(Params 
   //  pattern B: matrices (rows 0-7, chunk 2x), (rows 8-15, 2x), (rows 0-7, 2x+1), (rows 8-15, 2x+1)
   const int ra = ((lane >> 4) << 3) + (lane & 7), ca = (lane >> 3) & 1;
   const int rb = (((lane >> 3) & 1) << 3) + (lane & 7), cb = lane >> 4;
+  const uint32_t off_a = tile_off(ra, ca), off_b = tile_off(rb, cb);
+  // q (rows form): matrices (heads 0-7, chunk 4 kp + i), i = lane / 8: chunk 2 (2 kp + i / 2)
+  // + i % 2, so x = 2 kp + i / 2 (the XOR constant is (2 kp) << 5, i / 2 in the lane offset).
+  const uint32_t off_q = tile_off(lane & 7, lane >> 3);
 
   for (int i = 0; i < my_tiles; ++i) {
     const int nxt = i + kStages - 1;
@@ -802,15 +871,22 @@ __global__ void __launch_bounds__(kWarps * 32, 16 / kWarps) split_kernel(Params 
     const int valid = pok ? min(kTile, end - tile_tok0(i)) : 0;  // rows [0, valid) count
 
     if constexpr (!kTrans) {
-      // S[gid][8 nt + 2 tig, +1] in s[nt][0..1]; s[nt][2..3] are the padding rows.
-      float s[2][4] = {};
-#pragma unroll
-      for (int kst = 0; kst < kDim / 16; ++kst) {
-        uint32_t kb[4];  // pattern A with x = kst: b0, b1 of tokens 0-7, then of 8-15
-        ldsm_x4(kb, ks + tile_off(ra, 2 * kst + ca));
-        mma(s[0], qf[kst][0], 0u, qf[kst][1], 0u, kb[0], kb[1]);
-        mma(s[1], qf[kst][0], 0u, qf[kst][1], 0u, kb[2], kb[3]);
-      }
+      // S[gid][8 nt + 2 tig, +1] in s[nt][0..1]; the padding rows in pad.
+      float s[2][2] = {};
+      static_for<0, kDim / 32>([&](auto kp_c) {
+        constexpr int kp = decltype(kp_c)::value;
+        // q's a0, a2 of k-steps 2 kp and 2 kp + 1: matrices (heads 0-7, chunk 4 kp + i).
+        uint32_t qa[4];
+        ldsm_x4_sw<2 * kp, false>(qa, smem_u32(q_s), off_q);
+        static_for<0, 2>([&](auto h_c) {
+          constexpr int kst = 2 * kp + decltype(h_c)::value;
+          constexpr int h = decltype(h_c)::value;
+          uint32_t kb[4];  // pattern A with x = kst: b0, b1 of tokens 0-7, then of 8-15
+          ldsm_x4_sw<kst, false>(kb, ks, off_a);
+          mma_pad(s[0], pad[0], qa[2 * h], qa[2 * h + 1], kb[0], kb[1]);
+          mma_pad(s[1], pad[1], qa[2 * h], qa[2 * h + 1], kb[2], kb[3]);
+        });
+      });
       float mx = m[0];
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
@@ -843,22 +919,22 @@ __global__ void __launch_bounds__(kWarps * 32, 16 / kWarps) split_kernel(Params 
       // P as A: a0 = P[gid][2 tig, +1] (tokens 0-7), a2 = P[gid][8 + 2 tig, +1].
       const uint32_t pa0 = pack_bf16(s[0][0], s[0][1]);
       const uint32_t pa2 = pack_bf16(s[1][0], s[1][1]);
-#pragma unroll
-      for (int dp = 0; dp < kDim / 16; ++dp) {
+      static_for<0, kDim / 16>([&](auto dp_c) {
+        constexpr int dp = decltype(dp_c)::value;
         uint32_t vb[4];  // pattern B with x = dp: b0, b1 of n-tile 2 dp, then of 2 dp + 1
-        ldsm_x4_t(vb, vs + tile_off(rb, 2 * dp + cb));
-        mma(acc[2 * dp], pa0, 0u, pa2, 0u, vb[0], vb[1]);
-        mma(acc[2 * dp + 1], pa0, 0u, pa2, 0u, vb[2], vb[3]);
-      }
+        ldsm_x4_sw<dp, true>(vb, vs, off_b);
+        mma_pad(acc[2 * dp], pad[(2 * dp) % kPads], pa0, pa2, vb[0], vb[1]);
+        mma_pad(acc[2 * dp + 1], pad[(2 * dp + 1) % kPads], pa0, pa2, vb[2], vb[3]);
+      });
     } else {
       // S^T[token gid (+8)][head 2 tig, +1]: c0, c1 token gid; c2, c3 token gid + 8.
       float s[4] = {};
-#pragma unroll
-      for (int kst = 0; kst < kDim / 16; ++kst) {
+      static_for<0, kDim / 16>([&](auto kst_c) {
+        constexpr int kst = decltype(kst_c)::value;
         uint32_t ka[4];  // pattern B with x = kst: a0..a3 of K (16 tokens x 16 d)
-        ldsm_x4(ka, ks + tile_off(rb, 2 * kst + cb));
+        ldsm_x4_sw<kst, false>(ka, ks, off_b);
         mma(s, ka[0], ka[1], ka[2], ka[3], qf[kst][0], qf[kst][1]);
-      }
+      });
       const bool v0 = gid < valid, v1 = gid + 8 < valid;
       s[0] = v0 ? s[0] * p.scale_log2 : -INFINITY;
       s[1] = v0 ? s[1] * p.scale_log2 : -INFINITY;
@@ -891,12 +967,12 @@ __global__ void __launch_bounds__(kWarps * 32, 16 / kWarps) split_kernel(Params 
       // b1 the same for tokens 8-15; the transposes of the accumulators' 8x8 blocks.
       const uint32_t pb0 = movmatrix_t(pack_bf16(s[0], s[1]));
       const uint32_t pb1 = movmatrix_t(pack_bf16(s[2], s[3]));
-#pragma unroll
-      for (int mt = 0; mt < kAcc; ++mt) {
+      static_for<0, kAcc>([&](auto mt_c) {
+        constexpr int mt = decltype(mt_c)::value;
         uint32_t va[4];  // pattern A with x = mt, transposed: a0..a3 of V^T (16 d x 16 tokens)
-        ldsm_x4_t(va, vs + tile_off(ra, 2 * mt + ca));
+        ldsm_x4_sw<mt, true>(va, vs, off_a);
         mma(acc[mt], va[0], va[1], va[2], va[3], pb0, pb1);
-      }
+      });
     }
   }
   orig::cp_async_wait<0>();
