@@ -599,10 +599,10 @@ void launch_split(DecodeParams<T> p, int batch, void* ws, cudaStream_t stream) {
 namespace tc {
 
 constexpr int kDim = 128;
-constexpr int kTile = 16;                         // tokens a warp tile (one page slice)
-constexpr int kTileElems = kTile * kDim;          // 2048 bf16 = 4 KiB (K or V)
-constexpr int kMaxGroup = 8;                      // query heads a block
-constexpr int kRedStride = kDim + 4;              // floats a row of the block merge
+constexpr int kTile = 16;                 // tokens a warp tile (one page slice)
+constexpr int kTileElems = kTile * kDim;  // 2048 bf16 = 4 KiB (K or V)
+constexpr int kMaxGroup = 8;              // query heads a block
+constexpr int kRedStride = kDim + 4;      // floats a row of the block merge
 
 struct Params {
   const bf16* q;
@@ -755,7 +755,8 @@ __global__ void __launch_bounds__(kWarps * 32, (kTrans ? 16 : 12) / kWarps) spli
   const int my_tiles = num_tiles > warp ? (num_tiles - warp - 1) / kWarps + 1 : 0;
 
   // This warp's stages: [kStages][K, V][16][128] bf16.
-  const uint32_t wbase = smem_u32(smem) + static_cast<uint32_t>(warp * kStages * 2 * kTileElems * 2);
+  const uint32_t wbase =
+      smem_u32(smem) + static_cast<uint32_t>(warp * kStages * 2 * kTileElems * 2);
   const int32_t* table = p.block_table + static_cast<int64_t>(b) * p.max_pages;
   auto tile_tok0 = [&](int i) { return begin + (warp + i * kWarps) * kTile; };
   // Page id of the warp's tile i (one page: P % 16 == 0 and tok0 % 16 == 0); -1 past the end.
@@ -768,11 +769,13 @@ __global__ void __launch_bounds__(kWarps * 32, (kTrans ? 16 : 12) / kWarps) spli
   auto issue = [&](int i, int s, int32_t page) -> bool {
     const int tok0 = tile_tok0(i);
     const bool pok = page >= 0 && page < p.num_pages;
-    const int slot0 = tok0 - static_cast<int>(p.page_div.div(static_cast<uint32_t>(tok0))) * p.page_size;
+    const int slot0 =
+        tok0 - static_cast<int>(p.page_div.div(static_cast<uint32_t>(tok0))) * p.page_size;
     const int c = lane & 15, h = lane >> 4;
     // Element offset of row h, then + j * step for row 2 j + h; one offset for K and V.
-    int64_t off = ((static_cast<int64_t>(pok ? page : 0) * p.page_size + slot0 + h) * p.heads_k + kh) *
-                      kDim + c * 8;
+    int64_t off =
+        ((static_cast<int64_t>(pok ? page : 0) * p.page_size + slot0 + h) * p.heads_k + kh) * kDim +
+        c * 8;
     const int64_t step = int64_t{2} * p.heads_k * kDim;
     const int rows_ok = pok ? end - tok0 : 0;  // rows [0, rows_ok) are copied
     const uint32_t ks = wbase + static_cast<uint32_t>(s * 2 * kTileElems * 2);
@@ -1100,9 +1103,8 @@ void launch(Params p, int batch, void* ws, cudaStream_t stream) {
   if (p.num_splits > 1) {
     CK(orig::launch(orig::decode_merge_kernel<bf16, kDim>,
                     dim3(static_cast<unsigned>(int64_t{batch} * p.heads_q)),
-                    dim3(orig::kMergeThreads), 0, stream, true,
-                    static_cast<const float*>(p.ws_acc), static_cast<const float2*>(p.ws_ml),
-                    p.out, p.num_splits));
+                    dim3(orig::kMergeThreads), 0, stream, true, static_cast<const float*>(p.ws_acc),
+                    static_cast<const float2*>(p.ws_ml), p.out, p.num_splits));
   }
 }
 
@@ -1216,9 +1218,9 @@ inline float bf2f(uint16_t h) {
 struct Case {
   const char* name;
   int batch, ctx, hq, hk;
-  bool ragged;    // lengths uniform in [1, ctx] (else all ctx)
-  int zero_seq;   // this sequence gets length 0 (-1: none)
-  bool graph;     // time as graph replays
+  bool ragged;   // lengths uniform in [1, ctx] (else all ctx)
+  int zero_seq;  // this sequence gets length 0 (-1: none)
+  bool graph;    // time as graph replays
   uint64_t seed;
 };
 
@@ -1343,7 +1345,8 @@ void reference(Problem& pb, double scale) {
         for (int d = 0; d < kDim; ++d) o[d] += w * bf2f(vr[d]);
       }
       for (int d = 0; d < kDim; ++d) {
-        pb.ref[static_cast<size_t>(bh) * kDim + d] = len > 0 ? static_cast<float>(o[d] / sum) : 0.0f;
+        pb.ref[static_cast<size_t>(bh) * kDim + d] =
+            len > 0 ? static_cast<float>(o[d] / sum) : 0.0f;
       }
     }
   };
@@ -1409,8 +1412,8 @@ Variant tc_variant(const char* id, const char* name) {
   return Variant{id,
                  name,
                  [](const Problem& pb, const Set& st, void* ws, cudaStream_t s) {
-                   tc::launch<kWarps, kStages, kTrans, kSplitP>(tc_params(pb, st, kScale), pb.cs.batch, ws,
-                                                       s);
+                   tc::launch<kWarps, kStages, kTrans, kSplitP>(tc_params(pb, st, kScale),
+                                                                pb.cs.batch, ws, s);
                  },
                  [](const Problem& pb) {
                    return tc::splits_for<kWarps, kStages, kTrans, kSplitP>(
@@ -1451,17 +1454,18 @@ std::string kernel_info(const Variant& v) {
   int per_sm = 0;
   CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, v.fn, v.threads, v.smem));
   char buf[220];
-  snprintf(buf, sizeof buf, "regs %d, spill %zu B, %d threads, smem %zu+%d B, %d blocks/SM (%d warps)",
-           a.numRegs, static_cast<size_t>(a.localSizeBytes), v.threads,
-           static_cast<size_t>(a.sharedSizeBytes), v.smem, per_sm, per_sm * v.threads / 32);
+  snprintf(buf, sizeof buf,
+           "regs %d, spill %zu B, %d threads, smem %zu+%d B, %d blocks/SM (%d warps)", a.numRegs,
+           static_cast<size_t>(a.localSizeBytes), v.threads, static_cast<size_t>(a.sharedSizeBytes),
+           v.smem, per_sm, per_sm * v.threads / 32);
   return buf;
 }
 
 struct Diff {
-  double max_abs = 0;   // vs the reference
-  double max_tol = 0;   // max |diff| / (1e-3 + |ref| / 128): above 1 fails
+  double max_abs = 0;  // vs the reference
+  double max_tol = 0;  // max |diff| / (1e-3 + |ref| / 128): above 1 fails
   int64_t bad = 0;
-  int64_t zero_bad = 0; // elements of a length-0 sequence that are not exactly 0
+  int64_t zero_bad = 0;  // elements of a length-0 sequence that are not exactly 0
   int64_t worst = -1;    // the element of max_tol
 };
 
@@ -1525,7 +1529,8 @@ void run_case(const Case& cs, const std::vector<Variant>& vs, void* ws) {
       CK(cudaMemset(src[s], 0x5a, words * 16));
     }
     CK(cudaDeviceSynchronize());
-    const float us = time_us([&](int s) { copy16(src[s], dst[s], words, g_stream); }, nsets, cs.graph);
+    const float us =
+        time_us([&](int s) { copy16(src[s], dst[s], words, g_stream); }, nsets, cs.graph);
     copy_gbps = 2.0 * words * 16 / us * 1e-3;
     printf("-- copy of %.2f MB: %.2f us, %.0f GB/s\n", 2.0 * words * 16 / 1e6, us, copy_gbps);
     for (int s = 0; s < nsets; ++s) {
