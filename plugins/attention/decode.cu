@@ -1,4 +1,7 @@
-// CUDA decode: paged decode attention with GQA, flash-decoding style.
+// CUDA decode: paged decode attention with GQA, flash-decoding style: the entry point
+// and the first split kernel, on CUDA cores (FMA). The default split kernel runs on tensor
+// cores (decode_mma.cu); this one runs when KREG_DECODE_KERNEL=fma is set (read once), for
+// comparisons. What both share (splits, merge, workspace) is in decode.cuh.
 //
 //   out[b, h] = softmax(scale * q[b, h] . K_j) V_j over the tokens j < seq_lens[b], where
 //   token j of sequence b is row (block_table[b, j / P], j % P, h / (Hq / Hk)) of the caches.
@@ -48,19 +51,23 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 #include "attention.hpp"
 #include "checks.hpp"
+#include "decode.cuh"
 #include "kreg/device/fast_divisor.cuh"
 #include "kreg/device/launch.cuh"
 #include "kreg/device/pdl.cuh"
-#include "kreg/device/reduce.cuh"
 #include "kreg/device/vec.cuh"
-#include "kreg/device/workspace.cuh"
 
 namespace kreg::attention {
 namespace {
 
+using decode_detail::DecodeParams;
+using decode_detail::cp_async_commit;
+using decode_detail::cp_async_wait;
 using device::FastDivisor;
 using device::to_float;
 using device::vec_t;
@@ -69,48 +76,10 @@ constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
 constexpr int kStages = 4;
 constexpr int kVec = 8;  // 16 bytes of a 16-bit type
-constexpr int kMaxSplits = 128;
-constexpr int kMinTokensPerSplit = 64;
-constexpr int kBlockCostTokens = 64;  // a split block's fixed cost, in tokens (choose_splits)
-constexpr int kMergeThreads = 128;
 
 __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool pred) {
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  const int src_bytes = pred ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem),
-               "r"(src_bytes)
-               : "memory");
+  decode_detail::cp_async_16(static_cast<unsigned>(__cvta_generic_to_shared(smem)), gmem, pred);
 }
-
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
-template <typename T>
-struct DecodeParams {
-  const T* q;
-  const T* k_cache;
-  const T* v_cache;
-  const int32_t* block_table;
-  const int32_t* seq_lens;
-  T* out;         // written directly when num_splits == 1
-  float* ws_acc;  // [B, Hq, num_splits, D] unnormalized outputs
-  float2* ws_ml;  // [B, Hq, num_splits] (max in log2 units, sum)
-  int64_t num_pages;
-  int heads_q;
-  int heads_k;
-  int group;  // Hq / Hk
-  int page_size;
-  FastDivisor page_div = FastDivisor(1);  // by page_size: token -> (page, slot)
-  int max_pages;
-  int num_splits;
-  float scale_log2;  // scale * log2(e)
-};
 
 template <typename T, int kDim, int kG>
 // At most 128 registers (4 blocks an SM, which choose_splits' occupancy query then sees).
@@ -340,165 +309,40 @@ __global__ void __launch_bounds__(kThreads, 4) decode_split_kernel(DecodeParams<
   }
 }
 
-// One block of kMergeThreads per (sequence, query head): the splits' partials combined by
-// log-sum-exp. All splits' (max, sum) are read at once (one per thread) and reduced
-// across the block; then kDim / 4 threads take a split's row as float4s and the block
-// takes kRows splits at a time, so the loads of many splits are in flight together.
-// Splits that saw no token (max -inf) get weight 0 (their acc is 0).
-template <typename T, int kDim>
-__global__ void __launch_bounds__(kMergeThreads)
-    decode_merge_kernel(const float* __restrict__ ws_acc, const float2* __restrict__ ws_ml,
-                        T* __restrict__ out, int num_splits) {
-  constexpr int kLanes = kDim / 4;
-  constexpr int kRows = kMergeThreads / kLanes;  // 8, 4, 2
-  static_assert(kMergeThreads >= kMaxSplits && kRows * kLanes == kMergeThreads);
-  __shared__ float scratch[2][device::kWarpSize];
-  __shared__ float w_s[kMergeThreads];
-  __shared__ alignas(16) float part[kRows][kDim];
-
-  // The split kernel's partials: launched with PDL, this grid may start before it ends.
-  device::pdl_wait();
-  const int64_t bh = blockIdx.x;
-  const int tid = static_cast<int>(threadIdx.x);
-  const float2 ml = tid < num_splits ? ws_ml[bh * num_splits + tid] : make_float2(-INFINITY, 0.0f);
-  const float mx = device::block_row_max(ml.x, scratch[0]);
-  const float w = ml.x == -INFINITY ? 0.0f : exp2f(ml.x - mx);
-  const float sum = device::block_row_sum(w * ml.y, scratch[1]);
-  w_s[tid] = w;
-  __syncthreads();
-
-  const int row = tid / kLanes;
-  const int c = (tid % kLanes) * 4;
-  const float* src = ws_acc + bh * num_splits * kDim + c;
-  float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll 4
-  for (int s = row; s < num_splits; s += kRows) {
-    const float ws = w_s[s];
-    const float4 v = *reinterpret_cast<const float4*>(src + static_cast<int64_t>(s) * kDim);
-    a.x += ws * v.x;
-    a.y += ws * v.y;
-    a.z += ws * v.z;
-    a.w += ws * v.w;
-  }
-  device::pdl_launch_dependents();
-  *reinterpret_cast<float4*>(&part[row][c]) = a;
-  __syncthreads();
-  for (int d = tid; d < kDim; d += kMergeThreads) {
-    float t = 0.0f;
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) t += part[r][d];
-    out[bh * kDim + d] = device::from_float<T>(sum > 0.0f ? t / sum : 0.0f);
-  }
-}
-
-// Splits per sequence. A block's time is about its tokens plus a fixed cost (the pipeline
-// filling, the block merge, the partials' write: kBlockCostTokens), the grid runs in
-// waves of `resident` blocks (SMs times blocks per SM), and a ragged batch leaves up to
-// about half a block of tail; the count minimizing that estimate, at most kMaxSplits and
-// at least kMinTokensPerSplit tokens of the table's capacity per split. Small batches get
-// many short splits (B=1, Hk=8, ctx 4096: 64 splits of 64 tokens, 512 blocks, instead of
-// 16 splits on 128 SMs), large ones few or one (no merge).
-int choose_splits(int64_t base_blocks, int64_t capacity, int64_t resident) {
-  thread_local int64_t last_key[3] = {-1, -1, -1};
-  thread_local int last_splits = 1;
-  if (last_key[0] == base_blocks && last_key[1] == capacity && last_key[2] == resident) {
-    return last_splits;
-  }
-  const int64_t most = std::clamp<int64_t>(capacity / kMinTokensPerSplit, 1, kMaxSplits);
-  int best = 1;
-  double best_cost = INFINITY;
-  for (int64_t s = 1; s <= most; ++s) {
-    const double per_block = static_cast<double>(capacity) / static_cast<double>(s);
-    const auto waves = static_cast<double>((base_blocks * s + resident - 1) / resident);
-    const double cost = waves * (per_block + kBlockCostTokens) + 0.5 * per_block;
-    if (cost < best_cost) {
-      best_cost = cost;
-      best = static_cast<int>(s);
-    }
-  }
-  last_key[0] = base_blocks;
-  last_key[1] = capacity;
-  last_key[2] = resident;
-  last_splits = best;
-  return best;
-}
-
-// SMs times the split kernel's resident blocks per SM, asked once per device.
-template <typename T, int kDim, int kG>
-cudaError_t resident_blocks(int64_t& out) {
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> known[kMaxDevices];  // 0: not asked yet
-  int dev = 0;
-  if (const cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
-  const bool cached = dev >= 0 && dev < kMaxDevices;
-  if (cached) {
-    if (const int n = known[dev].load(std::memory_order_relaxed); n > 0) {
-      out = n;
-      return cudaSuccess;
-    }
-  }
-  int sms = 0, per_sm = 0;
-  if (const cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-      e != cudaSuccess) {
-    return e;
-  }
-  if (const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-          &per_sm, decode_split_kernel<T, kDim, kG>, kThreads, 0);
-      e != cudaSuccess) {
-    return e;
-  }
-  const int n = std::max(1, sms * per_sm);
-  if (cached) known[dev].store(n, std::memory_order_relaxed);
-  out = n;
-  return cudaSuccess;
-}
-
 template <typename T, int kDim, int kG>
 KernelStatus launch_split(Context& ctx, const char* op, DecodeParams<T> p, int batch,
                           DLDevice device) {
+  static std::atomic<int> known[64];  // resident blocks per device, 0 until asked
   int64_t resident = 0;
-  if (const cudaError_t e = resident_blocks<T, kDim, kG>(resident); e != cudaSuccess) {
+  if (const cudaError_t e =
+          decode_detail::resident_blocks(decode_split_kernel<T, kDim, kG>, kThreads, 0, known,
+                                         resident);
+      e != cudaSuccess) {
     cudaGetLastError();
     return device::launch_status(ctx, op, e);
   }
-  const int64_t base_blocks = int64_t{batch} * p.heads_k * (p.group / kG);
-  p.num_splits = choose_splits(base_blocks, int64_t{p.max_pages} * p.page_size, resident);
+  const int y_blocks = p.heads_k * (p.group / kG);
+  p.num_splits = decode_detail::choose_splits(int64_t{batch} * y_blocks,
+                                              int64_t{p.max_pages} * p.page_size, resident,
+                                              decode_detail::kMinTokensPerSplit);
+  return decode_detail::launch_split_and_merge<T, kDim>(
+      ctx, op, p, batch, y_blocks, device, decode_split_kernel<T, kDim, kG>, kThreads, 0);
+}
 
-  const auto stream = static_cast<cudaStream_t>(ctx.stream());
-  const size_t partials =
-      p.num_splits > 1 ? static_cast<size_t>(batch) * p.heads_q * p.num_splits : 0;
-  const size_t acc_bytes = partials * kDim * sizeof(float);
-  cudaError_t err;
-  {
-    const device::Workspace ws(ctx, acc_bytes + partials * sizeof(float2), device);
-    if (!ws.ok()) return ws.fail(ctx);
-    if (p.num_splits > 1) {
-      p.ws_acc = static_cast<float*>(ws.data());
-      p.ws_ml = reinterpret_cast<float2*>(static_cast<char*>(ws.data()) + acc_bytes);
-    }
-    const dim3 grid(static_cast<unsigned>(p.num_splits),
-                    static_cast<unsigned>(p.heads_k * (p.group / kG)),
-                    static_cast<unsigned>(batch));
-    err = device::launch(decode_split_kernel<T, kDim, kG>, grid, dim3(kThreads), 0, stream,
-                         ctx.pdl(), p);
-    if (err == cudaSuccess && p.num_splits > 1) {
-      // Always a programmatic launch (where supported): the merge's blocks are scheduled
-      // while the split kernel's last ones run, and wait in griddepcontrol.wait for its
-      // partials; that hides the second launch's latency.
-      err = device::launch(
-          decode_merge_kernel<T, kDim>, dim3(static_cast<unsigned>(int64_t{batch} * p.heads_q)),
-          dim3(kMergeThreads), 0, stream, true, static_cast<const float*>(p.ws_acc),
-          static_cast<const float2*>(p.ws_ml), p.out, p.num_splits);
-    }
-  }  // ws freed here, after the merge in stream order
-  // A failed cudaFreeAsync shows as the last error; read (and clear) it in any case.
-  if (const cudaError_t free_err = cudaGetLastError(); err == cudaSuccess) err = free_err;
-  return device::launch_status(ctx, op, err);
+// KREG_DECODE_KERNEL=fma selects this file's kernel instead of the tensor-core one (read
+// once per process; for A/B measurements in one build).
+bool fma_selected() {
+  static const bool fma = [] {
+    const char* v = std::getenv("KREG_DECODE_KERNEL");
+    return v != nullptr && std::strcmp(v, "fma") == 0;
+  }();
+  return fma;
 }
 
 template <typename T, int kDim>
 KernelStatus launch_dim(Context& ctx, const char* op, const DecodeParams<T>& p, int batch,
                         DLDevice device) {
+  if (!fma_selected()) return decode_detail::launch_mma<T, kDim>(ctx, op, p, batch, device);
   // Groups of 8 (Llama-3-70B) run as two chunks of 4: with 8 heads a thread holds 128
   // floats of q and output (247 registers, 2 blocks an SM); two blocks of 4 heads (126
   // registers, 4 blocks an SM) read the same K/V rows about together, the second from L2.

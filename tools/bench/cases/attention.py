@@ -259,3 +259,10 @@ def cases():
     yield _decode_case(16, 1024, 32, 8, 128, 16, True, "Llama-3-8B")
     yield _decode_case(64, 4096, 32, 8, 128, 16, False, "Llama-3-8B")
     yield _decode_case(32, 4096, 64, 8, 128, 16, True, "Llama-3-70B")
+    # The rest of the issue's range: long and short contexts, mid-size batches, SGLang's
+    # token-granular cache (page 1), Gemma-2's 256-wide heads.
+    yield _decode_case(1, 32768, 32, 8, 128, 16, False, "Llama-3-8B")
+    yield _decode_case(8, 8192, 32, 8, 128, 16, True, "Llama-3-8B")
+    yield _decode_case(64, 1024, 32, 8, 128, 16, False, "Llama-3-8B")
+    yield _decode_case(32, 2048, 32, 8, 128, 1, True, "Llama-3-8B")
+    yield _decode_case(16, 4096, 16, 8, 256, 16, True, "Gemma-2-9B")
