@@ -578,7 +578,7 @@ TEST_F(AttentionGpu, LargeShapes) {
 // The split counts decode picks from the SM count: many short splits for one sequence
 // with a long table (B=1: up to 128 splits of 64+ tokens), far more splits than a short
 // sequence can fill (empty splits in the merge), ragged batches with empty and length-1
-// sequences next to long ones, and a group of 8 (run as two chunks of 4 heads).
+// sequences next to long ones, groups of 8 and 12 (blocks take chunks of up to 8 heads).
 TEST_F(AttentionGpu, DecodeSplitRegimes) {
   std::mt19937_64 rng(14);
   const auto cases = op_cases();
@@ -601,6 +601,12 @@ TEST_F(AttentionGpu, DecodeSplitRegimes) {
     // Llama-3-70B heads (group 8), ragged.
     Call g8 = decode_call(dt, {3000, 1, 0, 777}, 64, 8, 128, 16, 200, rng);
     check_gpu_against_cpu(c, dt, g8, 0);
+    // Group 12: a full chunk of 8 heads and a chunk of 4; pages of 16 and of 1 token (one
+    // table read a tile, one a row).
+    for (int64_t page : {16, 1}) {
+      Call g12 = decode_call(dt, {2100, 0, 15, 16, 17}, 24, 2, 128, page, 2200 / page, rng);
+      check_gpu_against_cpu(c, dt, g12, 0);
+    }
   }
   // The other head sizes with many splits; page 7 ends pages off tiles.
   for (int64_t dim : {64, 256}) {
