@@ -1269,15 +1269,14 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kGroupLanes = 16;
 constexpr int kRedValues = 5;
 constexpr int kUnroll = 8;
-constexpr int kLd = kMaxDense + 1;  // the largest row stride of the factor
 
 struct Layout {
   size_t x, s, dx, ds, d, rd, rc, cs;  // n doubles each
-  size_t y, dy, rp, rhs, bs, dinv, u;  // m doubles each
+  size_t y, dy, rp, rhs, bs, dinv;     // m doubles each
   size_t wt, chol, z, red;
   size_t csr_val, csc_val;
   size_t csr_col, csc_row, coo_row;
-  size_t row_ptr, col_ptr, col_fill, col_e;
+  size_t row_ptr, col_ptr, col_fill;
   size_t misc;
   size_t total;
 };
@@ -1302,9 +1301,9 @@ __host__ __device__ inline Layout make_layout(int m, int n) {
   l.x = take(nd), l.s = take(nd), l.dx = take(nd), l.ds = take(nd);
   l.d = take(nd), l.rd = take(nd), l.rc = take(nd), l.cs = take(nd);
   l.y = take(md), l.dy = take(md), l.rp = take(md), l.rhs = take(md), l.bs = take(md);
-  l.dinv = take(md), l.u = take(md);
+  l.dinv = take(md);
   l.wt = take(sizeof(double) * kMaxCoupling);
-  l.chol = take(sizeof(double) * kMaxDense * kLd);
+  l.chol = take(sizeof(double) * kMaxDense * kMaxDense);
   l.z = take(sizeof(double) * kMaxDense);
   l.red = take(sizeof(double) * 2 * kRedValues * kWarps);
   l.csr_val = take(sizeof(float) * kMaxNnz);
@@ -1315,7 +1314,6 @@ __host__ __device__ inline Layout make_layout(int m, int n) {
   l.row_ptr = take(sizeof(int) * static_cast<size_t>(m + 1));
   l.col_ptr = take(sizeof(int) * static_cast<size_t>(n + 1));
   l.col_fill = take(sizeof(int) * static_cast<size_t>(n));
-  l.col_e = take(sizeof(int) * static_cast<size_t>(n));
   l.misc = take(sizeof(int) * kMiscInts);
   l.total = off;
   return l;
@@ -1359,8 +1357,14 @@ struct Lp {
   int m, n, k, r, ld;
   const float *csr_val, *csc_val;
   const uint16_t *csr_col, *csc_row;
-  const int *row_ptr, *col_ptr, *col_e;
+  const int *row_ptr, *col_ptr;
 };
+
+// The column's row in the diagonal block, if any: its first (at most one is < k).
+__device__ inline int diag_row_of(const Lp& lp, int j) {
+  const int q = lp.col_ptr[j];
+  return q < lp.col_ptr[j + 1] && lp.csc_row[q] < lp.k ? lp.csc_row[q] : -1;
+}
 
 __device__ inline double entry(const Lp& lp, int row, int j) {
   for (int q = lp.col_ptr[j]; q < lp.col_ptr[j + 1]; ++q) {
@@ -1419,10 +1423,9 @@ __device__ inline double dy_row(const Lp& lp, int i, const double* rhs, const do
 }
 
 // Half-warp items: items < P are the pairs (g >= h) of S, the r after them (when with_z)
-// the sums z_g = rhs_g - sum_i W[i][g] u_i. S is stored in chol[g * ld + h].
+// the sums z_g = rhs_g - sum_i W[i][g] rhs_i / diag_i. S is stored in chol[g * ld + h].
 __device__ void schur_and_z(const Lp& lp, const double* d, const double* dinv, const double* wt,
-                            const double* u, const double* rhs, double* chol, double* z,
-                            bool with_s, bool with_z) {
+                            const double* rhs, double* chol, double* z, bool with_s, bool with_z) {
   const int tid = threadIdx.x, k = lp.k, r = lp.r;
   const int warp = tid / 32, half = (tid % 32) / kGroupLanes, glane = tid % kGroupLanes;
   const int pairs = with_s ? r * (r + 1) / 2 : 0;
@@ -1449,7 +1452,7 @@ __device__ void schur_and_z(const Lp& lp, const double* d, const double* dinv, c
     } else if (item < items) {
       g = item - pairs;
       const double* wg = wt + g * k;
-      for (int i = glane; i < k; i += kGroupLanes) acc += wg[i] * u[i];
+      for (int i = glane; i < k; i += kGroupLanes) acc += wg[i] * rhs[i] * dinv[i];
     }
     acc = group_sum(acc);
     if (glane == 0) {
@@ -1620,17 +1623,42 @@ __device__ void compact_a(const float* __restrict__ a, int64_t total, const int*
   }
 }
 
+enum Phase : int {
+  kPhRead,
+  kPhBuild,
+  kPhStart,
+  kPhResid,
+  kPhRows,
+  kPhSchur,
+  kPhCholTri,
+  kPhStep,
+  kPhMuAff,
+  kPhCorrRhs,
+  kPhCorrZ,
+  kPhCorrTri,
+  kPhCorrStep,
+  kPhUpdate,
+  kPhFinal,
+  kPhases
+};
+const char* const kPhaseNames[kPhases] = {
+    "read A (2 passes)", "CSR/CSC/k/sort", "start point",    "(1) resid, d", "(2) rows, rhs",
+    "(3) S, z",          "(4) chol, tri",  "(5) steps",      "mu_aff",       "(6) corr rhs",
+    "(7) corr z",        "(8) corr tri",   "(9) corr steps", "(10) update",  "output"};
+
+template <bool kP>
 __global__ void __launch_bounds__(kThreads, 1)
     ipm_kernel(const float* __restrict__ a_g, const float* __restrict__ b_g,
                const float* __restrict__ c_g, float* __restrict__ x_out, float* __restrict__ status,
-               int m, int n, int max_iter, double tol, bool vec4) {
+               int m, int n, int max_iter, double tol, bool vec4, unsigned long long* prof_acc) {
   extern __shared__ __align__(16) unsigned char smem[];
+  v0::Prof<kP> prof(prof_acc);
   const Layout L = make_layout(m, n);
   auto dv = [&](size_t off) { return reinterpret_cast<double*>(smem + off); };
   double *x = dv(L.x), *s = dv(L.s), *dx = dv(L.dx), *ds = dv(L.ds), *d = dv(L.d), *rd = dv(L.rd),
          *rc = dv(L.rc), *cs = dv(L.cs);
   double *y = dv(L.y), *dy = dv(L.dy), *rp = dv(L.rp), *rhs = dv(L.rhs), *bs = dv(L.bs),
-         *dinv = dv(L.dinv), *u = dv(L.u);
+         *dinv = dv(L.dinv);
   double *wt = dv(L.wt), *chol = dv(L.chol), *z = dv(L.z);
   float* csr_val = reinterpret_cast<float*>(smem + L.csr_val);
   float* csc_val = reinterpret_cast<float*>(smem + L.csc_val);
@@ -1640,7 +1668,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   int* row_ptr = reinterpret_cast<int*>(smem + L.row_ptr);
   int* col_ptr = reinterpret_cast<int*>(smem + L.col_ptr);
   int* col_fill = reinterpret_cast<int*>(smem + L.col_fill);
-  int* col_e = reinterpret_cast<int*>(smem + L.col_e);
   int* misc = reinterpret_cast<int*>(smem + L.misc);
   Reducer red{dv(L.red)};
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
@@ -1689,6 +1716,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   }
   __syncthreads();
+  prof.mark(kPhRead);
   if (!too_large) {
     for (int p = tid; p < nnz; p += kThreads) {
       const int row = coo_row[p];
@@ -1749,11 +1777,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         csc_row[p + 1] = row;
         csc_val[p + 1] = val;
       }
-      // The column's row in the diagonal block, if any: its first (at most one is < k).
-      col_e[j] = col_ptr[j] < col_ptr[j + 1] && csc_row[col_ptr[j]] < k ? csc_row[col_ptr[j]] : -1;
     }
   }
   __syncthreads();
+  prof.mark(kPhBuild);
   if (too_large) {
     for (int j = tid; j < n; j += kThreads) x_out[j] = 0.0f;
     if (tid == 0) {
@@ -1768,7 +1795,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     return;
   }
-  const Lp lp{m, n, k, r, r + 1, csr_val, csc_val, csr_col, csc_row, row_ptr, col_ptr, col_e};
+  // Rows of the factor padded to r + 1 doubles (odd: a lane a bank pair) where that fits.
+  const Lp lp{m,       n,       k,       r,      r < kMaxDense ? r + 1 : r, csr_val, csc_val,
+              csr_col, csc_row, row_ptr, col_ptr};
   const int ld = lp.ld;
   // Rows >= k go to warps from the last one down (rows < k fill the first threads).
   const int wrow0 = kWarps - 1 - warp;
@@ -1778,15 +1807,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
   for (int i = tid; i < k; i += kThreads) diag_w_row(lp, i, d, dinv, wt);
   __syncthreads();
-  schur_and_z(lp, d, dinv, wt, u, rhs, chol, z, true, false);
+  schur_and_z(lp, d, dinv, wt, rhs, chol, z, true, false);
   __syncthreads();
   if (warp == 0) chol_warp(chol, r, ld);
   __syncthreads();
   // dy = M^-1 v for v = bs (into dy), then v = A cs (into y).
   auto solve_plain = [&](const double* v, double* out) {
-    for (int i = tid; i < k; i += kThreads) u[i] = v[i] * dinv[i];
-    __syncthreads();
-    schur_and_z(lp, d, dinv, wt, u, v, chol, z, false, true);
+    schur_and_z(lp, d, dinv, wt, v, chol, z, false, true);
     __syncthreads();
     if (warp == 0) tri_warp(chol, r, ld, z, out + k);
     __syncthreads();
@@ -1795,7 +1822,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
   solve_plain(bs, dy);
   for (int j = tid; j < n; j += kThreads) {
-    const int e = col_e[j];
+    const int e = diag_row_of(lp, j);
     x[j] = col_sum(lp, j, dy, e, e >= 0 ? dy[e] : 0.0);
   }
   for (int i = tid; i < k; i += kThreads) rhs[i] = row_sum(lp, i, [&](int j) { return cs[j]; });
@@ -1807,7 +1834,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   solve_plain(rhs, y);
   double mins[2] = {INFINITY, INFINITY};
   for (int j = tid; j < n; j += kThreads) {
-    const int e = col_e[j];
+    const int e = diag_row_of(lp, j);
     s[j] = cs[j] - col_sum(lp, j, y, e, e >= 0 ? y[e] : 0.0);
     mins[0] = fmin(mins[0], x[j]);
     mins[1] = fmin(mins[1], s[j]);
@@ -1838,6 +1865,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int j = tid; j < n; j += kThreads) norms[1] = fmax(norms[1], fabs(cs[j]));
   red.run<0, 2, 0>(norms);
   const double b_norm = norms[0], c_norm = norms[1];
+  prof.mark(kPhStart);
 
   int reason = kReasonIterationLimit;
   double prel = 0, drel = 0, gap = 0;
@@ -1860,7 +1888,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
     for (int j = tid; j < n; j += kThreads) {
-      const int e = col_e[j];
+      const int e = diag_row_of(lp, j);
       const double rdj = cs[j] - col_sum(lp, j, y, e, e >= 0 ? y[e] : 0.0) - s[j];
       rd[j] = rdj;
       v[0] += cs[j] * x[j];
@@ -1869,6 +1897,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       d[j] = x[j] / s[j];
     }
     red.run<3, 2, 0>(v);
+    prof.mark(kPhResid);
     prel = v[3] / (1 + b_norm);
     drel = v[4] / (1 + c_norm);
     gap = fabs(v[0] - v[1]) / (1 + fabs(v[0]));
@@ -1888,27 +1917,29 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int i = tid; i < k; i += kThreads) {
       diag_w_row(lp, i, d, dinv, wt);
       rhs[i] = rp[i] + row_sum(lp, i, t_pred);
-      u[i] = rhs[i] * dinv[i];
     }
     for (int g = wrow0; g < r; g += kWarps) {
       const double sum = row_sum_warp(lp, k + g, t_pred);
       if (lane == 0) rhs[k + g] = rp[k + g] + sum;
     }
     __syncthreads();
+    prof.mark(kPhRows);
     // (3) S and the predictor's z.
-    schur_and_z(lp, d, dinv, wt, u, rhs, chol, z, true, true);
+    schur_and_z(lp, d, dinv, wt, rhs, chol, z, true, true);
     __syncthreads();
+    prof.mark(kPhSchur);
     // (4) Cholesky, the predictor's dy_G.
     if (warp == 0) {
       chol_warp(chol, r, ld);
       tri_warp(chol, r, ld, z, dy + k);
     }
     __syncthreads();
+    prof.mark(kPhCholTri);
     // (5) dy_K, ds, dx, the affine step lengths.
     for (int i = tid; i < k; i += kThreads) dy[i] = dy_row(lp, i, rhs, dinv, wt, dy);
     double steps[2] = {INFINITY, INFINITY};
     for (int j = tid; j < n; j += kThreads) {
-      const int e = col_e[j];
+      const int e = diag_row_of(lp, j);
       const double dye = e >= 0 ? dy_row(lp, e, rhs, dinv, wt, dy) : 0.0;
       const double dsj = rd[j] - col_sum(lp, j, dy, e, dye);
       const double dxj = -x[j] - d[j] * dsj;
@@ -1918,11 +1949,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (dsj < 0) steps[1] = fmin(steps[1], -s[j] / dsj);
     }
     red.run<0, 0, 2>(steps);
+    prof.mark(kPhStep);
     const double ap_aff = fmin(1.0, steps[0]), ad_aff = fmin(1.0, steps[1]);
     double mu_aff[1] = {0};
     for (int j = tid; j < n; j += kThreads)
       mu_aff[0] += (x[j] + ap_aff * dx[j]) * (s[j] + ad_aff * ds[j]);
     red.run<1, 0, 0>(mu_aff);
+    prof.mark(kPhMuAff);
     const double ratio = mu_aff[0] / n / mu;
     const double cube = ratio * ratio * ratio;
     const double sigma = cube < 0 ? 0.0 : (1.0 < cube ? 1.0 : cube);
@@ -1932,23 +1965,25 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int j = tid; j < n; j += kThreads) rc[j] = rc_of(j);
     for (int i = tid; i < k; i += kThreads) {
       rhs[i] = rp[i] + row_sum(lp, i, t_corr);
-      u[i] = rhs[i] * dinv[i];
     }
     for (int g = wrow0; g < r; g += kWarps) {
       const double sum = row_sum_warp(lp, k + g, t_corr);
       if (lane == 0) rhs[k + g] = rp[k + g] + sum;
     }
     __syncthreads();
+    prof.mark(kPhCorrRhs);
     // (7) The corrector's z, (8) its dy_G.
-    schur_and_z(lp, d, dinv, wt, u, rhs, chol, z, false, true);
+    schur_and_z(lp, d, dinv, wt, rhs, chol, z, false, true);
     __syncthreads();
+    prof.mark(kPhCorrZ);
     if (warp == 0) tri_warp(chol, r, ld, z, dy + k);
     __syncthreads();
+    prof.mark(kPhCorrTri);
     // (9) dy_K, ds, dx, the step lengths.
     for (int i = tid; i < k; i += kThreads) dy[i] = dy_row(lp, i, rhs, dinv, wt, dy);
     steps[0] = steps[1] = INFINITY;
     for (int j = tid; j < n; j += kThreads) {
-      const int e = col_e[j];
+      const int e = diag_row_of(lp, j);
       const double dye = e >= 0 ? dy_row(lp, e, rhs, dinv, wt, dy) : 0.0;
       const double dsj = rd[j] - col_sum(lp, j, dy, e, dye);
       const double dxj = rc[j] / s[j] - d[j] * dsj;
@@ -1958,6 +1993,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (dsj < 0) steps[1] = fmin(steps[1], -s[j] / dsj);
     }
     red.run<0, 0, 2>(steps);
+    prof.mark(kPhCorrStep);
     const double ap = fmin(1.0, kStepFactor * steps[0]);
     const double ad = fmin(1.0, kStepFactor * steps[1]);
     // (10) The step.
@@ -1967,6 +2003,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     for (int i = tid; i < m; i += kThreads) y[i] += ad * dy[i];
     __syncthreads();
+    prof.mark(kPhUpdate);
   }
 
   double obj[1] = {0};
@@ -1985,19 +2022,22 @@ __global__ void __launch_bounds__(kThreads, 1)
     status[kStatusReason] = static_cast<float>(reason);
     status[kStatusDiagRows] = static_cast<float>(k);
   }
+  prof.mark(kPhFinal);
 }
 
+template <bool kP>
 void launch(const float* a, const float* b, const float* c, float* x, float* st, int m, int n,
-            int max_iter, double tol, cudaStream_t stream) {
+            int max_iter, double tol, cudaStream_t stream, unsigned long long* prof = nullptr) {
   const Layout layout = make_layout(m, n);
   static size_t set = 0;
   if (set < layout.total) {
-    CK(cudaFuncSetAttribute(ipm_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    CK(cudaFuncSetAttribute(ipm_kernel<kP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                             static_cast<int>(layout.total)));
     set = layout.total;
   }
   const bool vec4 = (reinterpret_cast<uintptr_t>(a) & 15) == 0;
-  ipm_kernel<<<1, kThreads, layout.total, stream>>>(a, b, c, x, st, m, n, max_iter, tol, vec4);
+  ipm_kernel<kP>
+      <<<1, kThreads, layout.total, stream>>>(a, b, c, x, st, m, n, max_iter, tol, vec4, prof);
   CK(cudaGetLastError());
 }
 
@@ -2020,7 +2060,7 @@ struct Variant {
 };
 void v1_launch(const float* a, const float* b, const float* c, float* x, float* st, int m, int n,
                int max_iter, double tol, cudaStream_t s) {
-  v1::launch(a, b, c, x, st, m, n, max_iter, tol, s);
+  v1::launch<false>(a, b, c, x, st, m, n, max_iter, tol, s);
 }
 void v0_launch(const float* a, const float* b, const float* c, float* x, float* st, int m, int n,
                int max_iter, double tol, cudaStream_t s) {
@@ -2072,8 +2112,18 @@ struct Agreement {
   bool ok = true;
   std::string why;
 };
-Agreement compare(const Result& g, const Result& c) {
+// A refusal (reason 3, too large for one block) is right where V0 refuses too (`v0`), and
+// then x must be all zeros.
+Agreement compare(const Result& g, const Result& c, const Result* v0 = nullptr) {
   Agreement a;
+  if (g.st[kStatusReason] == kReasonTooLarge) {
+    a.why = "too large";
+    a.ok = v0 != nullptr && v0->st[kStatusReason] == kReasonTooLarge && g.st[0] == 0.0f &&
+           g.st[kStatusDiagRows] == c.st[kStatusDiagRows];
+    for (float v : g.x) a.ok = a.ok && v == 0.0f;
+    if (!a.ok) a.why = "refused (too large) where V0 is not";
+    return a;
+  }
   a.iters = static_cast<int>(g.st[kStatusIterations]);
   double xmax = 0;
   for (float v : c.x) xmax = std::max(xmax, std::fabs(static_cast<double>(v)));
@@ -2164,6 +2214,16 @@ int main(int argc, char** argv) {
               prop.multiProcessorCount, clock_khz * 1e-6, reps);
 
   const std::vector<Variant> variants = VARIANTS;
+  // V1 must take every LP V0 takes: its layout is no larger.
+  for (int m : {1, 7, 264, 528, 1024}) {
+    for (int n : {1, 9, 297, 1057, 2048}) {
+      if (v1::make_layout(m, n).total > v0::make_layout(m, n).total) {
+        std::printf("V1's layout for %dx%d is larger than V0's (%zu > %zu)\n", m, n,
+                    v1::make_layout(m, n).total, v0::make_layout(m, n).total);
+        return 1;
+      }
+    }
+  }
 
   // ---- Correctness: every variant against the CPU solve, on many LPs ----
   struct Group {
@@ -2216,8 +2276,9 @@ int main(int argc, char** argv) {
     groups.push_back(std::move(g));
   }
   {
-    Group g{"larger: 512/+64/16, 1000/+24/8", {}};
+    Group g{"larger: 512/+64/16, 256/+32/16, 1000/+24/8", {}};
     g.lps.push_back(demo_lp(3, 512, 16, 64, 8192, 8, 1.0));
+    g.lps.push_back(demo_lp(4, 256, 16, 32, 4096, 8, 1.0));
     std::mt19937_64 rng(9);
     g.lps.push_back(random_lp(rng, 1000, 8, 2, 24, 0, true, "1000/+24/8"));
     groups.push_back(std::move(g));
@@ -2229,14 +2290,23 @@ int main(int argc, char** argv) {
   for (const Group& g : groups) {
     std::vector<Result> refs;
     for (const HostLp& h : g.lps) refs.push_back(run_cpu(h, 30, 1e-6));
+    std::vector<Result> v0s;
+    for (const HostLp& h : g.lps) {
+      DevLp d(h);
+      v0s.push_back(run_gpu(variants[0], d, 30, 1e-6));
+    }
     for (const Variant& v : variants) {
       double xe = 0, oe = 0;
-      int fails = 0, it_lo = 1 << 30, it_hi = 0;
+      int fails = 0, it_lo = 1 << 30, it_hi = 0, refused = 0;
       std::string first;
       for (size_t i = 0; i < g.lps.size(); ++i) {
         DevLp d(g.lps[i]);
-        const Result r = run_gpu(v, d, g.lps[i].m > 0 ? 30 : 30, 1e-6);
-        const Agreement a = compare(r, refs[i]);
+        const Result r = run_gpu(v, d, 30, 1e-6);
+        const Agreement a = compare(r, refs[i], &v0s[i]);
+        if (a.ok && a.why == "too large") {
+          ++refused;
+          continue;
+        }
         xe = std::max(xe, a.x_err);
         oe = std::max(oe, a.obj_err);
         it_lo = std::min(it_lo, a.iters);
@@ -2254,8 +2324,11 @@ int main(int argc, char** argv) {
         }
       }
       all_ok = all_ok && fails == 0;
-      std::printf("%-10s %-42s %5zu %9.2e %9.2e %2d-%-3d %s %s\n", v.name, g.name, g.lps.size(), xe,
-                  oe, it_lo, it_hi, fails == 0 ? "ok" : "FAIL", first.c_str());
+      if (it_lo > it_hi) it_lo = it_hi = 0;
+      std::printf("%-10s %-42s %5zu %9.2e %9.2e %2d-%-3d %s%s %s\n", v.name, g.name, g.lps.size(),
+                  xe, oe, it_lo, it_hi, fails == 0 ? "ok" : "FAIL",
+                  refused ? (" (" + std::to_string(refused) + " too large, as V0)").c_str() : "",
+                  first.c_str());
     }
   }
   // Iteration limit and max_iter = 0 on the target LP: same status as the CPU.
@@ -2280,32 +2353,37 @@ int main(int argc, char** argv) {
     }
   }
 
-  // ---- Where V0's time goes: clock64 per phase (thread 0, after each barrier) ----
+  // ---- Where the time goes: clock64 per phase (thread 0, after each barrier) ----
   {
     const HostLp h = demo_lp(1, 256, 8, 32, 4096, 8, 1.0);
     DevLp d(h);
     unsigned long long* prof;
-    CK(cudaMalloc(&prof, sizeof(unsigned long long) * v0::kPhases));
-    CK(cudaMemset(prof, 0, sizeof(unsigned long long) * v0::kPhases));
-    constexpr int kProfCalls = 20;
-    for (int i = 0; i < kProfCalls; ++i)
-      v0::launch<true>(d.A, d.b, d.c, d.x, d.st, d.m, d.n, 30, 1e-6, g_stream, prof);
-    CK(cudaStreamSynchronize(g_stream));
-    std::vector<unsigned long long> cyc(v0::kPhases);
-    CK(cudaMemcpy(cyc.data(), prof, sizeof(unsigned long long) * v0::kPhases,
-                  cudaMemcpyDeviceToHost));
+    constexpr int kMaxPh = 32, kProfCalls = 20;
+    CK(cudaMalloc(&prof, sizeof(unsigned long long) * kMaxPh));
+    auto show = [&](const char* name, int phases, const char* const* names,
+                    const std::function<void()>& call) {
+      CK(cudaMemset(prof, 0, sizeof(unsigned long long) * kMaxPh));
+      for (int i = 0; i < kProfCalls; ++i) call();
+      CK(cudaStreamSynchronize(g_stream));
+      std::vector<unsigned long long> cyc(kMaxPh);
+      CK(cudaMemcpy(cyc.data(), prof, sizeof(unsigned long long) * kMaxPh, cudaMemcpyDeviceToHost));
+      double total = 0;
+      for (int p = 0; p < phases; ++p) total += static_cast<double>(cyc[p]) / kProfCalls;
+      std::printf(
+          "\n== %s phases on demo seed 1 (thread 0's clock64, per call; %.0f cycles = %.1f us "
+          "at %.2f GHz) ==\n",
+          name, total, total / (clock_khz * 1e-3), clock_khz * 1e-6);
+      for (int p = 0; p < phases; ++p) {
+        const double c = static_cast<double>(cyc[p]) / kProfCalls;
+        std::printf("  %-20s %8.0f cycles %7.2f us %5.1f%%\n", names[p], c, c / (clock_khz * 1e-3),
+                    100.0 * c / total);
+      }
+    };
+    show("V0", v0::kPhases, v0::kPhaseNames,
+         [&] { v0::launch<true>(d.A, d.b, d.c, d.x, d.st, d.m, d.n, 30, 1e-6, g_stream, prof); });
+    show("V1", v1::kPhases, v1::kPhaseNames,
+         [&] { v1::launch<true>(d.A, d.b, d.c, d.x, d.st, d.m, d.n, 30, 1e-6, g_stream, prof); });
     CK(cudaFree(prof));
-    double total = 0;
-    for (auto c : cyc) total += static_cast<double>(c) / kProfCalls;
-    std::printf(
-        "\n== V0 phases on demo seed 1 (thread 0's clock64, per call; %.0f cycles = %.1f us at "
-        "%.2f GHz) ==\n",
-        total, total / (clock_khz * 1e-3), clock_khz * 1e-6);
-    for (int p = 0; p < v0::kPhases; ++p) {
-      const double c = static_cast<double>(cyc[p]) / kProfCalls;
-      std::printf("  %-20s %8.0f cycles %7.2f us %5.1f%%\n", v0::kPhaseNames[p], c,
-                  c / (clock_khz * 1e-3), 100.0 * c / total);
-    }
   }
 
   // ---- Timing ----
@@ -2318,7 +2396,11 @@ int main(int argc, char** argv) {
     std::mt19937_64 rng(4);
     tcases.push_back(random_lp(rng, 256, 8, 4, 32, 0, true, "tests' large_instance(4)"));
   }
-  tcases.push_back(demo_lp(3, 512, 16, 64, 8192, 8, 1.0));
+  tcases.push_back(demo_lp(3, 256, 16, 32, 4096, 8, 1.0));
+  {
+    std::mt19937_64 rng(9);
+    tcases.push_back(random_lp(rng, 400, 8, 2, 24, 0, true, "400/+24/8 skewed"));
+  }
   {
     std::mt19937_64 rng(5);
     tcases.push_back(random_lp(rng, 96, 40, 4, 40, 0, true, "G=40 (r=40: general path)"));
@@ -2334,9 +2416,10 @@ int main(int argc, char** argv) {
   for (const HostLp& h : tcases) {
     const Result c = run_cpu(h, 30, 1e-6);
     DevLp d(h);
+    const Result r0 = run_gpu(variants[0], d, 30, 1e-6);
     for (const Variant& v : variants) {
       const Result r = run_gpu(v, d, 30, 1e-6);
-      const Agreement a = compare(r, c);
+      const Agreement a = compare(r, c, &r0);
       all_ok = all_ok && a.ok;
       const float te = time_us(v, d, reps, false);
       const float tg = time_us(v, d, std::max(5, reps / 4), true);
