@@ -65,9 +65,9 @@
 namespace kreg::attention {
 namespace {
 
-using decode_detail::DecodeParams;
 using decode_detail::cp_async_commit;
 using decode_detail::cp_async_wait;
+using decode_detail::DecodeParams;
 using device::FastDivisor;
 using device::to_float;
 using device::vec_t;
@@ -314,17 +314,16 @@ KernelStatus launch_split(Context& ctx, const char* op, DecodeParams<T> p, int b
                           DLDevice device) {
   static std::atomic<int> known[64];  // resident blocks per device, 0 until asked
   int64_t resident = 0;
-  if (const cudaError_t e =
-          decode_detail::resident_blocks(decode_split_kernel<T, kDim, kG>, kThreads, 0, known,
-                                         resident);
+  if (const cudaError_t e = decode_detail::resident_blocks(decode_split_kernel<T, kDim, kG>,
+                                                           kThreads, 0, known, resident);
       e != cudaSuccess) {
     cudaGetLastError();
     return device::launch_status(ctx, op, e);
   }
   const int y_blocks = p.heads_k * (p.group / kG);
-  p.num_splits = decode_detail::choose_splits(int64_t{batch} * y_blocks,
-                                              int64_t{p.max_pages} * p.page_size, resident,
-                                              decode_detail::kMinTokensPerSplit);
+  p.num_splits =
+      decode_detail::choose_splits(int64_t{batch} * y_blocks, int64_t{p.max_pages} * p.page_size,
+                                   resident, decode_detail::kMinTokensPerSplit);
   return decode_detail::launch_split_and_merge<T, kDim>(
       ctx, op, p, batch, y_blocks, device, decode_split_kernel<T, kDim, kG>, kThreads, 0);
 }

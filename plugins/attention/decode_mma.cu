@@ -45,8 +45,8 @@
 namespace kreg::attention::decode_detail {
 namespace {
 
-constexpr int kTile = 16;   // tokens a warp tile
-constexpr int kHeads = 8;   // query heads a block: the MMA's N
+constexpr int kTile = 16;  // tokens a warp tile
+constexpr int kHeads = 8;  // query heads a block: the MMA's N
 constexpr unsigned kFull = 0xffffffffu;
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
@@ -123,11 +123,11 @@ __device__ __forceinline__ uint32_t tile_off(int r, int c) {
 
 template <int kDim>
 struct Shape {
-  static constexpr int kChunks = kDim / 8;           // 16-byte chunks a row: 8, 16, 32
-  static constexpr int kTileBytes = kTile * kDim * 2;  // K or V of a tile
-  static constexpr int kRowsPerCopy = 32 / kChunks;  // rows one copy instruction covers
+  static constexpr int kChunks = kDim / 8;              // 16-byte chunks a row: 8, 16, 32
+  static constexpr int kTileBytes = kTile * kDim * 2;   // K or V of a tile
+  static constexpr int kRowsPerCopy = 32 / kChunks;     // rows one copy instruction covers
   static constexpr int kCopies = kTile / kRowsPerCopy;  // copy instructions a lane, per tile
-  static constexpr int kRedStride = kDim + 4;         // floats a row of the block merge
+  static constexpr int kRedStride = kDim + 4;           // floats a row of the block merge
 };
 
 template <int kDim, int kWarps, int kStages>
@@ -136,8 +136,7 @@ __host__ __device__ constexpr int smem_bytes() {
 }
 
 template <typename T, int kDim, int kWarps, int kStages, int kMinBlocks, bool kRowPages>
-__global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
-    decode_mma_kernel(DecodeParams<T> p) {
+__global__ void __launch_bounds__(kWarps * 32, kMinBlocks) decode_mma_kernel(DecodeParams<T> p) {
   using S = Shape<kDim>;
   static_assert(kStages >= 2 && kStages <= 4, "the row masks of the stages fit 64 bits");
   static_assert(kWarps * kHeads * S::kRedStride * 4 <= smem_bytes<kDim, kWarps, kStages>(),
@@ -168,8 +167,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
   const int my_tiles = num_tiles > warp ? (num_tiles - warp - 1) / kWarps + 1 : 0;
 
   // This warp's stages: [kStages][K, V][16][kDim].
-  const uint32_t wbase =
-      smem_u32(smem) + static_cast<uint32_t>(warp * kStages * 2 * S::kTileBytes);
+  const uint32_t wbase = smem_u32(smem) + static_cast<uint32_t>(warp * kStages * 2 * S::kTileBytes);
   const int32_t* table = p.block_table + static_cast<int64_t>(b) * p.max_pages;
   const int cl = lane % S::kChunks;  // the chunk this lane copies
   const int rl = lane / S::kChunks;  // its first row; then every kRowsPerCopy rows
@@ -436,9 +434,8 @@ KernelStatus launch_pages(Context& ctx, const char* op, DecodeParams<T> p, int b
   const int chunks = (p.group + kHeads - 1) / kHeads;
   const int y_blocks = p.heads_k * chunks;
   // A block's round is kWarps tiles: at least one round a split.
-  p.num_splits =
-      choose_splits(int64_t{batch} * y_blocks, int64_t{p.max_pages} * p.page_size, resident,
-                    std::max(kMinTokensPerSplit, C::kWarps * kTile));
+  p.num_splits = choose_splits(int64_t{batch} * y_blocks, int64_t{p.max_pages} * p.page_size,
+                               resident, std::max(kMinTokensPerSplit, C::kWarps * kTile));
   return launch_split_and_merge<T, kDim>(ctx, op, p, batch, y_blocks, device, kernel, kThreads,
                                          kSmem);
 }
@@ -452,11 +449,11 @@ KernelStatus launch_mma(Context& ctx, const char* op, const DecodeParams<T>& p, 
   return launch_pages<T, kDim, true>(ctx, op, p, batch, device);
 }
 
-#define KREG_DECODE_MMA(T)                                                                    \
+#define KREG_DECODE_MMA(T)                                                                     \
   template KernelStatus launch_mma<T, 64>(Context&, const char*, const DecodeParams<T>&, int,  \
-                                          DLDevice);                                          \
+                                          DLDevice);                                           \
   template KernelStatus launch_mma<T, 128>(Context&, const char*, const DecodeParams<T>&, int, \
-                                           DLDevice);                                         \
+                                           DLDevice);                                          \
   template KernelStatus launch_mma<T, 256>(Context&, const char*, const DecodeParams<T>&, int, \
                                            DLDevice);
 KREG_DECODE_MMA(__nv_bfloat16)
