@@ -328,20 +328,26 @@ KernelStatus launch_split(Context& ctx, const char* op, DecodeParams<T> p, int b
       ctx, op, p, batch, y_blocks, device, decode_split_kernel<T, kDim, kG>, kThreads, 0);
 }
 
-// KREG_DECODE_KERNEL=fma selects this file's kernel instead of the tensor-core one (read
-// once per process; for A/B measurements in one build).
-bool fma_selected() {
-  static const bool fma = [] {
-    const char* v = std::getenv("KREG_DECODE_KERNEL");
-    return v != nullptr && std::strcmp(v, "fma") == 0;
+// KREG_DECODE_KERNEL (read once per process) picks the split kernel, for A/B measurements
+// in one build: unset or "mma" the tensor-core kernel, "mma8" its 8-warp shape, "fma" this
+// file's kernel.
+enum class Variant { kMma, kMma8, kFma };
+Variant variant() {
+  static const Variant v = [] {
+    const char* e = std::getenv("KREG_DECODE_KERNEL");
+    if (e != nullptr && std::strcmp(e, "fma") == 0) return Variant::kFma;
+    if (e != nullptr && std::strcmp(e, "mma8") == 0) return Variant::kMma8;
+    return Variant::kMma;
   }();
-  return fma;
+  return v;
 }
 
 template <typename T, int kDim>
 KernelStatus launch_dim(Context& ctx, const char* op, const DecodeParams<T>& p, int batch,
                         DLDevice device) {
-  if (!fma_selected()) return decode_detail::launch_mma<T, kDim>(ctx, op, p, batch, device);
+  if (const Variant v = variant(); v != Variant::kFma) {
+    return decode_detail::launch_mma<T, kDim>(ctx, op, p, batch, device, v == Variant::kMma8);
+  }
   // Groups of 8 (Llama-3-70B) run as two chunks of 4: with 8 heads a thread holds 128
   // floats of q and output (247 registers, 2 blocks an SM); two blocks of 4 heads (126
   // registers, 4 blocks an SM) read the same K/V rows about together, the second from L2.

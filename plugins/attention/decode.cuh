@@ -241,9 +241,9 @@ KernelStatus launch_split_and_merge(Context& ctx, const char* op, DecodeParams<T
 }
 
 // The tensor-core split kernel's launch for head size kDim (decode_mma.cu); p.num_splits is
-// chosen there.
+// chosen there. `wide`: 8 warps of 2 stages instead of 4 of 3 (D <= 128; for measurements).
 template <typename T, int kDim>
 KernelStatus launch_mma(Context& ctx, const char* op, const DecodeParams<T>& p, int batch,
-                        DLDevice device);
+                        DLDevice device, bool wide);
 
 }  // namespace kreg::attention::decode_detail

@@ -409,18 +409,20 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) decode_mma_kernel(Dec
 
 // The launch shape per head size: 4 warps; 3 stages (D = 64: 48 KiB, 4 blocks an SM;
 // D = 128: 96 KiB, 2 blocks; D = 256: 192 KiB, 1 block, up to 255 registers for its 64
-// accumulators and 32 words of q).
-template <int kDim>
+// accumulators and 32 words of q). kWide (D <= 128; KREG_DECODE_KERNEL=mma8, for
+// measurements): 8 warps, 2 stages.
+template <int kDim, bool kWide>
 struct Config {
-  static constexpr int kWarps = 4;
-  static constexpr int kStages = 3;
-  static constexpr int kMinBlocks = kDim == 256 ? 1 : 4;
+  static_assert(!kWide || kDim <= 128);
+  static constexpr int kWarps = kWide ? 8 : 4;
+  static constexpr int kStages = kWide ? 2 : 3;
+  static constexpr int kMinBlocks = kDim == 256 ? 1 : 16 / kWarps;
 };
 
-template <typename T, int kDim, bool kRowPages>
+template <typename T, int kDim, bool kRowPages, bool kWide>
 KernelStatus launch_pages(Context& ctx, const char* op, DecodeParams<T> p, int batch,
                           DLDevice device) {
-  using C = Config<kDim>;
+  using C = Config<kDim, kWide>;
   constexpr int kThreads = C::kWarps * 32;
   constexpr int kSmem = smem_bytes<kDim, C::kWarps, C::kStages>();
   const auto kernel = decode_mma_kernel<T, kDim, C::kWarps, C::kStages, C::kMinBlocks, kRowPages>;
@@ -444,18 +446,25 @@ KernelStatus launch_pages(Context& ctx, const char* op, DecodeParams<T> p, int b
 
 template <typename T, int kDim>
 KernelStatus launch_mma(Context& ctx, const char* op, const DecodeParams<T>& p, int batch,
-                        DLDevice device) {
-  if (p.page_size % kTile == 0) return launch_pages<T, kDim, false>(ctx, op, p, batch, device);
-  return launch_pages<T, kDim, true>(ctx, op, p, batch, device);
+                        DLDevice device, bool wide) {
+  const bool aligned = p.page_size % kTile == 0;
+  if constexpr (kDim <= 128) {
+    if (wide) {
+      return aligned ? launch_pages<T, kDim, false, true>(ctx, op, p, batch, device)
+                     : launch_pages<T, kDim, true, true>(ctx, op, p, batch, device);
+    }
+  }
+  return aligned ? launch_pages<T, kDim, false, false>(ctx, op, p, batch, device)
+                 : launch_pages<T, kDim, true, false>(ctx, op, p, batch, device);
 }
 
 #define KREG_DECODE_MMA(T)                                                                     \
   template KernelStatus launch_mma<T, 64>(Context&, const char*, const DecodeParams<T>&, int,  \
-                                          DLDevice);                                           \
+                                          DLDevice, bool);                                     \
   template KernelStatus launch_mma<T, 128>(Context&, const char*, const DecodeParams<T>&, int, \
-                                           DLDevice);                                          \
+                                           DLDevice, bool);                                    \
   template KernelStatus launch_mma<T, 256>(Context&, const char*, const DecodeParams<T>&, int, \
-                                           DLDevice);
+                                           DLDevice, bool);
 KREG_DECODE_MMA(__nv_bfloat16)
 KREG_DECODE_MMA(__half)
 #undef KREG_DECODE_MMA

@@ -24,7 +24,7 @@ if [ "${MEMCHECK:-1}" = 1 ]; then
   echo "memcheck rc=$? at $SECONDS s: $(grep -E 'ERROR SUMMARY|PASSED|FAILED' "$L/memcheck.log" | tail -3 | tr '\n' ' ')"
 fi
 for r in $(seq 1 "${ROUNDS:-2}"); do
-  for k in mma fma; do
+  for k in ${KERNELS:-mma mma8 fma}; do
     # torch.compile once (the first mma round): its compiles take most of a round.
     nc=--no-compile; [ "$r$k" = 1mma ] && nc=
     env KREG_DECODE_KERNEL=$k timeout 240 $PY tools/bench/vs_torch.py --reps 30 --out /tmp/vs-$k \
