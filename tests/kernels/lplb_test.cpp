@@ -322,6 +322,41 @@ void check_dense_lps(DLDevice dev) {
   }
 }
 
+// An LP whose every column has one nonzero (k = m, no dense rows: r = 0): row i takes its
+// b_i from the column of least c_j / a_ij, so the optimum is sum_i b_i min_j c_j / a_ij.
+void check_diagonal_lps(DLDevice dev) {
+  std::mt19937_64 rng(41);
+  std::uniform_real_distribution<double> pos(0.5, 2.0), rhs(1.0, 5.0);
+  for (int t = 0; t < 10; ++t) {
+    const int64_t m = 1 + t, n = m + 3 * t + 1;
+    std::vector<double> A(static_cast<size_t>(m * n), 0.0), b(static_cast<size_t>(m)),
+        c(static_cast<size_t>(n));
+    std::vector<double> best(static_cast<size_t>(m), INFINITY);
+    std::uniform_int_distribution<int64_t> row(0, m - 1);
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t i = j < m ? j : row(rng);
+      const double a = static_cast<float>(pos(rng));
+      c[static_cast<size_t>(j)] = static_cast<float>(pos(rng));
+      A[static_cast<size_t>(i * n + j)] = a;
+      best[static_cast<size_t>(i)] =
+          std::min(best[static_cast<size_t>(i)], c[static_cast<size_t>(j)] / a);
+    }
+    double objective = 0;
+    for (int64_t i = 0; i < m; ++i) {
+      b[static_cast<size_t>(i)] = static_cast<float>(rhs(rng));
+      objective += b[static_cast<size_t>(i)] * best[static_cast<size_t>(i)];
+    }
+    DenseLp lp;
+    lp.m = m, lp.n = n, lp.A = A, lp.b = b, lp.c = c, lp.objective = objective;
+    std::vector<double> x;
+    const std::vector<double> st = solve_dense(lp, dev, &x);
+    const std::string what = "diagonal LP " + std::to_string(t);
+    EXPECT_EQ(st[0], 1.0) << what << ": reason " << st[6] << ", " << st[4] << " iterations";
+    EXPECT_EQ(st[7], static_cast<double>(m)) << what << ": k";
+    EXPECT_NEAR(st[5], objective, 1e-4 * (1 + objective)) << what;
+  }
+}
+
 // ---- Oracles for replica_probabilities and dispatch ----
 
 std::vector<double> oracle_probs(const Instance& in, const std::vector<double>& x, bool converged) {
@@ -417,6 +452,8 @@ TEST(Lplb, CpuSolveOfTheTargetSize) {
 }
 
 TEST(Lplb, CpuSolveReachesTheKnownOptimumOfDenseLps) { check_dense_lps(kCpu); }
+
+TEST(Lplb, CpuSolveOfLpsWithoutDenseRows) { check_diagonal_lps(kCpu); }
 
 // Expert 1 has tokens and no replica: no feasible x, a solve must not claim success.
 Instance infeasible_instance() {
@@ -651,6 +688,45 @@ TEST_F(LplbGpu, SolveReachesTheExactOptimumLikeTheCpuReference) {
 }
 
 TEST_F(LplbGpu, SolveReachesTheKnownOptimumOfDenseLps) { check_dense_lps(kGpu); }
+
+TEST_F(LplbGpu, SolveOfLpsWithoutDenseRows) { check_diagonal_lps(kGpu); }
+
+// r = 33..48 rows outside the diagonal block (the CUDA factor holds two rows a lane) and
+// the largest dense LPs it takes: the same outcome as the CPU reference.
+TEST_F(LplbGpu, SolveMatchesTheCpuReferenceWithManyDenseRows) {
+  std::mt19937_64 rng(23);
+  struct Shape {
+    int64_t L, G, C, extra;
+    bool skewed;
+  };
+  const Shape shapes[] = {
+      {96, 33, 4, 40, true}, {64, 40, 3, 30, false}, {80, 48, 4, 20, true}, {40, 47, 2, 10, false}};
+  for (const Shape& sh : shapes) {
+    const Instance in = random_instance(rng, sh.L, sh.G, sh.C, sh.extra, 0, sh.skewed);
+    LpBuffers lp = run_build_lp(in, kGpu, DType::kI32);
+    const Solution gpu = run_solve(lp, in, kGpu);
+    LpBuffers lpc = run_build_lp(in, kCpu, DType::kI32);
+    const Solution cpu = run_solve(lpc, in, kCpu);
+    const std::string what = "L=" + std::to_string(sh.L) + " G=" + std::to_string(sh.G);
+    ASSERT_EQ(cpu.status[0], 1.0) << what;
+    EXPECT_EQ(gpu.status[0], 1.0) << what << ": reason " << gpu.status[6];
+    EXPECT_EQ(gpu.status[7], static_cast<double>(sh.L)) << what;
+    EXPECT_NEAR(gpu.status[4], cpu.status[4], 1.0) << what << ": iterations";
+    EXPECT_NEAR(gpu.status[5], cpu.status[5], 1e-4 * (1 + std::fabs(cpu.status[5]))) << what;
+    const Loads ld = loads_of(in, gpu.x);
+    EXPECT_LE(ld.max_load, cpu.status[5] * (1 + 1e-3) + 1e-3) << what;
+    EXPECT_LE(ld.worst_conservation, 1e-5) << what;
+  }
+  for (const int64_t m : {34, 41, 49}) {  // k = 1: r = m - 1 = 33, 40, 48; nnz <= 3072
+    const DenseLp lp = dense_lp(rng, m, m + 10);
+    std::vector<double> x;
+    const std::vector<double> st = solve_dense(lp, kGpu, &x);
+    const std::string what = "dense LP " + std::to_string(m) + "x" + std::to_string(m + 10);
+    EXPECT_EQ(st[0], 1.0) << what << ": reason " << st[6] << ", " << st[4] << " iterations";
+    EXPECT_EQ(st[7], 1.0) << what;
+    EXPECT_NEAR(st[5], lp.objective, 1e-4 * (1 + std::fabs(lp.objective))) << what;
+  }
+}
 
 TEST_F(LplbGpu, SolveReportsInfeasibleAndIterationLimit) {
   const Instance in = infeasible_instance();
