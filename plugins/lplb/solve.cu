@@ -3,17 +3,26 @@
 //
 // Launch shape: one block of kThreads threads; everything lives in dynamic shared memory.
 //   1. A (dense f32 in global memory) is read twice, flat and coalesced (16-byte vectors
-//      when aligned): once to count nonzeros per warp chunk, once to compact them in
-//      row-major order (ballot + prefix), which gives A by rows (CSR) directly. A by
-//      columns (CSC) is filled from it and each column sorted by row, so every sum below
-//      runs in a fixed order (bitwise deterministic).
+//      when aligned, 8 a lane in flight): once to count nonzeros per warp range, once to
+//      compact them in row-major order (ballot + prefix), which gives A by rows (CSR)
+//      directly. A by columns (CSC) is filled from it and each column sorted by row, so
+//      every sum below runs in a fixed order (bitwise deterministic).
 //   2. Rows 0..k-1 that share no column form a diagonal block of A D A'; the other
-//      r = m - k rows are eliminated densely: coupling W (k x r), Schur complement S
-//      (r x r), Cholesky of S by warp 0. For build_lp's LP, k = L experts, r = G GPUs.
-//   3. Each iteration: residuals, one factorisation, two solves (predictor, corrector),
-//      step lengths by block reductions. About 20 barriers per iteration.
-// Doubles cost little here: the work is a few thousand multiply-adds per phase and the
-// time goes to barriers and reductions.
+//      r = m - k rows are eliminated densely: coupling W (stored transposed, r x k), Schur
+//      complement S (r x r), Cholesky of S by warp 0 (a row a lane, two for r > 32). For
+//      build_lp's LP, k = L experts, r = G GPUs. Every column has at most one entry in
+//      rows < k (its "diagonal row" e(j), by the definition of k).
+//   3. Each iteration: 11 barriers. The time is the latency of the phases between them,
+//      not flops or bytes, so each phase keeps its serial chain short: rows >= k (long:
+//      a GPU's replicas) are summed by a warp each, rows < k by a thread each; only the
+//      r(r+1)/2 live pairs of S are handed out (half-warps), the predictor's z sums ride
+//      in the same phase; d and t are computed in the residual phase, the factor's first
+//      phase also forms the right-hand side; a column's thread recomputes dy of its
+//      diagonal row (the same expression as the row's own: the same bits) instead of
+//      waiting for it; the corrector's t is recomputed where it is summed. The triangular
+//      solves keep z in registers (a shuffle, a division and a multiply-add a step).
+// tools/bench/variants/lplb_solve_bench.cu holds the kernel before this design (V0), the
+// per-phase profile that motivated it and the check against the CPU solve.
 #include <cuda_runtime.h>
 
 #include <atomic>
@@ -31,24 +40,22 @@ namespace {
 using device::kFullWarpMask;
 constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / device::kWarpSize;
-constexpr int kGroupLanes = 16;  // lanes that share one (row, row) sum in the dense parts
-constexpr int kRedValues = 5;    // values reduced together at most
-constexpr int kUnroll = 4;       // 16-byte loads in flight per lane while reading A
+constexpr int kGroupLanes = 16;
+constexpr int kRedValues = 5;
+constexpr int kUnroll = 8;
 
-// Shared-memory layout, in bytes from the start, for an m x n LP. Doubles first.
 struct Layout {
-  size_t x, s, dx, ds, d, rd, t, cs;  // n doubles each
-  size_t y, dy, rp, rhs, bs, diag;    // m doubles each
-  size_t w, chol, z, red;
-  size_t csr_val, csc_val;            // kMaxNnz floats
-  size_t csr_col, csc_row, coo_row;   // kMaxNnz uint16
-  size_t row_ptr, col_ptr, col_fill;  // m + 1, n + 1, n ints
-  size_t misc;                        // kMiscInts ints
+  size_t x, s, dx, ds, d, rd, rc, cs;  // n doubles each
+  size_t y, dy, rp, rhs, bs, dinv;     // m doubles each
+  size_t wt, chol, z, red;
+  size_t csr_val, csc_val;
+  size_t csr_col, csc_row, coo_row;
+  size_t row_ptr, col_ptr, col_fill;
+  size_t misc;
   size_t total;
 };
 
 constexpr int kMiscInts = kWarps + 8;
-// misc slots after the kWarps per-warp counts:
 constexpr int kMiscNnz = kWarps + 0;
 constexpr int kMiscK = kWarps + 1;
 constexpr int kMiscTooLarge = kWarps + 2;
@@ -66,10 +73,10 @@ __host__ __device__ inline Layout make_layout(int m, int n) {
   const size_t nd = sizeof(double) * static_cast<size_t>(n);
   const size_t md = sizeof(double) * static_cast<size_t>(m);
   l.x = take(nd), l.s = take(nd), l.dx = take(nd), l.ds = take(nd);
-  l.d = take(nd), l.rd = take(nd), l.t = take(nd), l.cs = take(nd);
+  l.d = take(nd), l.rd = take(nd), l.rc = take(nd), l.cs = take(nd);
   l.y = take(md), l.dy = take(md), l.rp = take(md), l.rhs = take(md), l.bs = take(md);
-  l.diag = take(md);
-  l.w = take(sizeof(double) * kMaxCoupling);
+  l.dinv = take(md);
+  l.wt = take(sizeof(double) * kMaxCoupling);
   l.chol = take(sizeof(double) * kMaxDense * kMaxDense);
   l.z = take(sizeof(double) * kMaxDense);
   l.red = take(sizeof(double) * 2 * kRedValues * kWarps);
@@ -86,11 +93,6 @@ __host__ __device__ inline Layout make_layout(int m, int n) {
   return l;
 }
 
-// Block-wide reductions of up to kRedValues doubles: the first NS summed, the next NM
-// maxed, the rest minned; every thread gets the same bits (butterfly within warps, then
-// each thread adds the warp results in warp order). `buf` alternates between two scratch
-// halves so one barrier per reduction suffices: a half is rewritten only after a later
-// reduction's barrier, which every reader of it has passed.
 struct Reducer {
   double* red;
   int half = 0;
@@ -123,27 +125,21 @@ struct Reducer {
   }
 };
 
-// Sum over the kGroupLanes lanes of a group (aligned half-warps); all 32 lanes call it.
 __device__ inline double group_sum(double v) { return device::warp_sum(v, kGroupLanes); }
 
 struct Lp {
-  int m, n, k, r;
+  int m, n, k, r, ld;
   const float *csr_val, *csc_val;
   const uint16_t *csr_col, *csc_row;
   const int *row_ptr, *col_ptr;
 };
 
-// (A v)_i and (A' v)_j.
-__device__ inline double row_dot(const Lp& lp, int i, const double* v) {
-  double acc = 0;
-  for (int p = lp.row_ptr[i]; p < lp.row_ptr[i + 1]; ++p) acc += lp.csr_val[p] * v[lp.csr_col[p]];
-  return acc;
+// The column's row in the diagonal block, if any: its first (at most one is < k).
+__device__ inline int diag_row_of(const Lp& lp, int j) {
+  const int q = lp.col_ptr[j];
+  return q < lp.col_ptr[j + 1] && lp.csc_row[q] < lp.k ? lp.csc_row[q] : -1;
 }
-__device__ inline double col_dot(const Lp& lp, int j, const double* v) {
-  double acc = 0;
-  for (int q = lp.col_ptr[j]; q < lp.col_ptr[j + 1]; ++q) acc += lp.csc_val[q] * v[lp.csc_row[q]];
-  return acc;
-}
+
 __device__ inline double entry(const Lp& lp, int row, int j) {
   for (int q = lp.col_ptr[j]; q < lp.col_ptr[j + 1]; ++q) {
     if (lp.csc_row[q] == row) return lp.csc_val[q];
@@ -151,118 +147,149 @@ __device__ inline double entry(const Lp& lp, int row, int j) {
   return 0;
 }
 
-// M = A diag(d) A' factorised as in reference.cpp's NormalEquations::factor.
-// Contains barriers: every thread calls it.
-__device__ void factor(const Lp& lp, const double* d, double* diag, double* w, double* chol) {
-  const int tid = threadIdx.x, k = lp.k, r = lp.r;
-  for (int i = tid; i < k; i += kThreads) {
-    double* wi = w + i * r;
-    for (int g = 0; g < r; ++g) wi[g] = 0;
-    double acc = 0;
-    for (int p = lp.row_ptr[i]; p < lp.row_ptr[i + 1]; ++p) {
-      const int j = lp.csr_col[p];
-      const double dav = d[j] * lp.csr_val[p];
-      acc += dav * lp.csr_val[p];
-      for (int q = lp.col_ptr[j]; q < lp.col_ptr[j + 1]; ++q) {
-        const int row = lp.csc_row[q];
-        if (row >= k) wi[row - k] += dav * lp.csc_val[q];
-      }
-    }
-    // Stored as the reciprocal: the solves multiply by it.
-    diag[i] = 1.0 / (acc > kTinyDiag ? acc : kSkippedPivot);
+// sum_p a[row, p] * val(col p) over a row by thread (rows < k: short) ...
+template <typename F>
+__device__ inline double row_sum(const Lp& lp, int i, F val) {
+  double acc = 0;
+  for (int p = lp.row_ptr[i]; p < lp.row_ptr[i + 1]; ++p) acc += lp.csr_val[p] * val(lp.csr_col[p]);
+  return acc;
+}
+// ... or by warp (rows >= k: long), lane-strided then a butterfly: every lane gets it.
+template <typename F>
+__device__ inline double row_sum_warp(const Lp& lp, int i, F val) {
+  double acc = 0;
+  for (int p = lp.row_ptr[i] + device::lane_id(); p < lp.row_ptr[i + 1]; p += 32)
+    acc += lp.csr_val[p] * val(lp.csr_col[p]);
+  return device::warp_sum(acc);
+}
+// (A' v)_j with v[e] replaced by ve for the column's diagonal row e (if any): CSC order.
+__device__ inline double col_sum(const Lp& lp, int j, const double* v, int e, double ve) {
+  double acc = 0;
+  int q = lp.col_ptr[j];
+  if (e >= 0) acc += lp.csc_val[q++] * ve;
+  for (; q < lp.col_ptr[j + 1]; ++q) acc += lp.csc_val[q] * v[lp.csc_row[q]];
+  return acc;
+}
+
+// Rows 0..k-1 of the factor: dinv_i = 1 / sum_j d_j a_ij^2 and W'[g][i] = sum_j d_j a_ij a_gj
+// (column j's entries past its first are all in rows >= k).
+__device__ inline void diag_w_row(const Lp& lp, int i, const double* d, double* dinv, double* wt) {
+  const int k = lp.k, r = lp.r;
+  for (int g = 0; g < r; ++g) wt[g * k + i] = 0;
+  double acc = 0;
+  for (int p = lp.row_ptr[i]; p < lp.row_ptr[i + 1]; ++p) {
+    const int j = lp.csr_col[p];
+    const double dav = d[j] * lp.csr_val[p];
+    acc += dav * lp.csr_val[p];
+    for (int q = lp.col_ptr[j] + 1; q < lp.col_ptr[j + 1]; ++q)
+      wt[(lp.csc_row[q] - k) * k + i] += dav * lp.csc_val[q];
   }
-  __syncthreads();
-  // S[g][h], h <= g: a group of lanes per entry, lanes strided over the sums.
-  const int glane = tid % kGroupLanes;
-  const int warp = tid / 32, half = (tid % 32) / kGroupLanes;
-  for (int base = warp * 2; base < r * r; base += kWarps * 2) {
-    const int pair = base + half;
-    const int g = pair / (r > 0 ? r : 1), h = pair % (r > 0 ? r : 1);
-    const bool live = pair < r * r && h <= g;
+  dinv[i] = 1.0 / (acc > kTinyDiag ? acc : kSkippedPivot);
+}
+
+// dy_i for a row i < k once dy[k..m) holds the dense part: the same expression wherever it
+// is evaluated (the row's thread, or the thread of one of its columns), so the same bits.
+__device__ inline double dy_row(const Lp& lp, int i, const double* rhs, const double* dinv,
+                                const double* wt, const double* dy) {
+  double acc = rhs[i];
+  for (int g = 0; g < lp.r; ++g) acc -= wt[g * lp.k + i] * dy[lp.k + g];
+  return acc * dinv[i];
+}
+
+// Half-warp items: items < P are the pairs (g >= h) of S, the r after them (when with_z)
+// the sums z_g = rhs_g - sum_i W[i][g] rhs_i / diag_i. S is stored in chol[g * ld + h].
+__device__ void schur_and_z(const Lp& lp, const double* d, const double* dinv, const double* wt,
+                            const double* rhs, double* chol, double* z, bool with_s, bool with_z) {
+  const int tid = threadIdx.x, k = lp.k, r = lp.r;
+  const int warp = tid / 32, half = (tid % 32) / kGroupLanes, glane = tid % kGroupLanes;
+  const int pairs = with_s ? r * (r + 1) / 2 : 0;
+  const int items = pairs + (with_z ? r : 0);
+  for (int base = warp * 2; base < items; base += kWarps * 2) {
+    const int item = base + half;
     double acc = 0;
-    if (live) {
+    int g = 0, h = 0;
+    if (item < pairs) {
+      g = static_cast<int>((sqrtf(8.0f * item + 1.0f) - 1.0f) * 0.5f);
+      while (g * (g + 1) / 2 > item) --g;
+      while ((g + 1) * (g + 2) / 2 <= item) ++g;
+      h = item - g * (g + 1) / 2;
       const int row = k + g;
       for (int p = lp.row_ptr[row] + glane; p < lp.row_ptr[row + 1]; p += kGroupLanes) {
         const int j = lp.csr_col[p];
         acc += d[j] * lp.csr_val[p] * entry(lp, k + h, j);
       }
       double corr = 0;
-      for (int i = glane; i < k; i += kGroupLanes) corr += w[i * r + g] * w[i * r + h] * diag[i];
+      const double* wg = wt + g * k;
+      const double* wh = wt + h * k;
+      for (int i = glane; i < k; i += kGroupLanes) corr += wg[i] * wh[i] * dinv[i];
       acc -= corr;
+    } else if (item < items) {
+      g = item - pairs;
+      const double* wg = wt + g * k;
+      for (int i = glane; i < k; i += kGroupLanes) acc += wg[i] * rhs[i] * dinv[i];
     }
     acc = group_sum(acc);
-    if (live && glane == 0) chol[g * r + h] = acc;
-  }
-  __syncthreads();
-  if (warp == 0) {
-    const int lane = tid % 32;
-    double max_diag = 0;
-    for (int g = lane; g < r; g += 32) max_diag = fmax(max_diag, chol[g * r + g]);
-    for (int off = 16; off > 0; off /= 2)
-      max_diag = fmax(max_diag, __shfl_xor_sync(kFullWarpMask, max_diag, off));
-    for (int p = 0; p < r; ++p) {
-      const double piv = chol[p * r + p];
-      const double lpp = piv > kRelPivotTol * max_diag && piv > 0 ? sqrt(piv) : kSkippedPivot;
-      __syncwarp();
-      if (lane == 0) chol[p * r + p] = lpp;
-      for (int i = p + 1 + lane; i < r; i += 32) chol[i * r + p] /= lpp;
-      __syncwarp();
-      for (int i = p + 1 + lane; i < r; i += 32) {
-        for (int j = p + 1; j <= i; ++j) chol[i * r + j] -= chol[i * r + p] * chol[j * r + p];
+    if (glane == 0) {
+      if (item < pairs) {
+        chol[g * lp.ld + h] = acc;
+      } else if (item < items) {
+        z[g] = rhs[k + g] - acc;
       }
-      __syncwarp();
     }
   }
-  __syncthreads();
 }
 
-// dy = M^-1 rhs with the factors above (reference.cpp's NormalEquations::solve).
-// Contains barriers: every thread calls it.
-__device__ void solve_normal(const Lp& lp, const double* diag, const double* w, const double* chol,
-                             double* z, const double* rhs, double* dy) {
-  const int tid = threadIdx.x, k = lp.k, r = lp.r;
-  const int warp = tid / 32, half = (tid % 32) / kGroupLanes, glane = tid % kGroupLanes;
-  for (int base = warp * 2; base < r; base += kWarps * 2) {
-    const int g = base + half;
-    const bool live = g < r;
-    double acc = 0;
-    if (live) {
-      for (int i = glane; i < k; i += kGroupLanes) acc += w[i * r + g] * rhs[i] * diag[i];
+// Warp 0: Cholesky of S in place (lower triangle, row stride ld), rows lane and lane + 32.
+__device__ void chol_warp(double* c, int r, int ld) {
+  const int lane = threadIdx.x % 32;
+  double md = 0;
+  for (int g = lane; g < r; g += 32) md = fmax(md, c[g * ld + g]);
+  for (int off = 16; off > 0; off /= 2) md = fmax(md, __shfl_xor_sync(kFullWarpMask, md, off));
+  const int i0 = lane, i1 = lane + 32;
+  for (int p = 0; p < r; ++p) {
+    const double piv = c[p * ld + p];
+    const double lpp = piv > kRelPivotTol * md && piv > 0 ? sqrt(piv) : kSkippedPivot;
+    double l0 = 0, l1 = 0;
+    if (i0 > p && i0 < r) {
+      l0 = c[i0 * ld + p] / lpp;
+      c[i0 * ld + p] = l0;
     }
-    acc = group_sum(acc);
-    if (live && glane == 0) z[g] = rhs[k + g] - acc;
-  }
-  __syncthreads();
-  if (warp == 0) {
-    const int lane = tid % 32;
-    for (int p = 0; p < r; ++p) {
-      __syncwarp();
-      const double zp = z[p] / chol[p * r + p];
-      __syncwarp();
-      if (lane == 0) z[p] = zp;
-      for (int i = p + 1 + lane; i < r; i += 32) z[i] -= chol[i * r + p] * zp;
-    }
-    for (int p = r - 1; p >= 0; --p) {
-      __syncwarp();
-      const double zp = z[p] / chol[p * r + p];
-      __syncwarp();
-      if (lane == 0) z[p] = zp;
-      for (int i = lane; i < p; i += 32) z[i] -= chol[p * r + i] * zp;
+    if (i1 > p && i1 < r) {
+      l1 = c[i1 * ld + p] / lpp;
+      c[i1 * ld + p] = l1;
     }
     __syncwarp();
-    for (int g = lane; g < r; g += 32) dy[k + g] = z[g];
+    if (lane == 0) c[p * ld + p] = lpp;
+    if (i0 > p && i0 < r) {
+      for (int j = p + 1; j <= i0; ++j) c[i0 * ld + j] -= l0 * c[j * ld + p];
+    }
+    if (i1 > p && i1 < r) {
+      for (int j = p + 1; j <= i1; ++j) c[i1 * ld + j] -= l1 * c[j * ld + p];
+    }
+    __syncwarp();
   }
-  __syncthreads();
-  for (int i = tid; i < k; i += kThreads) {
-    double acc = rhs[i];
-    for (int g = 0; g < r; ++g) acc -= w[i * r + g] * z[g];
-    dy[i] = acc * diag[i];
-  }
-  __syncthreads();
 }
 
-// Exclusive prefix sum of counts[0..len) into out[0..len], out[len] = total; in place
-// allowed. One thread per contiguous chunk, then a scan of the chunk sums.
+// Warp 0: z <- (L L')^-1 z, z held a row a lane (two for r > 32); the result to out[0..r).
+__device__ void tri_warp(const double* c, int r, int ld, const double* z, double* out) {
+  const int lane = threadIdx.x % 32;
+  double z0 = lane < r ? z[lane] : 0, z1 = lane + 32 < r ? z[lane + 32] : 0;
+  for (int p = 0; p < r; ++p) {
+    const double zp = __shfl_sync(kFullWarpMask, p < 32 ? z0 : z1, p & 31) / c[p * ld + p];
+    if (lane == (p & 31)) (p < 32 ? z0 : z1) = zp;
+    if (lane > p && lane < r) z0 -= c[lane * ld + p] * zp;
+    if (lane + 32 > p && lane + 32 < r) z1 -= c[(lane + 32) * ld + p] * zp;
+  }
+  for (int p = r - 1; p >= 0; --p) {
+    const double zp = __shfl_sync(kFullWarpMask, p < 32 ? z0 : z1, p & 31) / c[p * ld + p];
+    if (lane == (p & 31)) (p < 32 ? z0 : z1) = zp;
+    if (lane < p) z0 -= c[p * ld + lane] * zp;
+    if (lane + 32 < p) z1 -= c[p * ld + lane + 32] * zp;
+  }
+  if (lane < r) out[lane] = z0;
+  if (lane + 32 < r) out[lane + 32] = z1;
+}
+
 __device__ void block_scan(const int* counts, int* out, int len, int* scratch) {
   const int tid = threadIdx.x;
   const int chunk = (len + kThreads - 1) / kThreads;
@@ -271,39 +298,66 @@ __device__ void block_scan(const int* counts, int* out, int len, int* scratch) {
   for (int i = begin; i < end; ++i) local += counts[i];
   int total = 0;
   const int run = device::block_exclusive_scan(local, scratch, &total);
-  device::serial_exclusive_scan(counts, out, begin, end, run);  // counts and out may alias
+  device::serial_exclusive_scan(counts, out, begin, end, run);
   if (tid == kThreads - 1) out[len] = total;
   __syncthreads();
 }
 
-// Reads A flat in row-major order, each warp a contiguous range of it. kVec: 4 when A is
-// 16-byte aligned, else 1. Pass 0 counts each warp's nonzeros, pass 1 compacts them.
 template <int kVec>
-__device__ void scan_a(const float* __restrict__ a, int64_t total, int pass, int* warp_base,
-                       float* csr_val, uint16_t* csr_col, uint16_t* coo_row, int n, int* count) {
+__device__ inline void load_vec(const float* __restrict__ a, int64_t v, int64_t v1, float* out) {
+  if (v < v1) {
+    if constexpr (kVec == 4) {
+      const float4 q = reinterpret_cast<const float4*>(a)[v];
+      out[0] = q.x, out[1] = q.y, out[2] = q.z, out[3] = q.w;
+    } else {
+      out[0] = a[v];
+    }
+  } else {
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) out[e] = 0.0f;
+  }
+}
+
+// Pass 0: each warp counts the nonzeros of its range (per lane, one warp sum at the end).
+template <int kVec>
+__device__ void count_a(const float* __restrict__ a, int64_t total, int* count) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t vecs = total / kVec;
   const int64_t per_warp = (vecs + kWarps - 1) / kWarps;
   const int64_t v0 = min(vecs, warp * per_warp), v1 = min(vecs, v0 + per_warp);
-  int pos = pass == 1 ? warp_base[warp] : 0;
   int found = 0;
   for (int64_t base = v0; base < v1; base += 32 * kUnroll) {
     float vals[kUnroll][kVec];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t v = base + u * 32 + lane;
-      if (v < v1) {
-        if constexpr (kVec == 4) {
-          const float4 q = reinterpret_cast<const float4*>(a)[v];
-          vals[u][0] = q.x, vals[u][1] = q.y, vals[u][2] = q.z, vals[u][3] = q.w;
-        } else {
-          vals[u][0] = a[v];
-        }
-      } else {
+    for (int u = 0; u < kUnroll; ++u) load_vec<kVec>(a, base + u * 32 + lane, v1, vals[u]);
 #pragma unroll
-        for (int e = 0; e < kVec; ++e) vals[u][e] = 0.0f;
-      }
+    for (int u = 0; u < kUnroll; ++u) {
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) found += vals[u][e] != 0.0f ? 1 : 0;
     }
+  }
+  found = device::warp_sum(found);
+  if (warp == kWarps - 1) {
+    const int64_t flat = vecs * kVec + lane;
+    const float v = flat < total ? a[flat] : 0.0f;
+    found += __popc(__ballot_sync(kFullWarpMask, v != 0.0f));
+  }
+  if (lane == 0) count[warp] = found;
+}
+
+// Pass 1: compaction in row-major order from each warp's base, 8 vectors a lane.
+template <int kVec>
+__device__ void compact_a(const float* __restrict__ a, int64_t total, const int* warp_base,
+                          float* csr_val, uint16_t* csr_col, uint16_t* coo_row, int n) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int64_t vecs = total / kVec;
+  const int64_t per_warp = (vecs + kWarps - 1) / kWarps;
+  const int64_t v0 = min(vecs, warp * per_warp), v1 = min(vecs, v0 + per_warp);
+  int pos = warp_base[warp];
+  for (int64_t base = v0; base < v1; base += 32 * kUnroll) {
+    float vals[kUnroll][kVec];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) load_vec<kVec>(a, base + u * 32 + lane, v1, vals[u]);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       int mine = 0;
@@ -311,33 +365,28 @@ __device__ void scan_a(const float* __restrict__ a, int64_t total, int pass, int
       for (int e = 0; e < kVec; ++e) mine += vals[u][e] != 0.0f ? 1 : 0;
       const int inc = device::warp_inclusive_scan(mine);
       const int warp_total = __shfl_sync(kFullWarpMask, inc, 31);
-      if (pass == 1) {
-        int at = pos + inc - mine;
-        const int64_t flat0 = (base + u * 32 + lane) * kVec;
+      int at = pos + inc - mine;
+      const int64_t flat0 = (base + u * 32 + lane) * kVec;
 #pragma unroll
-        for (int e = 0; e < kVec; ++e) {
-          if (vals[u][e] != 0.0f) {
-            if (at < kMaxNnz) {
-              const int64_t flat = flat0 + e;
-              csr_val[at] = vals[u][e];
-              csr_col[at] = static_cast<uint16_t>(flat % n);
-              coo_row[at] = static_cast<uint16_t>(flat / n);
-            }
-            ++at;
+      for (int e = 0; e < kVec; ++e) {
+        if (vals[u][e] != 0.0f) {
+          if (at < kMaxNnz) {
+            const int64_t flat = flat0 + e;
+            csr_val[at] = vals[u][e];
+            csr_col[at] = static_cast<uint16_t>(flat % n);
+            coo_row[at] = static_cast<uint16_t>(flat / n);
           }
+          ++at;
         }
       }
       pos += warp_total;
-      found += warp_total;
     }
   }
-  // The tail that does not fill a vector (after every warp's range): the last warp, one
-  // element per lane (kVec <= 32).
   if (warp == kWarps - 1) {
     const int64_t flat = vecs * kVec + lane;
     const float v = flat < total ? a[flat] : 0.0f;
     const unsigned nz = __ballot_sync(kFullWarpMask, v != 0.0f);
-    if (pass == 1 && v != 0.0f) {
+    if (v != 0.0f) {
       const int at = pos + __popc(nz & ((1u << lane) - 1u));
       if (at < kMaxNnz) {
         csr_val[at] = v;
@@ -345,9 +394,7 @@ __device__ void scan_a(const float* __restrict__ a, int64_t total, int pass, int
         coo_row[at] = static_cast<uint16_t>(flat / n);
       }
     }
-    found += __popc(nz);
   }
-  if (lane == 0 && pass == 0) count[warp] = found;
 }
 
 __global__ void __launch_bounds__(kThreads, 1)
@@ -358,10 +405,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   const Layout L = make_layout(m, n);
   auto dv = [&](size_t off) { return reinterpret_cast<double*>(smem + off); };
   double *x = dv(L.x), *s = dv(L.s), *dx = dv(L.dx), *ds = dv(L.ds), *d = dv(L.d), *rd = dv(L.rd),
-         *t = dv(L.t), *cs = dv(L.cs);
+         *rc = dv(L.rc), *cs = dv(L.cs);
   double *y = dv(L.y), *dy = dv(L.dy), *rp = dv(L.rp), *rhs = dv(L.rhs), *bs = dv(L.bs),
-         *diag = dv(L.diag);
-  double *w = dv(L.w), *chol = dv(L.chol), *z = dv(L.z);
+         *dinv = dv(L.dinv);
+  double *wt = dv(L.wt), *chol = dv(L.chol), *z = dv(L.z);
   float* csr_val = reinterpret_cast<float*>(smem + L.csr_val);
   float* csc_val = reinterpret_cast<float*>(smem + L.csc_val);
   uint16_t* csr_col = reinterpret_cast<uint16_t*>(smem + L.csr_col);
@@ -372,7 +419,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   int* col_fill = reinterpret_cast<int*>(smem + L.col_fill);
   int* misc = reinterpret_cast<int*>(smem + L.misc);
   Reducer red{dv(L.red)};
-  const int tid = threadIdx.x;
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int64_t total = static_cast<int64_t>(m) * n;
 
   // ---- Scaling: ||b||inf = ||c||inf = 1 ----
@@ -389,9 +436,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // ---- A to CSR (row-major compaction) and CSC ----
   if (vec4) {
-    scan_a<4>(a_g, total, 0, misc, csr_val, csr_col, coo_row, n, misc);
+    count_a<4>(a_g, total, misc);
   } else {
-    scan_a<1>(a_g, total, 0, misc, csr_val, csr_col, coo_row, n, misc);
+    count_a<1>(a_g, total, misc);
   }
   for (int j = tid; j < n; j += kThreads) col_fill[j] = 0;
   for (int i = tid; i <= m; i += kThreads) row_ptr[i] = 0;
@@ -412,14 +459,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   bool too_large = misc[kMiscTooLarge] != 0;
   if (!too_large) {
     if (vec4) {
-      scan_a<4>(a_g, total, 1, misc, csr_val, csr_col, coo_row, n, nullptr);
+      compact_a<4>(a_g, total, misc, csr_val, csr_col, coo_row, n);
     } else {
-      scan_a<1>(a_g, total, 1, misc, csr_val, csr_col, coo_row, n, nullptr);
+      compact_a<1>(a_g, total, misc, csr_val, csr_col, coo_row, n);
     }
   }
   __syncthreads();
   if (!too_large) {
-    // Row pointers from the row-sorted COO rows; column counts.
     for (int p = tid; p < nnz; p += kThreads) {
       const int row = coo_row[p];
       const int prev = p == 0 ? -1 : coo_row[p - 1];
@@ -432,7 +478,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   }
   __syncthreads();
-  // block_scan's scratch: the per-warp slots of misc, free once pass 1 has read them.
   if (!too_large) block_scan(col_fill, col_ptr, n, misc);
   if (!too_large) {
     for (int j = tid; j < n; j += kThreads) col_fill[j] = 0;
@@ -447,7 +492,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   }
   __syncthreads();
-  // k: the smallest second row over all columns (rows of a column are not sorted yet).
   if (!too_large) {
     for (int j = tid; j < n; j += kThreads) {
       int lo = 1 << 30, second = 1 << 30;
@@ -468,7 +512,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int r = m - k;
   too_large = too_large || r > kMaxDense || static_cast<int64_t>(k) * r > kMaxCoupling;
   if (!too_large) {
-    // Columns now hold at most 1 + r entries: insertion sort by row.
     for (int j = tid; j < n; j += kThreads) {
       for (int q = col_ptr[j] + 1; q < col_ptr[j + 1]; ++q) {
         const uint16_t row = csc_row[q];
@@ -497,22 +540,49 @@ __global__ void __launch_bounds__(kThreads, 1)
       status[kStatusReason] = static_cast<float>(kReasonTooLarge);
       status[kStatusDiagRows] = static_cast<float>(k);
     }
-    return;  // uniform: every thread read the same flags after the barrier
+    return;
   }
-  const Lp lp{m, n, k, r, csr_val, csc_val, csr_col, csc_row, row_ptr, col_ptr};
+  // Rows of the factor padded to r + 1 doubles (odd: a lane a bank pair) where that fits.
+  const Lp lp{m,       n,       k,       r,      r < kMaxDense ? r + 1 : r, csr_val, csc_val,
+              csr_col, csc_row, row_ptr, col_ptr};
+  const int ld = lp.ld;
+  // Rows >= k go to warps from the last one down (rows < k fill the first threads).
+  const int wrow0 = kWarps - 1 - warp;
 
-  // ---- Mehrotra's starting point ----
+  // ---- Mehrotra's starting point (once: the plain phases) ----
   for (int j = tid; j < n; j += kThreads) d[j] = 1.0;
   __syncthreads();
-  factor(lp, d, diag, w, chol);
-  solve_normal(lp, diag, w, chol, z, bs, dy);
-  for (int j = tid; j < n; j += kThreads) x[j] = col_dot(lp, j, dy);
-  for (int i = tid; i < m; i += kThreads) rhs[i] = row_dot(lp, i, cs);
+  for (int i = tid; i < k; i += kThreads) diag_w_row(lp, i, d, dinv, wt);
   __syncthreads();
-  solve_normal(lp, diag, w, chol, z, rhs, y);
+  schur_and_z(lp, d, dinv, wt, rhs, chol, z, true, false);
+  __syncthreads();
+  if (warp == 0) chol_warp(chol, r, ld);
+  __syncthreads();
+  // dy = M^-1 v for v = bs (into dy), then v = A cs (into y).
+  auto solve_plain = [&](const double* v, double* out) {
+    schur_and_z(lp, d, dinv, wt, v, chol, z, false, true);
+    __syncthreads();
+    if (warp == 0) tri_warp(chol, r, ld, z, out + k);
+    __syncthreads();
+    for (int i = tid; i < k; i += kThreads) out[i] = dy_row(lp, i, v, dinv, wt, out);
+    __syncthreads();
+  };
+  solve_plain(bs, dy);
+  for (int j = tid; j < n; j += kThreads) {
+    const int e = diag_row_of(lp, j);
+    x[j] = col_sum(lp, j, dy, e, e >= 0 ? dy[e] : 0.0);
+  }
+  for (int i = tid; i < k; i += kThreads) rhs[i] = row_sum(lp, i, [&](int j) { return cs[j]; });
+  for (int g = wrow0; g < r; g += kWarps) {
+    const double v = row_sum_warp(lp, k + g, [&](int j) { return cs[j]; });
+    if (lane == 0) rhs[k + g] = v;
+  }
+  __syncthreads();
+  solve_plain(rhs, y);
   double mins[2] = {INFINITY, INFINITY};
   for (int j = tid; j < n; j += kThreads) {
-    s[j] = cs[j] - col_dot(lp, j, y);
+    const int e = diag_row_of(lp, j);
+    s[j] = cs[j] - col_sum(lp, j, y, e, e >= 0 ? y[e] : 0.0);
     mins[0] = fmin(mins[0], x[j]);
     mins[1] = fmin(mins[1], s[j]);
   }
@@ -547,18 +617,30 @@ __global__ void __launch_bounds__(kThreads, 1)
   double prel = 0, drel = 0, gap = 0;
   int it = 0;
   for (;; ++it) {
-    // Residuals and objectives: [pobj, dobj, x's] summed, [|rp|, |rd|] maxed.
+    // (1) Residuals, objectives; d and t for the factor.
     double v[5] = {0, 0, 0, 0, 0};
-    for (int i = tid; i < m; i += kThreads) {
-      rp[i] = bs[i] - row_dot(lp, i, x);
+    for (int i = tid; i < k; i += kThreads) {
+      rp[i] = bs[i] - row_sum(lp, i, [&](int j) { return x[j]; });
       v[1] += bs[i] * y[i];
       v[3] = fmax(v[3], fabs(rp[i]));
     }
+    for (int g = wrow0; g < r; g += kWarps) {
+      const int i = k + g;
+      const double res = bs[i] - row_sum_warp(lp, i, [&](int j) { return x[j]; });
+      if (lane == 0) {
+        rp[i] = res;
+        v[1] += bs[i] * y[i];
+        v[3] = fmax(v[3], fabs(res));
+      }
+    }
     for (int j = tid; j < n; j += kThreads) {
-      rd[j] = cs[j] - col_dot(lp, j, y) - s[j];
+      const int e = diag_row_of(lp, j);
+      const double rdj = cs[j] - col_sum(lp, j, y, e, e >= 0 ? y[e] : 0.0) - s[j];
+      rd[j] = rdj;
       v[0] += cs[j] * x[j];
       v[2] += x[j] * s[j];
-      v[4] = fmax(v[4], fabs(rd[j]));
+      v[4] = fmax(v[4], fabs(rdj));
+      d[j] = x[j] / s[j];
     }
     red.run<3, 2, 0>(v);
     prel = v[3] / (1 + b_norm);
@@ -574,23 +656,39 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     if (it == max_iter) break;
     const double mu = v[2] / n;
+    auto t_pred = [&](int j) { return x[j] + d[j] * rd[j]; };
 
-    for (int j = tid; j < n; j += kThreads) {
-      d[j] = x[j] / s[j];
-      t[j] = x[j] + d[j] * rd[j];
+    // (2) Factor rows < k; the predictor's rhs = rp + A t and u = diag^-1 rhs_K.
+    for (int i = tid; i < k; i += kThreads) {
+      diag_w_row(lp, i, d, dinv, wt);
+      rhs[i] = rp[i] + row_sum(lp, i, t_pred);
+    }
+    for (int g = wrow0; g < r; g += kWarps) {
+      const double sum = row_sum_warp(lp, k + g, t_pred);
+      if (lane == 0) rhs[k + g] = rp[k + g] + sum;
     }
     __syncthreads();
-    factor(lp, d, diag, w, chol);
-    // Predictor.
-    for (int i = tid; i < m; i += kThreads) rhs[i] = rp[i] + row_dot(lp, i, t);
+    // (3) S and the predictor's z.
+    schur_and_z(lp, d, dinv, wt, rhs, chol, z, true, true);
     __syncthreads();
-    solve_normal(lp, diag, w, chol, z, rhs, dy);
+    // (4) Cholesky, the predictor's dy_G.
+    if (warp == 0) {
+      chol_warp(chol, r, ld);
+      tri_warp(chol, r, ld, z, dy + k);
+    }
+    __syncthreads();
+    // (5) dy_K, ds, dx, the affine step lengths.
+    for (int i = tid; i < k; i += kThreads) dy[i] = dy_row(lp, i, rhs, dinv, wt, dy);
     double steps[2] = {INFINITY, INFINITY};
     for (int j = tid; j < n; j += kThreads) {
-      ds[j] = rd[j] - col_dot(lp, j, dy);
-      dx[j] = -x[j] - d[j] * ds[j];
-      if (dx[j] < 0) steps[0] = fmin(steps[0], -x[j] / dx[j]);
-      if (ds[j] < 0) steps[1] = fmin(steps[1], -s[j] / ds[j]);
+      const int e = diag_row_of(lp, j);
+      const double dye = e >= 0 ? dy_row(lp, e, rhs, dinv, wt, dy) : 0.0;
+      const double dsj = rd[j] - col_sum(lp, j, dy, e, dye);
+      const double dxj = -x[j] - d[j] * dsj;
+      ds[j] = dsj;
+      dx[j] = dxj;
+      if (dxj < 0) steps[0] = fmin(steps[0], -x[j] / dxj);
+      if (dsj < 0) steps[1] = fmin(steps[1], -s[j] / dsj);
     }
     red.run<0, 0, 2>(steps);
     const double ap_aff = fmin(1.0, steps[0]), ad_aff = fmin(1.0, steps[1]);
@@ -601,26 +699,40 @@ __global__ void __launch_bounds__(kThreads, 1)
     const double ratio = mu_aff[0] / n / mu;
     const double cube = ratio * ratio * ratio;
     const double sigma = cube < 0 ? 0.0 : (1.0 < cube ? 1.0 : cube);
-    // Corrector: dx holds rc until the new direction replaces it.
-    for (int j = tid; j < n; j += kThreads) {
-      const double rc = sigma * mu - x[j] * s[j] - dx[j] * ds[j];
-      dx[j] = rc;
-      t[j] = -rc / s[j] + d[j] * rd[j];
+    // (6) Corrector: rc, and rhs = rp + A t with t = -rc / s + d rd where it is used.
+    auto rc_of = [&](int j) { return sigma * mu - x[j] * s[j] - dx[j] * ds[j]; };
+    auto t_corr = [&](int j) { return -rc_of(j) / s[j] + d[j] * rd[j]; };
+    for (int j = tid; j < n; j += kThreads) rc[j] = rc_of(j);
+    for (int i = tid; i < k; i += kThreads) {
+      rhs[i] = rp[i] + row_sum(lp, i, t_corr);
+    }
+    for (int g = wrow0; g < r; g += kWarps) {
+      const double sum = row_sum_warp(lp, k + g, t_corr);
+      if (lane == 0) rhs[k + g] = rp[k + g] + sum;
     }
     __syncthreads();
-    for (int i = tid; i < m; i += kThreads) rhs[i] = rp[i] + row_dot(lp, i, t);
+    // (7) The corrector's z, (8) its dy_G.
+    schur_and_z(lp, d, dinv, wt, rhs, chol, z, false, true);
     __syncthreads();
-    solve_normal(lp, diag, w, chol, z, rhs, dy);
+    if (warp == 0) tri_warp(chol, r, ld, z, dy + k);
+    __syncthreads();
+    // (9) dy_K, ds, dx, the step lengths.
+    for (int i = tid; i < k; i += kThreads) dy[i] = dy_row(lp, i, rhs, dinv, wt, dy);
     steps[0] = steps[1] = INFINITY;
     for (int j = tid; j < n; j += kThreads) {
-      ds[j] = rd[j] - col_dot(lp, j, dy);
-      dx[j] = dx[j] / s[j] - d[j] * ds[j];
-      if (dx[j] < 0) steps[0] = fmin(steps[0], -x[j] / dx[j]);
-      if (ds[j] < 0) steps[1] = fmin(steps[1], -s[j] / ds[j]);
+      const int e = diag_row_of(lp, j);
+      const double dye = e >= 0 ? dy_row(lp, e, rhs, dinv, wt, dy) : 0.0;
+      const double dsj = rd[j] - col_sum(lp, j, dy, e, dye);
+      const double dxj = rc[j] / s[j] - d[j] * dsj;
+      ds[j] = dsj;
+      dx[j] = dxj;
+      if (dxj < 0) steps[0] = fmin(steps[0], -x[j] / dxj);
+      if (dsj < 0) steps[1] = fmin(steps[1], -s[j] / dsj);
     }
     red.run<0, 0, 2>(steps);
     const double ap = fmin(1.0, kStepFactor * steps[0]);
     const double ad = fmin(1.0, kStepFactor * steps[1]);
+    // (10) The step.
     for (int j = tid; j < n; j += kThreads) {
       x[j] += ap * dx[j];
       s[j] += ad * ds[j];
