@@ -1,7 +1,9 @@
 // The compiled argument check: a KernelSpec's signature -> CheckPlan (make_impl), and
 // CheckPlan::diagnose, the slow twin of CheckPlan::accepts (registry.hpp) that says which
 // rule failed. The messages for those failures are in call_errors.cpp.
+#include <array>
 #include <bit>
+#include <utility>
 
 #include "kreg/registry.hpp"
 #include "registry_group.hpp"
@@ -13,6 +15,7 @@ using detail::CheckPlan;
 using detail::CheckResult;
 using detail::ExactShapeCache;
 using detail::Impl;
+using detail::ShapeMatchFn;
 
 namespace {
 
@@ -130,6 +133,8 @@ std::unique_ptr<Impl> make_impl(const KernelSpec& spec) {
       }
     }
   }
+  plan.match_shapes = detail::shape_matcher(plan.num_tensors);
+  plan.inline_attrs = plan.num_resources > 0 ? int8_t{-1} : plan.num_attrs;
   // Point string defaults at storage only now: the vector no longer moves.
   for (int i = 0; i < plan.num_attrs; ++i) {
     if (plan.attr_types[i] == KREG_ATTR_STRING) {
@@ -139,27 +144,101 @@ std::unique_ptr<Impl> make_impl(const KernelSpec& spec) {
   return impl;
 }
 
-bool CheckPlan::accepts_call_other_ways(std::span<DLTensor* const> t) const {
-  if (t.size() == static_cast<size_t>(num_tensors)) {
-    for (uint32_t w = 1; w < kShapeWays; ++w) {
-      if (last[w].matches(t)) return true;
-    }
+namespace {
+
+using Verdict = ExactShapeCache::Verdict;
+
+// The ways past the first, for exactly N tensors.
+template <size_t N>
+[[gnu::noinline]] bool match_other_ways(const CheckPlan& plan, DLTensor* const* t) {
+  for (uint32_t w = 1; w < CheckPlan::kShapeWays; ++w) {
+    const Verdict v = plan.last[w].compare_n<N>(t);
+    if (v == Verdict::kEqual) return true;
+    if (v == Verdict::kUnusual) return match_shapes_any(plan, t);
+  }
+  return false;
+}
+
+// Every way, for exactly N tensors: the first way's compare straight-line (a hit there is
+// the steady state of one shape: no loop, no saved registers), then the others; unusual
+// tensors (kUnusual) take the loop of match_shapes_any.
+template <size_t N>
+bool match_ways(const CheckPlan& plan, DLTensor* const* t) {
+  const Verdict v = plan.last[0].compare_n<N>(t);
+  if (v == Verdict::kEqual) [[likely]]
+    return true;
+  if (v == Verdict::kDiffers) return match_other_ways<N>(plan, t);
+  return match_shapes_any(plan, t);
+}
+
+// A tensorless op has nothing to compare: its calls take call_general (whose full check
+// of no tensors is a compare of the count).
+bool match_none(const CheckPlan&, DLTensor* const*) { return false; }
+
+template <size_t... N>
+constexpr std::array<ShapeMatchFn, sizeof...(N) + 1> matcher_table(std::index_sequence<N...>) {
+  return {&match_none, &match_ways<N + 1>...};
+}
+constexpr auto kMatchers = matcher_table(std::make_index_sequence<kMaxTensors>{});
+
+}  // namespace
+
+ShapeMatchFn shape_matcher(int num_tensors) {
+  return num_tensors >= 0 && num_tensors <= kMaxTensors
+             ? kMatchers[static_cast<size_t>(num_tensors)]
+             : &match_shapes_any;
+}
+
+bool match_shapes_any(const CheckPlan& plan, DLTensor* const* t) {
+  const std::span<DLTensor* const> s(t, static_cast<size_t>(plan.num_tensors));
+  for (const ExactShapeCache& way : plan.last) {
+    if (way.matches(s)) return true;
+  }
+  return false;
+}
+
+bool CheckPlan::accepts_call(std::span<DLTensor* const> t, std::span<const kreg_attr> a) const {
+  if (!accepts_attrs(a)) return false;
+  // With every attribute given and of its type, accepts_inline() refused the tensors: the
+  // ways missed a moment ago (a store since then only costs this call the full check).
+  if (a.size() != static_cast<size_t>(inline_attrs) &&
+      t.size() == static_cast<size_t>(num_tensors) && match_shapes(*this, t.data())) {
+    return true;
   }
   if (!accepts_tensors(t)) return false;
-  last[next_way.fetch_add(1, std::memory_order_relaxed) % kShapeWays].remember(t);
+  // Nothing to remember of a tensorless call (its full check is the count's compare).
+  if (!t.empty()) last[next_way.fetch_add(1, std::memory_order_relaxed) % kShapeWays].remember(t);
   return true;
 }
 
-void ExactShapeCache::remember(std::span<DLTensor* const> t) {
-  uint64_t m = 0;
-  for (size_t i = 0; i < t.size(); ++i) {
-    const DLTensor* x = t[i];
-    if (x == nullptr) {
-      m |= uint64_t{1} << i;
-      continue;
+Status invoke_general(const Impl& impl, std::span<DLTensor* const> tensors,
+                      std::span<const kreg_attr> attrs, const CallOptions& options) {
+  const CheckPlan& plan = impl.plan;
+  const kreg_attr* attr_ptr = attrs.data();
+  kreg_attr full[kMaxAttrs];
+  if (static_cast<int>(attrs.size()) < plan.num_attrs) {
+    size_t i = 0;
+    for (; i < attrs.size(); ++i) full[i] = attrs[i];
+    for (; i < static_cast<size_t>(plan.num_attrs); ++i) full[i] = plan.defaults[i];
+    attr_ptr = full;
+  }
+  kreg_kernel_fn fn = impl.fn.load(std::memory_order_acquire);
+  if (plan.num_resources > 0) {
+    // The resource's state belongs to the generation that created it: run that one's code.
+    const kreg_resource* r = attr_ptr[plan.resource_attrs[0]].value.r;
+    if (r->generation != impl.generation.load(std::memory_order_acquire)) {
+      fn = fn_of_generation(impl, r->generation);
+      if (fn == nullptr) return no_generation_error(impl, *r);
     }
-    if (x->ndim > kMaxRank) return;  // keeps what it has: accepted too, still valid
-    if (x->strides != nullptr) m |= uint64_t{1} << (32 + i);
+  }
+  return invoke_complete(impl, fn, tensors, attr_ptr, options);
+}
+
+void ExactShapeCache::remember(std::span<DLTensor* const> t) {
+  if (t.size() > static_cast<size_t>(kMaxTensors)) return;
+  for (const DLTensor* x : t) {
+    // Keeps what it has (accepted too, still valid). Accepted calls have ndim >= 0.
+    if (x != nullptr && (x->ndim < 0 || x->ndim > kMaxRank)) return;
   }
   // One writer: whoever moves seq from even to odd. The others skip (their words were
   // accepted too; their next call stores them if it misses again).
@@ -167,15 +246,19 @@ void ExactShapeCache::remember(std::span<DLTensor* const> t) {
   if ((s & 1) || !seq.compare_exchange_strong(s, s + 1, std::memory_order_relaxed)) return;
   // Orders the odd seq before the words: a reader that sees any new word sees seq changed.
   std::atomic_thread_fence(std::memory_order_release);
-  masks.store(m, std::memory_order_relaxed);
   for (size_t i = 0; i < t.size(); ++i) {
     const DLTensor* x = t[i];
-    if (x == nullptr) continue;
-    device[i].store(device_word(x->device), std::memory_order_relaxed);
-    rank_dtype[i].store(rank_dtype_word(*x), std::memory_order_relaxed);
+    Slot& slot = slots[i];
+    if (x == nullptr) {
+      slot.word.store(kNullWord, std::memory_order_relaxed);
+      continue;
+    }
+    slot.word.store(rank_dtype_word(*x) | (x->strides != nullptr ? kStridedBit : 0),
+                    std::memory_order_relaxed);
+    slot.device.store(device_word(x->device), std::memory_order_relaxed);
     for (int k = 0; k < x->ndim; ++k) {
-      shape[i][k].store(x->shape[k], std::memory_order_relaxed);
-      if (x->strides != nullptr) strides[i][k].store(x->strides[k], std::memory_order_relaxed);
+      slot.shape[k].store(x->shape[k], std::memory_order_relaxed);
+      if (x->strides != nullptr) slot.strides[k].store(x->strides[k], std::memory_order_relaxed);
     }
   }
   seq.store(s + 2, std::memory_order_release);  // 64 bits: never wraps back to 0
@@ -281,4 +364,16 @@ CheckResult CheckPlan::diagnose(std::span<DLTensor* const> t, std::span<const kr
 }
 
 }  // namespace detail
+
+Status KernelHandle::call_general(std::span<DLTensor* const> tensors,
+                                  std::span<const kreg_attr> attrs, void* stream,
+                                  const kreg_host_services* services, uint64_t launch_flags) const {
+  const Impl& impl = *impl_;
+  const CheckPlan& plan = impl.plan;
+  if (!plan.accepts_call(tensors, attrs)) {
+    return explain(plan.diagnose(tensors, attrs), tensors, attrs);
+  }
+  return detail::invoke(impl, tensors, attrs, CallOptions{stream, services, launch_flags});
+}
+
 }  // namespace kreg

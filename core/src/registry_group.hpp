@@ -56,6 +56,9 @@ namespace detail {
 
 // The checked plan and storage for one spec (check_plan.cpp).
 std::unique_ptr<Impl> make_impl(const KernelSpec& spec);
+// CheckPlan::match_shapes for a plan of num_tensors tensors: the compare specialized for
+// that arity (check_plan.cpp).
+ShapeMatchFn shape_matcher(int num_tensors);
 // "int", "float", "bool", "str", "Resource" (call_errors.cpp).
 const char* attr_type_name(int32_t type);
 // "cuda:0"

@@ -230,6 +230,73 @@ TEST(ExactShapeCacheTest, ConcurrentStoresNeverMatchAMixOfTwoCalls) {
   EXPECT_TRUE(c.matches(a) || c.matches(b));
 }
 
+// The arity-specialized compare (CheckPlan::match_shapes) says kEqual only where matches()
+// says true, and hands what it does not handle (no shape, rank 0 or above 4) to matches().
+TEST(ExactShapeCacheTest, CompareNAgreesWithMatches) {
+  using V = ExactShapeCache::Verdict;
+  ExactShapeCache c;
+  T x({3, 8}), bias({8}), out({2, 3, 4, 5});
+  out.explicit_strides();
+  DLTensor* args[] = {&x.t, &bias.t, &out.t};
+  DLTensor* no_bias[] = {&x.t, nullptr, &out.t};
+  EXPECT_EQ(c.compare_n<3>(args), V::kDiffers) << "an empty cache matched";
+  c.remember(args);
+  EXPECT_EQ(c.compare_n<3>(args), V::kEqual);
+  EXPECT_EQ(c.compare_n<3>(no_bias), V::kDiffers);
+  c.remember(no_bias);
+  EXPECT_EQ(c.compare_n<3>(no_bias), V::kEqual);
+  EXPECT_TRUE(c.matches(no_bias));
+  EXPECT_EQ(c.compare_n<3>(args), V::kDiffers);
+  c.remember(args);
+  // Every word of every tensor, changed one at a time, differs; then restored, equal.
+  for (T* t : {&x, &bias, &out}) {
+    for (int k = 0; k < t->t.ndim; ++k) {
+      ++t->shape[k];
+      EXPECT_EQ(c.compare_n<3>(args), V::kDiffers) << "shape " << k;
+      EXPECT_FALSE(c.matches(args));
+      --t->shape[k];
+      if (t->t.strides != nullptr) {
+        ++t->strides[k];
+        EXPECT_EQ(c.compare_n<3>(args), V::kDiffers) << "stride " << k;
+        EXPECT_FALSE(c.matches(args));
+        --t->strides[k];
+      }
+    }
+    t->t.dtype.bits = 16;
+    EXPECT_EQ(c.compare_n<3>(args), V::kDiffers);
+    t->t.dtype.bits = 32;
+    t->t.device.device_id = 1;
+    EXPECT_EQ(c.compare_n<3>(args), V::kDiffers);
+    t->t.device.device_id = 0;
+    int64_t* st = t->t.strides;
+    t->t.strides = st ? nullptr : t->strides;
+    if (st == nullptr) t->explicit_strides();
+    EXPECT_EQ(c.compare_n<3>(args), V::kDiffers) << "strides given or dropped";
+    EXPECT_FALSE(c.matches(args));
+    t->t.strides = st;
+    ASSERT_EQ(c.compare_n<3>(args), V::kEqual);
+  }
+  // Ranks outside 1..4 and a null shape are left to matches().
+  for (int32_t nd : {0, 5, 8, 9, -1, 1 << 30}) {
+    const int32_t keep = out.t.ndim;
+    out.t.ndim = nd;
+    EXPECT_EQ(c.compare_n<3>(args), V::kUnusual) << nd;
+    EXPECT_FALSE(c.matches(args)) << nd;
+    out.t.ndim = keep;
+  }
+  x.t.shape = nullptr;
+  EXPECT_EQ(c.compare_n<3>(args), V::kUnusual);
+  EXPECT_FALSE(c.matches(args));
+  x.t.shape = x.shape;
+  EXPECT_EQ(c.compare_n<3>(args), V::kEqual);
+  // A rank-5 call stored is matched by matches() (compare_n hands it over).
+  T big({1, 2, 1, 2, 3});
+  DLTensor* five[] = {&x.t, &bias.t, &big.t};
+  c.remember(five);
+  EXPECT_EQ(c.compare_n<3>(five), V::kUnusual);
+  EXPECT_TRUE(c.matches(five));
+}
+
 // ---- Through handles: the full check's verdict on every call ----
 
 class FastPathTest : public ::testing::Test {
@@ -409,6 +476,134 @@ TEST_F(FastPathTest, AgreesWithTheFullCheckOnRandomMutations) {
   // The mutations reached both verdicts often enough to mean something.
   EXPECT_GT(accepted, 100);
   EXPECT_GT(refused, 1000);
+}
+
+// Counts the calls that reached it, whatever the arguments (a raw C kernel: any arity).
+int32_t count_raw(const kreg_call_frame*, kreg_error*) {
+  g_runs.fetch_add(1, std::memory_order_relaxed);
+  return KREG_OK;
+}
+
+// The compare is specialized per arity (every arity up to kMaxTensors has its own): for each
+// one, random mutations of an accepted call of tensors of ranks 1 to 5 (the fast compare,
+// and matches() past rank 4), an optional tensor given or left out, an any-rank tensor,
+// with and without strides, get the uncached full check's verdict through the handle.
+TEST_F(FastPathTest, EveryArityAgreesWithTheFullCheck) {
+  const char* syms[] = {"A", "B", "C", "D", "E"};
+  const int64_t extent[] = {2, 3, 1, 5, 4};
+  std::mt19937 rng(1717);
+  auto pick = [&](int n) { return static_cast<int>(rng() % static_cast<unsigned>(n)); };
+  const int64_t extents[] = {-1, 0, 1, 2, 3, 4, 5, 6};
+  const DLDataType dtypes[] = {{kDLFloat, 32, 1}, {kDLBfloat, 16, 1}, {kDLFloat, 64, 1}};
+  const DLDevice devices[] = {{kDLCPU, 0}, {kDLCPU, 1}, {kDLCUDA, 0}};
+  int accepted = 0, refused = 0;
+  for (int n = 1; n <= kMaxTensors; ++n) {
+    // Tensor i: ranked of rank 1..4 over the symbols (i % 5 < 3), optional [A] (i % 5 == 3),
+    // or any rank (i % 5 == 4; called with rank 3, or rank 5 in odd arities: matches()).
+    std::string name = "arity" + std::to_string(n), sig = name + "(", kinds;
+    std::vector<std::vector<int64_t>> dims(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) {
+      std::string p;
+      if (i % 5 < 3) {
+        const int rank = 1 + (i * 3 + n) % 4;
+        p = "Tensor[";
+        for (int k = 0; k < rank; ++k) {
+          const int sym = i == 0 ? k : (i + k) % 5;  // tensor 0 binds A first
+          p += std::string(k ? "," : "") + syms[sym];
+          dims[static_cast<size_t>(i)].push_back(extent[sym]);
+        }
+        p += "]";
+        kinds += 'T';
+      } else if (i % 5 == 3) {
+        p = "Tensor?[A]";
+        dims[static_cast<size_t>(i)] = {extent[0]};
+        kinds += 'O';
+      } else {
+        p = "Tensor";
+        dims[static_cast<size_t>(i)] =
+            n % 2 ? std::vector<int64_t>{1, 2, 1, 2, 3} : std::vector<int64_t>{2, 1, 3};
+        kinds += 'T';
+      }
+      sig += std::string(i ? ", " : "") + p + " x" + std::to_string(i);
+    }
+    sig += ") -> ()";
+    const std::string op = "fp." + name;
+    ASSERT_TRUE(reg.add(spec(op.c_str(), sig.c_str(), Binding{&count_raw, kinds.c_str()})).ok())
+        << sig;
+    std::vector<std::unique_ptr<T>> base(static_cast<size_t>(n));
+    std::vector<DLTensor*> base_args(static_cast<size_t>(n));
+    auto fill = [&](T& t, int i) {
+      const auto& d = dims[static_cast<size_t>(i)];
+      t.reset({});
+      for (size_t k = 0; k < d.size(); ++k) t.shape[k] = d[k];
+      t.t.ndim = static_cast<int32_t>(d.size());
+    };
+    for (int i = 0; i < n; ++i) {
+      base[static_cast<size_t>(i)] = std::make_unique<T>(std::initializer_list<int64_t>{});
+      fill(*base[static_cast<size_t>(i)], i);
+      if (i % 2) base[static_cast<size_t>(i)]->explicit_strides();
+      base_args[static_cast<size_t>(i)] = &base[static_cast<size_t>(i)]->t;
+    }
+    auto h = reg.resolve(op, base_args);
+    ASSERT_TRUE(h.ok()) << sig << ": " << h.status().message();
+    for (int trial = 0; trial < 300; ++trial) {
+      std::vector<std::unique_ptr<T>> m(static_cast<size_t>(n));
+      std::vector<DLTensor*> args(static_cast<size_t>(n));
+      for (int i = 0; i < n; ++i) {
+        m[static_cast<size_t>(i)] = std::make_unique<T>(std::initializer_list<int64_t>{});
+        fill(*m[static_cast<size_t>(i)], i);
+        if (i % 2) m[static_cast<size_t>(i)]->explicit_strides();
+        args[static_cast<size_t>(i)] = &m[static_cast<size_t>(i)]->t;
+      }
+      size_t count = static_cast<size_t>(n);
+      for (int k = 0, changes = 1 + pick(3); k < changes; ++k) {
+        const int i = pick(n);
+        T& t = *m[static_cast<size_t>(i)];
+        const int dim = pick(std::max(t.t.ndim, 1));
+        switch (pick(9)) {
+          case 0:
+          case 1:
+            t.shape[dim] = extents[pick(8)];
+            break;
+          case 2:
+            t.explicit_strides();
+            t.strides[dim] = extents[pick(8)];
+            break;
+          case 3:
+            t.t.dtype = dtypes[pick(3)];
+            break;
+          case 4:
+            t.t.device = devices[pick(3)];
+            break;
+          case 5:
+            t.t.ndim = pick(10);
+            break;
+          case 6:
+            args[static_cast<size_t>(i)] = nullptr;
+            break;
+          case 7:
+            count = static_cast<size_t>(pick(n + 2));
+            break;
+          default:
+            t.t.shape = nullptr;
+            break;
+        }
+      }
+      ASSERT_TRUE(h->call(base_args).ok()) << sig;  // the cache holds it
+      args.resize(std::max(args.size(), count), args.empty() ? nullptr : args[0]);
+      const std::span<DLTensor* const> call(args.data(), count);
+      const long before = g_runs.load();
+      const bool by_handle = h->call(call).ok();
+      const bool ran = g_runs.load() != before;
+      const bool full = reg.call(op, call).ok();
+      ASSERT_EQ(by_handle, full) << sig << ", trial " << trial;
+      ASSERT_EQ(ran, by_handle) << sig << ", trial " << trial;
+      ASSERT_EQ(h->call(call).ok(), full) << sig << ", trial " << trial << ", again";
+      (full ? accepted : refused)++;
+    }
+  }
+  EXPECT_GT(accepted, 300);
+  EXPECT_GT(refused, 2000);
 }
 
 TEST_F(FastPathTest, OptionalTensorsGivenAndOmitted) {

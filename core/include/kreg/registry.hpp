@@ -33,6 +33,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -133,34 +134,78 @@ struct FastTensor {
 // retry nothing (a read that overlaps a store is a miss); one writer at a time, others skip
 // storing. Attributes and resources are not cached: a resource may be destroyed any time.
 struct ExactShapeCache {
-  // Per tensor, a fixed slot of kMaxRank shape and kMaxRank stride words: a call with a
-  // tensor of higher rank is not stored, so every stored rank indexes inside its slot.
+  // One tensor's words, together (the compare of one tensor touches its slot only). A call
+  // with a tensor of rank above kMaxRank is not stored, so every stored rank indexes inside
+  // the slot.
+  struct Slot {
+    // The tensor's rank+dtype word (rank_dtype_word), with bit 31 (ndim's sign) set when it
+    // had strides (then compared too); kNullWord for a null tensor, kEmptyWord before the
+    // first store. A call's word is compared only when 0 <= ndim <= kMaxRank, so none of
+    // these is ever a tensor's word with the other meaning.
+    std::atomic<uint64_t> word{kEmptyWord};
+    std::atomic<uint64_t> device{0};
+    std::atomic<int64_t> shape[kMaxRank] = {};
+    std::atomic<int64_t> strides[kMaxRank] = {};
+  };
+  static constexpr uint64_t kStridedBit = uint64_t{1} << 31;
+  static constexpr uint64_t kNullWord = 0xffffffffu;   // ndim -1
+  static constexpr uint64_t kEmptyWord = 0xfffffffeu;  // ndim -2
   // Even: stable; odd: being written; 0: nothing stored yet.
   std::atomic<uint64_t> seq{0};
-  std::atomic<uint64_t> masks{0};  // bit i: tensor i null; bit 32 + i: tensor i has strides
-  std::atomic<uint64_t> device[kMaxTensors] = {};
-  std::atomic<uint64_t> rank_dtype[kMaxTensors] = {};
-  std::atomic<int64_t> shape[kMaxTensors][kMaxRank] = {};
-  std::atomic<int64_t> strides[kMaxTensors][kMaxRank] = {};
+  Slot slots[kMaxTensors];
 
   // True only when t's words equal the stored ones (t.size() must be the plan's count).
   bool matches(std::span<DLTensor* const> t) const;
   // Stores t's words; t must have passed accepts_tensors().
   void remember(std::span<DLTensor* const> t);
+
+  // matches() for exactly N >= 1 tensors (t[0] .. t[N-1]) of the common kind: no loop,
+  // constant slot offsets, few registers (CheckPlan::match_shapes, instantiated in
+  // check_plan.cpp for every arity). kUnusual: a tensor has no shape or a rank outside
+  // 1..4, and matches() decides.
+  enum class Verdict : uint32_t { kEqual, kDiffers, kUnusual };
+  template <size_t N>
+  Verdict compare_n(DLTensor* const* t) const;
+
+  // Tensor x against slot i: nonzero when a word differs (nullness and strides included) or
+  // x's shape cannot be read (matches()).
+  uint64_t slot_differs(size_t i, const DLTensor* x) const;
+  // compare_n's compare of one tensor: 0 when equal, kUnusualBits when compare_n leaves the
+  // tensor to matches(), other bits when a word differs (a difference of all ones is taken
+  // for kUnusual too, which only costs that call matches()).
+  static constexpr uint64_t kUnusualBits = ~uint64_t{0};
+  uint64_t compare_slot(size_t i, const DLTensor* x) const;
+  template <size_t... I>
+  uint64_t compare_slots(DLTensor* const* t, std::index_sequence<I...>) const;
 };
+
+struct CheckPlan;
+// CheckPlan::match_shapes: t (num_tensors of them) word for word against the plan's ways.
+using ShapeMatchFn = bool (*)(const CheckPlan& plan, DLTensor* const* t);
+// The matcher for plans of any arity (a loop over num_tensors); make_impl installs one
+// specialized for the plan's arity.
+bool match_shapes_any(const CheckPlan& plan, DLTensor* const* t);
 
 // Everything a call is checked against, flattened for speed.
 struct CheckPlan {
-  int32_t device_type = kDLCPU;
-  DTypeMask shared_dtypes = 0;
+  // KernelHandle::call's inline path reads these first fields (one cache line) and the ways.
+  // Chosen at make_impl for the plan's arity: true when the call's tensors equal one way's
+  // words (t.size() must be num_tensors).
+  ShapeMatchFn match_shapes = &match_shapes_any;
+  // The attribute count of the inline path: num_attrs (every attribute given, so no
+  // defaults to fill), or -1 when the op takes a resource (its liveness and generation are
+  // checked out of line).
+  int8_t inline_attrs = 0;
   int8_t num_tensors = 0;
   int8_t num_attrs = 0;
+  int32_t device_type = kDLCPU;
+  int32_t attr_types[kMaxAttrs] = {};  // KREG_ATTR_* (the inline path compares given ones)
+  DTypeMask shared_dtypes = 0;
   int8_t num_required_attrs = 0;  // attributes up to the last one without a default
   int8_t num_symbols = 0;
   uint32_t optional_mask = 0;  // bit i: tensor i may be null ('Tensor?')
   uint32_t host_ok_mask = 0;   // bit i: tensor i may be in host memory ('Tensor@host')
   TensorRule tensors[kMaxTensors];
-  int32_t attr_types[kMaxAttrs] = {};
   kreg_attr defaults[kMaxAttrs] = {};
   // Compiled form for accepts(): the first tensor that takes the shared dtype, the
   // packed DLPack dtypes the shared variable admits, and the shape steps.
@@ -188,12 +233,13 @@ struct CheckPlan {
   // The call path: true when the arguments satisfy the signature. Plain loads and
   // compares, no allocation.
   bool accepts(std::span<DLTensor* const> t, std::span<const kreg_attr> a) const;
-  // accepts(), with the tensors first compared word for word with the last accepted ones
-  // (KernelHandle::call); the full check on a miss, remembering what it accepts.
+  // KernelHandle::call's inline test: every attribute given with its type, no resource,
+  // and the tensors equal to one way's words. False says nothing (call_general decides).
+  bool accepts_inline(std::span<DLTensor* const> t, std::span<const kreg_attr> a) const;
+  // accepts() for a call accepts_inline() refused (KernelHandle::call_general;
+  // check_plan.cpp): the tensors compared with the ways unless accepts_inline() just did
+  // (all attributes given), then the full check on a miss, remembering what it accepts.
   bool accepts_call(std::span<DLTensor* const> t, std::span<const kreg_attr> a) const;
-  // accepts_call() past its first way (check_plan.cpp, out of line: the call path's code
-  // stays one way's compare, with no loop around it).
-  bool accepts_call_other_ways(std::span<DLTensor* const> t) const;
   // The tensors alone (selection: attributes are checked per call).
   bool accepts_tensors(std::span<DLTensor* const> t) const;
   // The attributes alone: their count, types, and resources (type and liveness).
@@ -207,17 +253,20 @@ struct JitState;
 
 // One registered implementation. Its address is stable for the registry's life.
 struct Impl {
+  // What a call reads besides the plan, first: the function, the jit kernel, and (at the
+  // start of spec) the op id's characters pointer, on one cache line.
+  std::atomic<kreg_kernel_fn> fn{nullptr};
+  // Backend "jit", on a specialization (kreg/jit.hpp; not in any op table): the loaded
+  // kernel, passed in the call frame.
+  const void* jit_kernel = nullptr;
   KernelSpec spec;
   CheckPlan plan;
-  std::atomic<kreg_kernel_fn> fn{nullptr};
   const KernelBackend* backend = nullptr;
   const OpEntry* op = nullptr;
   std::vector<std::string> string_defaults;  // storage behind plan.defaults[i].value.s
   // Backend "jit". On the op's own record: the source of the running generation (a hot
-  // swap stores the new one). On a specialization (kreg/jit.hpp; not in any op table):
-  // the loaded kernel, passed in the call frame.
+  // swap stores the new one).
   std::atomic<const JitSource*> jit{nullptr};
-  const void* jit_kernel = nullptr;
   // On the op's record: the specialization chosen last, tried first (its own check says
   // whether it fits), so steady-state by-name calls take no lock. On a specialization:
   // the source it was compiled from and the device it was resolved for.
@@ -375,13 +424,16 @@ inline bool CheckPlan::accepts(std::span<DLTensor* const> t, std::span<const kre
   return accepts_attrs(a) && accepts_tensors(t);
 }
 
-inline bool CheckPlan::accepts_call(std::span<DLTensor* const> t,
-                                    std::span<const kreg_attr> a) const {
-  if (!accepts_attrs(a)) [[unlikely]]
+inline bool CheckPlan::accepts_inline(std::span<DLTensor* const> t,
+                                      std::span<const kreg_attr> a) const {
+  // inline_attrs is -1 (never a size) when a resource must be checked.
+  if (a.size() != static_cast<size_t>(inline_attrs)) [[unlikely]]
     return false;
-  if (t.size() == static_cast<size_t>(num_tensors) && last[0].matches(t)) [[likely]]
-    return true;
-  return accepts_call_other_ways(t);
+  for (size_t j = 0; j < a.size(); ++j) {
+    if (a[j].type != attr_types[j]) [[unlikely]]
+      return false;
+  }
+  return t.size() == static_cast<size_t>(num_tensors) && match_shapes(*this, t.data());
 }
 
 inline bool CheckPlan::accepts_attrs(std::span<const kreg_attr> a) const {
@@ -480,112 +532,145 @@ inline bool CheckPlan::accepts_tensors(std::span<DLTensor* const> t) const {
   return true;
 }
 
-// Bits that differ between a caller's n words and stored ones (n <= kMaxRank), without a
-// loop: one jump on n, then loads and xors.
+// Bits that differ between a caller's n words and stored ones (n <= kMaxRank: the slot's
+// size, said by the caller).
 inline uint64_t words_differ(const int64_t* a, const std::atomic<int64_t>* b, uint32_t n) {
-  static_assert(kMaxRank == 8, "one case per rank");
   uint64_t d = 0;
-  auto x = [&](int k) { d |= static_cast<uint64_t>(a[k] ^ b[k].load(std::memory_order_relaxed)); };
-  switch (n) {
-    case 8:
-      x(7);
-      [[fallthrough]];
-    case 7:
-      x(6);
-      [[fallthrough]];
-    case 6:
-      x(5);
-      [[fallthrough]];
-    case 5:
-      x(4);
-      [[fallthrough]];
-    case 4:
-      x(3);
-      [[fallthrough]];
-    case 3:
-      x(2);
-      [[fallthrough]];
-    case 2:
-      x(1);
-      [[fallthrough]];
-    case 1:
-      x(0);
-      [[fallthrough]];
-    default:
-      break;
+  for (uint32_t k = 0; k < n; ++k) {
+    d |= static_cast<uint64_t>(a[k] ^ b[k].load(std::memory_order_relaxed));
   }
   return d;
 }
 
+inline uint64_t ExactShapeCache::slot_differs(size_t i, const DLTensor* x) const {
+  const Slot& slot = slots[i];
+  if (x == nullptr) return slot.word.load(std::memory_order_relaxed) ^ kNullWord;
+  // The caller's ndim picks how many words are read: of its own arrays as many as the full
+  // check reads (it reads ndim <= kMaxCallNdim), of the slot at most kMaxRank. Equal words
+  // then say the ranks agree.
+  const auto nd = static_cast<uint32_t>(x->ndim);
+  const int64_t* xs = x->shape;
+  if (nd > static_cast<uint32_t>(kMaxRank) || (xs == nullptr && nd != 0)) return 1;
+  const int64_t* st = x->strides;
+  return ((rank_dtype_word(*x) | (st != nullptr ? kStridedBit : 0)) ^
+          slot.word.load(std::memory_order_relaxed)) |
+         (device_word(x->device) ^ slot.device.load(std::memory_order_relaxed)) |
+         words_differ(xs, slot.shape, nd) |
+         (st != nullptr ? words_differ(st, slot.strides, nd) : 0);
+}
+
 inline bool ExactShapeCache::matches(std::span<DLTensor* const> t) const {
   const uint64_t s = seq.load(std::memory_order_acquire);
-  if (s == 0 || (s & 1)) [[unlikely]]
+  if (s == 0 || (s & 1) || t.size() > static_cast<size_t>(kMaxTensors)) [[unlikely]]
     return false;
-  uint64_t seen = 0;  // the call's null and strided bits, as in `masks`
-  uint64_t diff = 0;  // any bit set: some word differs
   for (size_t i = 0; i < t.size(); ++i) {
-    const DLTensor* x = t[i];
-    if (x == nullptr) [[unlikely]] {
-      seen |= uint64_t{1} << i;
-      continue;
-    }
-    diff |= (device_word(x->device) ^ device[i].load(std::memory_order_relaxed)) |
-            (rank_dtype_word(*x) ^ rank_dtype[i].load(std::memory_order_relaxed));
-    // On equal words ndim is a stored rank, so at most kMaxRank; said again here so that
-    // no index can leave the slot whatever was read.
-    const auto nd = static_cast<uint32_t>(x->ndim);
-    const int64_t* xs = x->shape;
-    if (diff != 0 || nd > static_cast<uint32_t>(kMaxRank) || (xs == nullptr && nd > 0))
-        [[unlikely]] {
-      return false;
-    }
-    diff |= words_differ(xs, shape[i], nd);
-    if (const int64_t* st = x->strides; st != nullptr) {
-      seen |= uint64_t{1} << (32 + i);
-      diff |= words_differ(st, strides[i], nd);
-    }
+    if (slot_differs(i, t[i]) != 0) return false;
   }
-  if ((diff | (seen ^ masks.load(std::memory_order_relaxed))) != 0) return false;
   // The loads above happen before the second read of seq: an overlapping store changed it.
   std::atomic_thread_fence(std::memory_order_acquire);
   return seq.load(std::memory_order_relaxed) == s;
 }
 
-// Fills in default attributes and calls the kernel through the C frame. The arguments
-// must already have passed impl.plan.accepts().
-inline Status invoke(const Impl& impl, std::span<DLTensor* const> tensors,
-                     std::span<const kreg_attr> attrs, const CallOptions& options) {
-  const CheckPlan& plan = impl.plan;
-  const kreg_attr* attr_ptr = attrs.data();
-  kreg_attr full[kMaxAttrs];
-  if (static_cast<int>(attrs.size()) < plan.num_attrs) {
-    size_t i = 0;
-    for (; i < attrs.size(); ++i) full[i] = attrs[i];
-    for (; i < static_cast<size_t>(plan.num_attrs); ++i) full[i] = plan.defaults[i];
-    attr_ptr = full;
+// Words 0 .. n-1 of a caller's array against stored ones, for 1 <= n <= 4: constant
+// offsets, one branch per word past the first (always taken the same way for a tensor of
+// a ranked parameter).
+[[gnu::always_inline]] inline uint64_t words_differ_1to4(const int64_t* a,
+                                                         const std::atomic<int64_t>* b,
+                                                         uint32_t n) {
+  auto x = [&](uint32_t k) {
+    return static_cast<uint64_t>(a[k] ^ b[k].load(std::memory_order_relaxed));
+  };
+  uint64_t d = x(0);
+  if (n >= 2) d |= x(1);
+  if (n >= 3) d |= x(2);
+  if (n >= 4) d |= x(3);
+  return d;
+}
+
+[[gnu::always_inline]] inline uint64_t ExactShapeCache::compare_slot(size_t i,
+                                                                     const DLTensor* x) const {
+  const Slot& slot = slots[i];
+  if (x == nullptr) [[unlikely]]  // an optional tensor left out
+    return slot.word.load(std::memory_order_relaxed) ^ kNullWord;
+  const auto nd = static_cast<uint32_t>(x->ndim);
+  const int64_t* xs = x->shape;
+  if (nd - 1 > 3 || xs == nullptr) [[unlikely]]
+    return kUnusualBits;
+  // 1 <= nd <= 4: as many words of the caller's arrays as the full check reads, inside the
+  // slot; equal rank+dtype words then say the ranks agree.
+  uint64_t d = (device_word(x->device) ^ slot.device.load(std::memory_order_relaxed)) |
+               words_differ_1to4(xs, slot.shape, nd);
+  if (const int64_t* st = x->strides; st == nullptr) {
+    d |= rank_dtype_word(*x) ^ slot.word.load(std::memory_order_relaxed);
+  } else {
+    d |= ((rank_dtype_word(*x) | kStridedBit) ^ slot.word.load(std::memory_order_relaxed)) |
+         words_differ_1to4(st, slot.strides, nd);
   }
-  const kreg_call_frame frame{
-      sizeof(kreg_call_frame), tensors.data(),   static_cast<int32_t>(tensors.size()),
-      plan.num_attrs,          attr_ptr,         options.stream,
-      impl.spec.op.c_str(),    options.services, options.launch_flags,
-      impl.jit_kernel};
+  return d;
+}
+
+template <size_t... I>
+[[gnu::always_inline]] inline uint64_t ExactShapeCache::compare_slots(
+    DLTensor* const* t, std::index_sequence<I...>) const {
+  uint64_t d = 0;
+  (((d = compare_slot(I, t[I])) == 0) && ...);
+  return d;
+}
+
+template <size_t N>
+[[gnu::always_inline]] inline ExactShapeCache::Verdict ExactShapeCache::compare_n(
+    DLTensor* const* t) const {
+  static_assert(N >= 1, "an empty way is told by kEmptyWord in slot 0");
+  const uint64_t s = seq.load(std::memory_order_acquire);
+  if (s & 1) [[unlikely]]
+    return Verdict::kDiffers;
+  if (const uint64_t d = compare_slots(t, std::make_index_sequence<N>{}); d != 0) {
+    return d == kUnusualBits ? Verdict::kUnusual : Verdict::kDiffers;
+  }
+  // The loads above happen before the second read of seq: an overlapping store changed it.
+  std::atomic_thread_fence(std::memory_order_acquire);
+  return seq.load(std::memory_order_relaxed) == s ? Verdict::kEqual : Verdict::kDiffers;
+}
+
+// Calls fn through the C frame with every attribute (plan.num_attrs of them, defaults
+// filled in). The arguments must already have passed impl.plan.accepts().
+// (options by value: inlined into KernelHandle::call, its fields are the caller's values.)
+[[gnu::always_inline]] inline Status invoke_complete(const Impl& impl, kreg_kernel_fn fn,
+                                                     std::span<DLTensor* const> tensors,
+                                                     const kreg_attr* attrs, CallOptions options) {
+  const kreg_call_frame frame{sizeof(kreg_call_frame),
+                              tensors.data(),
+                              static_cast<int32_t>(tensors.size()),
+                              impl.plan.num_attrs,
+                              attrs,
+                              options.stream,
+                              impl.spec.op.c_str(),
+                              options.services,
+                              options.launch_flags,
+                              impl.jit_kernel};
   char message[256];
   message[0] = '\0';
   kreg_error err{sizeof(kreg_error), message, sizeof message};
-  kreg_kernel_fn fn = impl.fn.load(std::memory_order_acquire);
-  if (plan.num_resources > 0) [[unlikely]] {
-    // The resource's state belongs to the generation that created it: run that one's code.
-    const kreg_resource* r = attr_ptr[plan.resource_attrs[0]].value.r;
-    if (r->generation != impl.generation.load(std::memory_order_acquire)) {
-      fn = fn_of_generation(impl, r->generation);
-      if (fn == nullptr) return no_generation_error(impl, *r);
-    }
-  }
   const int32_t rc = fn(&frame, &err);
   if (rc != KREG_OK) [[unlikely]] {
     return kernel_error(impl, rc, message, sizeof message);
   }
   return Status();
+}
+
+// invoke() for calls that omit defaulted attributes or pass a resource (check_plan.cpp):
+// fills in the defaults and runs the code of the generation that created the resource.
+Status invoke_general(const Impl& impl, std::span<DLTensor* const> tensors,
+                      std::span<const kreg_attr> attrs, const CallOptions& options);
+
+// Fills in default attributes and calls the kernel through the C frame. The arguments
+// must already have passed impl.plan.accepts().
+inline Status invoke(const Impl& impl, std::span<DLTensor* const> tensors,
+                     std::span<const kreg_attr> attrs, const CallOptions& options) {
+  if (attrs.size() != static_cast<size_t>(impl.plan.inline_attrs)) [[unlikely]]
+    return invoke_general(impl, tensors, attrs, options);
+  return invoke_complete(impl, impl.fn.load(std::memory_order_acquire), tensors, attrs.data(),
+                         options);
 }
 
 }  // namespace detail
@@ -632,18 +717,18 @@ class KernelHandle {
 
   // Runs the kernel. `attrs` are positional in signature order; trailing attributes with
   // defaults may be omitted. Errors name the op, the argument and what was expected.
-  Status call(std::span<DLTensor* const> tensors, std::span<const kreg_attr> attrs,
-              const CallOptions& options) const {
-    const detail::Impl& impl = *impl_;
-    const detail::CheckPlan& plan = impl.plan;
-    if (!plan.accepts_call(tensors, attrs)) [[unlikely]] {
-      return explain(plan.diagnose(tensors, attrs), tensors, attrs);
-    }
-    return detail::invoke(impl, tensors, attrs, options);
+  // Inline: the exact-shape test (attributes all given, tensors equal to an accepted
+  // call's words through the plan's arity-specialized compare) and the frame. Everything
+  // else (a new shape, defaults, resources, errors) goes through call_general.
+  [[gnu::always_inline]] Status call(std::span<DLTensor* const> tensors,
+                                     std::span<const kreg_attr> attrs,
+                                     const CallOptions& options) const {
+    return call_inline(tensors, attrs, options);
   }
-  Status call(std::span<DLTensor* const> tensors, std::span<const kreg_attr> attrs = {},
-              void* stream = nullptr) const {
-    return call(tensors, attrs, CallOptions{stream});
+  [[gnu::always_inline]] Status call(std::span<DLTensor* const> tensors,
+                                     std::span<const kreg_attr> attrs = {},
+                                     void* stream = nullptr) const {
+    return call_inline(tensors, attrs, CallOptions{stream});
   }
 
   // Builds a positional attribute list from names (unknown names, wrong types and
@@ -655,6 +740,23 @@ class KernelHandle {
   explicit KernelHandle(const detail::Impl* impl) : impl_(impl) {}
   Status explain(const detail::CheckResult& r, std::span<DLTensor* const> tensors,
                  std::span<const kreg_attr> attrs) const;
+  [[gnu::always_inline]] Status call_inline(std::span<DLTensor* const> tensors,
+                                            std::span<const kreg_attr> attrs,
+                                            CallOptions options) const {
+    const detail::Impl& impl = *impl_;
+    if (impl.plan.accepts_inline(tensors, attrs)) [[likely]] {
+      return detail::invoke_complete(impl, impl.fn.load(std::memory_order_acquire), tensors,
+                                     attrs.data(), options);
+    }
+    return call_general(tensors, attrs, options.stream, options.services, options.launch_flags);
+  }
+  // call() off its inline path (check_plan.cpp): the ways again, the full check and
+  // remember on a miss, defaults, resources, or the error.
+  // (The options as scalars: passed in registers, so the inline path's copy of them is
+  // never in memory.)
+  Status call_general(std::span<DLTensor* const> tensors, std::span<const kreg_attr> attrs,
+                      void* stream, const kreg_host_services* services,
+                      uint64_t launch_flags) const;
 
   const detail::Impl* impl_ = nullptr;
 };
