@@ -175,16 +175,22 @@ bool match_ways(const CheckPlan& plan, DLTensor* const* t) {
 // of no tensors is a compare of the count).
 bool match_none(const CheckPlan&, DLTensor* const*) { return false; }
 
+// Arities up to kMaxSpecializedArity have their own compare (every shipped op has at most
+// 6 tensors); past it, the loop of match_shapes_any (each instance is a few hundred bytes
+// per tensor).
+constexpr int kMaxSpecializedArity = 8;
+static_assert(kMaxSpecializedArity <= kMaxTensors);
+
 template <size_t... N>
 constexpr std::array<ShapeMatchFn, sizeof...(N) + 1> matcher_table(std::index_sequence<N...>) {
   return {&match_none, &match_ways<N + 1>...};
 }
-constexpr auto kMatchers = matcher_table(std::make_index_sequence<kMaxTensors>{});
+constexpr auto kMatchers = matcher_table(std::make_index_sequence<kMaxSpecializedArity>{});
 
 }  // namespace
 
 ShapeMatchFn shape_matcher(int num_tensors) {
-  return num_tensors >= 0 && num_tensors <= kMaxTensors
+  return num_tensors >= 0 && num_tensors <= kMaxSpecializedArity
              ? kMatchers[static_cast<size_t>(num_tensors)]
              : &match_shapes_any;
 }
@@ -231,7 +237,8 @@ Status invoke_general(const Impl& impl, std::span<DLTensor* const> tensors,
       if (fn == nullptr) return no_generation_error(impl, *r);
     }
   }
-  return invoke_complete(impl, fn, tensors, attr_ptr, options);
+  return invoke_complete(impl, fn, tensors, {attr_ptr, static_cast<size_t>(plan.num_attrs)},
+                         options);
 }
 
 void ExactShapeCache::remember(std::span<DLTensor* const> t) {

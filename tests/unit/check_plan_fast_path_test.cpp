@@ -484,10 +484,10 @@ int32_t count_raw(const kreg_call_frame*, kreg_error*) {
   return KREG_OK;
 }
 
-// The compare is specialized per arity (every arity up to kMaxTensors has its own): for each
-// one, random mutations of an accepted call of tensors of ranks 1 to 5 (the fast compare,
-// and matches() past rank 4), an optional tensor given or left out, an any-rank tensor,
-// with and without strides, get the uncached full check's verdict through the handle.
+// The compare is specialized per arity (up to 8 tensors; the generic loop past that): for
+// every arity up to kMaxTensors, random mutations of an accepted call of tensors of ranks 1 to 5
+// (the fast compare, and matches() past rank 4), an optional tensor given or left out, an any-rank
+// tensor, with and without strides, get the uncached full check's verdict through the handle.
 TEST_F(FastPathTest, EveryArityAgreesWithTheFullCheck) {
   const char* syms[] = {"A", "B", "C", "D", "E"};
   const int64_t extent[] = {2, 3, 1, 5, 4};

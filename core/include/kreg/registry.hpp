@@ -161,7 +161,7 @@ struct ExactShapeCache {
 
   // matches() for exactly N >= 1 tensors (t[0] .. t[N-1]) of the common kind: no loop,
   // constant slot offsets, few registers (CheckPlan::match_shapes, instantiated in
-  // check_plan.cpp for every arity). kUnusual: a tensor has no shape or a rank outside
+  // check_plan.cpp for arities 1 to 8). kUnusual: a tensor has no shape or a rank outside
   // 1..4, and matches() decides.
   enum class Verdict : uint32_t { kEqual, kDiffers, kUnusual };
   template <size_t N>
@@ -183,7 +183,7 @@ struct CheckPlan;
 // CheckPlan::match_shapes: t (num_tensors of them) word for word against the plan's ways.
 using ShapeMatchFn = bool (*)(const CheckPlan& plan, DLTensor* const* t);
 // The matcher for plans of any arity (a loop over num_tensors); make_impl installs one
-// specialized for the plan's arity.
+// specialized for the plan's arity (up to 8 tensors).
 bool match_shapes_any(const CheckPlan& plan, DLTensor* const* t);
 
 // Everything a call is checked against, flattened for speed.
@@ -571,20 +571,23 @@ inline bool ExactShapeCache::matches(std::span<DLTensor* const> t) const {
   return seq.load(std::memory_order_relaxed) == s;
 }
 
-// Words 0 .. n-1 of a caller's array against stored ones, for 1 <= n <= 4: constant
-// offsets, one branch per word past the first (always taken the same way for a tensor of
-// a ranked parameter).
+// Words 0 .. n-1 of a caller's array against stored ones, for 1 <= n <= 4; any other n
+// reads nothing and gives ExactShapeCache::kUnusualBits. Constant offsets; ranks tested in
+// the order of their frequency in signatures (2, 1, then 3 and 4), each test always
+// decided the same way for a tensor of a ranked parameter.
 [[gnu::always_inline]] inline uint64_t words_differ_1to4(const int64_t* a,
                                                          const std::atomic<int64_t>* b,
                                                          uint32_t n) {
   auto x = [&](uint32_t k) {
     return static_cast<uint64_t>(a[k] ^ b[k].load(std::memory_order_relaxed));
   };
-  uint64_t d = x(0);
-  if (n >= 2) d |= x(1);
-  if (n >= 3) d |= x(2);
-  if (n >= 4) d |= x(3);
-  return d;
+  if (n == 2) [[likely]]
+    return x(0) | x(1);
+  if (n == 1) return x(0);
+  if (n - 3 > 1) [[unlikely]]
+    return ExactShapeCache::kUnusualBits;
+  const uint64_t d = x(0) | x(1) | x(2);
+  return n == 4 ? d | x(3) : d;
 }
 
 [[gnu::always_inline]] inline uint64_t ExactShapeCache::compare_slot(size_t i,
@@ -594,10 +597,10 @@ inline bool ExactShapeCache::matches(std::span<DLTensor* const> t) const {
     return slot.word.load(std::memory_order_relaxed) ^ kNullWord;
   const auto nd = static_cast<uint32_t>(x->ndim);
   const int64_t* xs = x->shape;
-  if (nd - 1 > 3 || xs == nullptr) [[unlikely]]
+  if (xs == nullptr) [[unlikely]]
     return kUnusualBits;
-  // 1 <= nd <= 4: as many words of the caller's arrays as the full check reads, inside the
-  // slot; equal rank+dtype words then say the ranks agree.
+  // 1 <= nd <= 4 (else kUnusualBits): as many words of the caller's arrays as the full check
+  // reads, inside the slot; equal rank+dtype words then say the ranks agree.
   uint64_t d = (device_word(x->device) ^ slot.device.load(std::memory_order_relaxed)) |
                words_differ_1to4(xs, slot.shape, nd);
   if (const int64_t* st = x->strides; st == nullptr) {
@@ -632,17 +635,18 @@ template <size_t N>
   return seq.load(std::memory_order_relaxed) == s ? Verdict::kEqual : Verdict::kDiffers;
 }
 
-// Calls fn through the C frame with every attribute (plan.num_attrs of them, defaults
-// filled in). The arguments must already have passed impl.plan.accepts().
+// Calls fn through the C frame with every attribute (attrs.size() == plan.num_attrs,
+// defaults filled in). The arguments must already have passed impl.plan.accepts().
 // (options by value: inlined into KernelHandle::call, its fields are the caller's values.)
 [[gnu::always_inline]] inline Status invoke_complete(const Impl& impl, kreg_kernel_fn fn,
                                                      std::span<DLTensor* const> tensors,
-                                                     const kreg_attr* attrs, CallOptions options) {
+                                                     std::span<const kreg_attr> attrs,
+                                                     CallOptions options) {
   const kreg_call_frame frame{sizeof(kreg_call_frame),
                               tensors.data(),
                               static_cast<int32_t>(tensors.size()),
-                              impl.plan.num_attrs,
-                              attrs,
+                              static_cast<int32_t>(attrs.size()),
+                              attrs.data(),
                               options.stream,
                               impl.spec.op.c_str(),
                               options.services,
@@ -669,8 +673,7 @@ inline Status invoke(const Impl& impl, std::span<DLTensor* const> tensors,
                      std::span<const kreg_attr> attrs, const CallOptions& options) {
   if (attrs.size() != static_cast<size_t>(impl.plan.inline_attrs)) [[unlikely]]
     return invoke_general(impl, tensors, attrs, options);
-  return invoke_complete(impl, impl.fn.load(std::memory_order_acquire), tensors, attrs.data(),
-                         options);
+  return invoke_complete(impl, impl.fn.load(std::memory_order_acquire), tensors, attrs, options);
 }
 
 }  // namespace detail
@@ -745,8 +748,8 @@ class KernelHandle {
                                             CallOptions options) const {
     const detail::Impl& impl = *impl_;
     if (impl.plan.accepts_inline(tensors, attrs)) [[likely]] {
-      return detail::invoke_complete(impl, impl.fn.load(std::memory_order_acquire), tensors,
-                                     attrs.data(), options);
+      return detail::invoke_complete(impl, impl.fn.load(std::memory_order_acquire), tensors, attrs,
+                                     options);
     }
     return call_general(tensors, attrs, options.stream, options.services, options.launch_flags);
   }
