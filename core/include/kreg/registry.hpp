@@ -616,7 +616,7 @@ template <size_t... I>
 [[gnu::always_inline]] inline uint64_t ExactShapeCache::compare_slots(
     DLTensor* const* t, std::index_sequence<I...>) const {
   uint64_t d = 0;
-  (((d = compare_slot(I, t[I])) == 0) && ...);
+  static_cast<void>((((d = compare_slot(I, t[I])) == 0) && ...));  // stops at the first difference
   return d;
 }
 
