@@ -1,11 +1,10 @@
-// What attention.decode's two split kernels share: the parameters, the cp.async helpers,
-// the split count, the log-sum-exp merge of the splits and the launch of split + merge.
+// attention.decode around its split kernel: the parameters, the cp.async helpers, the split
+// count, the log-sum-exp merge of the splits and the launch of split + merge.
 //
 // A split kernel writes, per (sequence b, query head h, split s), either out[b, h] directly
 // (one split) or the unnormalized partial acc[D] with (max in log2 units, sum) into the
-// workspace; decode_merge_kernel combines the splits. The two split kernels:
-//   decode_mma.cu  tensor cores (mma.sync), every dtype / head size / page size: the default;
-//   decode.cu      CUDA-core FMA (the first design, kept for comparison: KREG_DECODE_FMA=1).
+// workspace; decode_merge_kernel combines the splits. The split kernel is decode_mma.cu's
+// (tensor cores); decode.cu is the entry point.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -179,7 +178,9 @@ cudaError_t resident_blocks(Kernel kernel, int threads, int smem, std::atomic<in
       return cudaSuccess;
     }
   }
-  if (smem > 48 * 1024) {
+  // Always opted in: the default limit is 48 KiB of dynamic *and* static shared memory
+  // together, so a kernel with 48 KiB dynamic and a few static bytes fails to launch.
+  if (smem > 0) {
     if (const cudaError_t e =
             cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
         e != cudaSuccess) {
@@ -241,9 +242,9 @@ KernelStatus launch_split_and_merge(Context& ctx, const char* op, DecodeParams<T
 }
 
 // The tensor-core split kernel's launch for head size kDim (decode_mma.cu); p.num_splits is
-// chosen there. `wide`: 8 warps of 2 stages instead of 4 of 3 (D <= 128; for measurements).
+// chosen there.
 template <typename T, int kDim>
 KernelStatus launch_mma(Context& ctx, const char* op, const DecodeParams<T>& p, int batch,
-                        DLDevice device, bool wide);
+                        DLDevice device);
 
 }  // namespace kreg::attention::decode_detail

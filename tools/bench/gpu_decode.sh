@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
 # attention.decode on the H200 in one device call (docs/performance.md, "Seventh round"):
 # Release build, the attention GPU tests, compute-sanitizer memcheck of the decode tests,
-# then vs_torch.py's decode cases with the tensor-core kernel (default) and the FMA one
-# (KREG_DECODE_KERNEL=fma), alternating, and the variant benchmark if VARIANTS=1.
-# Logs into $OUT. Knobs: ROUNDS (alternations, default 2), VS_ARGS (more vs_torch options),
-# CTEST_R (tests to run first), MEMCHECK=0 (skip), VARIANTS=1.
+# vs_torch.py's decode cases, EXTRA (more shell commands), the variant benchmark if
+# VARIANTS=1. Logs into $OUT. Knobs: VS_ARGS (more vs_torch options), CTEST_R (tests to
+# run; default Attention), CTEST_S, MEMCHECK=0 (skip), VARIANTS=1, EXTRA.
 set -uo pipefail
 L=${OUT:-/tmp/out}; mkdir -p "$L"
 PY=${PY:-/opt/torch/.venv/bin/python3}
@@ -23,15 +22,12 @@ if [ "${MEMCHECK:-1}" = 1 ]; then
     --gtest_filter='*Decode*:AttentionGpu.GpuMatchesCpu*' >"$L/memcheck.log" 2>&1
   echo "memcheck rc=$? at $SECONDS s: $(grep -E 'ERROR SUMMARY|PASSED|FAILED' "$L/memcheck.log" | tail -3 | tr '\n' ' ')"
 fi
-for r in $(seq 1 "${ROUNDS:-2}"); do
-  for k in ${KERNELS:-mma mma8 fma}; do
-    # torch.compile once (the first mma round): its compiles take most of a round.
-    nc=--no-compile; [ "$r$k" = 1mma ] && nc=
-    env KREG_DECODE_KERNEL=$k timeout 240 $PY tools/bench/vs_torch.py --reps 30 --out /tmp/vs-$k \
-      --only attention.decode $nc ${VS_ARGS:-} >"$L/vs_${k}_$r.log" 2>&1
-    grep -E "^attention" "$L/vs_${k}_$r.log" | sed "s/^/r$r $k: /"
-  done
-done | tee "$L/vs_decode.log" | cut -c1-200
+# vs_torch's decode cases, torch.compile included (the A/B against the FMA design and the
+# 4-warp shape ran at a2822ab with its KREG_DECODE_KERNEL knob: performance.md, "Seventh round").
+timeout ${VS_S:-240} $PY tools/bench/vs_torch.py --reps 30 --out /tmp/vs-decode --only attention.decode \
+  ${VS_ARGS:-} >"$L/vs_decode.log" 2>&1
+grep -E "^attention|copy bandwidth" "$L/vs_decode.log" | cut -c1-200
+[ -n "${EXTRA:-}" ] && eval "$EXTRA" 2>&1 | tee "$L/extra.log"
 if [ "${VARIANTS:-0}" = 1 ]; then
   (cd tools/bench/variants && nvcc -O3 -arch=sm_90 -std=c++17 decode_mma_bench.cu -o /tmp/dm &&
     timeout 150 /tmp/dm) >"$L/variants.log" 2>&1
