@@ -160,7 +160,7 @@ template <size_t N>
 }
 
 // Every way, for exactly N tensors: the first way's compare straight-line (a hit there is
-// the steady state of one shape: no loop, no saved registers), then the others; unusual
+// the steady state of one shape: no loop, few registers), then the others; unusual
 // tensors (kUnusual) take the loop of match_shapes_any.
 template <size_t N>
 bool match_ways(const CheckPlan& plan, DLTensor* const* t) {
