@@ -2823,9 +2823,1164 @@ void launch(const float* a, const float* b, const float* c, float* x, float* st,
 }
 
 }  // namespace v1_256
-#define VARIANTS                                                           \
-  {                                                                        \
-    {"V0 kreg", v0_launch}, {"V1", v1_launch}, { "V1/256", v1_256_launch } \
+// ---------------------------------------------------------------------------------------
+// V2: V1's method, limits, layout size and status, with the cold start and the per-iteration
+// chains cut further (the V1 profile on an H100: read A 12.8%, start point 11.8%, Cholesky
+// + triangular solves 19.4%, S 10.7%, residuals 9.3%):
+//   - A read once when 16-byte aligned: chunks of 2048 floats (16 float4 a lane in flight)
+//     staged in wt with one shared atomic a chunk, then placed in row-major order by a scan
+//     of the chunk counts (the same CSR as V1); the column counts ride in that placement.
+//     The scales' maxima ride in the read phase (b and c kept in registers).
+//   - The starting point's two solves (b and A c) share one factor, one S/z phase, one
+//     warp-0 phase and one dy phase; the norms ride in its min reduction (6 barriers, V1 14).
+//   - r <= 8: Cholesky and triangular solves by warp 0 entirely in registers (a row a lane,
+//     the pivot and l_j by shuffles, no shared memory or __syncwarp inside; 1 / L_pp by
+//     rsqrt, kept on the diagonal so the solves multiply); r = 9..48: V1's code.
+//   - mu_aff from sums taken in the affine step reduction (one reduction less).
+//   - The corrector's z: rows < k add W[i][g] rhs_i / diag_i into per-warp partials in the
+//     rhs phase; warp 0 sums them and solves in the next (one phase less).
+//   - Reductions combine the warps' values by a 4-way tree.
+// 9 barriers an iteration (V1: 11).
+// ---------------------------------------------------------------------------------------
+namespace v2 {
+
+constexpr int kThreads = 512;
+constexpr int kWarps = kThreads / 32;
+constexpr int kGroupLanes = 16;
+constexpr int kRedValues = 5;
+constexpr int kUnroll = 8;  // the unaligned path: V1's two passes, 8 loads a lane in flight
+// The aligned path reads A once in chunks of 32 lanes x kReadUnroll float4 (2048 floats),
+// chunk c to warp c % kWarps; one more chunk holds the < 4 trailing floats.
+constexpr int kReadUnroll = 16;
+constexpr int kChunkVecs = 32 * kReadUnroll;
+constexpr int kMaxChunks = (kMaxRows * kMaxCols / 4 + kChunkVecs - 1) / kChunkVecs + 1;
+
+struct Layout {
+  size_t x, s, dx, ds, d, rd, rc, cs;  // n doubles each
+  size_t y, dy, rp, rhs, bs, dinv;     // m doubles each
+  size_t wt, chol, z, red;
+  size_t csr_val, csc_val;
+  size_t csr_col, csc_row, coo_row;
+  size_t row_ptr, col_ptr, col_fill;
+  size_t misc;
+  size_t total;
+};
+
+constexpr int kMiscInts = kWarps + 8;
+constexpr int kMiscNnz = kWarps + 0;
+constexpr int kMiscK = kWarps + 1;
+constexpr int kMiscTooLarge = kWarps + 2;
+constexpr int kMiscStage = kWarps + 3;  // the one-pass read's staging counter
+
+// Regions reused before they are live (no region added: V2's layout is V1's):
+//  - the one-pass read stages (flat index, value) of each nonzero in wt (free until the
+//    start point) and keeps its chunk table (staging offset, count, CSR offset) in chol;
+//  - the corrector's per-warp partial sums of z live in coo_row (free after the build);
+//  - the start point's second z in rp (m >= r doubles, free until the first residual).
+static_assert(sizeof(uint32_t) * kMaxNnz + sizeof(float) * kMaxNnz <= sizeof(double) * kMaxCoupling,
+              "staging must fit in wt");
+static_assert(sizeof(int) * (3 * kMaxChunks + 1) <= sizeof(double) * kMaxDense * kMaxDense,
+              "the chunk table must fit in chol");
+static_assert(sizeof(double) * kWarps * kMaxDense <= sizeof(uint16_t) * kMaxNnz,
+              "z partials must fit in coo_row");
+static_assert(kMaxRows <= 2 * kThreads, "rows < k: at most two a thread in the corrector");
+static_assert(kWarps % 4 == 0, "the reducer's tree");
+static_assert(kMaxRows * kMaxCols < (1 << 30), "flat indices in 32 bits");
+
+__host__ __device__ inline size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+
+__host__ __device__ inline Layout make_layout(int m, int n) {
+  Layout l{};
+  size_t off = 0;
+  auto take = [&](size_t bytes) {
+    const size_t at = off;
+    off = align_up(off + bytes, 16);
+    return at;
+  };
+  const size_t nd = sizeof(double) * static_cast<size_t>(n);
+  const size_t md = sizeof(double) * static_cast<size_t>(m);
+  l.x = take(nd), l.s = take(nd), l.dx = take(nd), l.ds = take(nd);
+  l.d = take(nd), l.rd = take(nd), l.rc = take(nd), l.cs = take(nd);
+  l.y = take(md), l.dy = take(md), l.rp = take(md), l.rhs = take(md), l.bs = take(md);
+  l.dinv = take(md);
+  l.wt = take(sizeof(double) * kMaxCoupling);
+  l.chol = take(sizeof(double) * kMaxDense * kMaxDense);
+  l.z = take(sizeof(double) * kMaxDense);
+  l.red = take(sizeof(double) * 2 * kRedValues * kWarps);
+  l.csr_val = take(sizeof(float) * kMaxNnz);
+  l.csc_val = take(sizeof(float) * kMaxNnz);
+  l.csr_col = take(sizeof(uint16_t) * kMaxNnz);
+  l.csc_row = take(sizeof(uint16_t) * kMaxNnz);
+  l.coo_row = take(sizeof(uint16_t) * kMaxNnz);
+  l.row_ptr = take(sizeof(int) * static_cast<size_t>(m + 1));
+  l.col_ptr = take(sizeof(int) * static_cast<size_t>(n + 1));
+  l.col_fill = take(sizeof(int) * static_cast<size_t>(n));
+  l.misc = take(sizeof(int) * kMiscInts);
+  l.total = off;
+  return l;
+}
+
+struct Reducer {
+  double* red;
+  int half = 0;
+
+  // V1's, with the per-warp values combined by a 4-way tree (chain 7 instead of 15).
+  template <int NS, int NM, int NN>
+  __device__ void run(double (&v)[NS + NM + NN]) {
+    constexpr int N = NS + NM + NN;
+    static_assert(N <= kRedValues);
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    double* buf = red + half * kRedValues * kWarps;
+    half ^= 1;
+    auto op = [](int i, double a, double b) {
+      return i < NS ? a + b : i < NS + NM ? fmax(a, b) : fmin(a, b);
+    };
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      for (int off = 16; off > 0; off /= 2)
+        v[i] = op(i, v[i], __shfl_xor_sync(kFullMask, v[i], off));
+      if (lane == 0) buf[i * kWarps + warp] = v[i];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      const double* b = buf + i * kWarps;
+      double a0 = b[0], a1 = b[1], a2 = b[2], a3 = b[3];
+#pragma unroll
+      for (int w = 4; w < kWarps; w += 4) {
+        a0 = op(i, a0, b[w]);
+        a1 = op(i, a1, b[w + 1]);
+        a2 = op(i, a2, b[w + 2]);
+        a3 = op(i, a3, b[w + 3]);
+      }
+      v[i] = op(i, op(i, a0, a1), op(i, a2, a3));
+    }
+  }
+};
+
+__device__ inline double group_sum(double v) { return warp_sum(v, kGroupLanes); }
+
+struct Lp {
+  int m, n, k, r, ld;
+  const float *csr_val, *csc_val;
+  const uint16_t *csr_col, *csc_row;
+  const int *row_ptr, *col_ptr;
+};
+
+// The column's row in the diagonal block, if any: its first (at most one is < k).
+__device__ inline int diag_row_of(const Lp& lp, int j) {
+  const int q = lp.col_ptr[j];
+  return q < lp.col_ptr[j + 1] && lp.csc_row[q] < lp.k ? lp.csc_row[q] : -1;
+}
+
+__device__ inline double entry(const Lp& lp, int row, int j) {
+  for (int q = lp.col_ptr[j]; q < lp.col_ptr[j + 1]; ++q) {
+    if (lp.csc_row[q] == row) return lp.csc_val[q];
+  }
+  return 0;
+}
+
+// sum_p a[row, p] * val(col p) over a row by thread (rows < k: short) ...
+template <typename F>
+__device__ inline double row_sum(const Lp& lp, int i, F val) {
+  double acc = 0;
+  for (int p = lp.row_ptr[i]; p < lp.row_ptr[i + 1]; ++p) acc += lp.csr_val[p] * val(lp.csr_col[p]);
+  return acc;
+}
+// ... or by warp (rows >= k: long), lane-strided then a butterfly: every lane gets it.
+template <typename F>
+__device__ inline double row_sum_warp(const Lp& lp, int i, F val) {
+  double acc = 0;
+  for (int p = lp.row_ptr[i] + lane_id(); p < lp.row_ptr[i + 1]; p += 32)
+    acc += lp.csr_val[p] * val(lp.csr_col[p]);
+  return warp_sum(acc);
+}
+// (A' v)_j with v[e] replaced by ve for the column's diagonal row e (if any): CSC order.
+__device__ inline double col_sum(const Lp& lp, int j, const double* v, int e, double ve) {
+  double acc = 0;
+  int q = lp.col_ptr[j];
+  if (e >= 0) acc += lp.csc_val[q++] * ve;
+  for (; q < lp.col_ptr[j + 1]; ++q) acc += lp.csc_val[q] * v[lp.csc_row[q]];
+  return acc;
+}
+
+// Rows 0..k-1 of the factor: dinv_i = 1 / sum_j d_j a_ij^2 and W'[g][i] = sum_j d_j a_ij a_gj
+// (column j's entries past its first are all in rows >= k).
+__device__ inline void diag_w_row(const Lp& lp, int i, const double* d, double* dinv, double* wt) {
+  const int k = lp.k, r = lp.r;
+  for (int g = 0; g < r; ++g) wt[g * k + i] = 0;
+  double acc = 0;
+  for (int p = lp.row_ptr[i]; p < lp.row_ptr[i + 1]; ++p) {
+    const int j = lp.csr_col[p];
+    const double dav = d[j] * lp.csr_val[p];
+    acc += dav * lp.csr_val[p];
+    for (int q = lp.col_ptr[j] + 1; q < lp.col_ptr[j + 1]; ++q)
+      wt[(lp.csc_row[q] - k) * k + i] += dav * lp.csc_val[q];
+  }
+  dinv[i] = 1.0 / (acc > kTinyDiag ? acc : kSkippedPivot);
+}
+// The same with d = 1 (the starting point): d_j a_ij = a_ij, the same bits.
+__device__ inline void diag_w_row_unit(const Lp& lp, int i, double* dinv, double* wt) {
+  const int k = lp.k, r = lp.r;
+  for (int g = 0; g < r; ++g) wt[g * k + i] = 0;
+  double acc = 0;
+  for (int p = lp.row_ptr[i]; p < lp.row_ptr[i + 1]; ++p) {
+    const int j = lp.csr_col[p];
+    const double dav = static_cast<double>(lp.csr_val[p]);
+    acc += dav * lp.csr_val[p];
+    for (int q = lp.col_ptr[j] + 1; q < lp.col_ptr[j + 1]; ++q)
+      wt[(lp.csc_row[q] - k) * k + i] += dav * lp.csc_val[q];
+  }
+  dinv[i] = 1.0 / (acc > kTinyDiag ? acc : kSkippedPivot);
+}
+
+// dy_i for a row i < k once dy[k..m) holds the dense part: the same expression wherever it
+// is evaluated (the row's thread, or the thread of one of its columns), so the same bits.
+__device__ inline double dy_row(const Lp& lp, int i, const double* rhs, const double* dinv,
+                                const double* wt, const double* dy) {
+  double acc = rhs[i];
+  for (int g = 0; g < lp.r; ++g) acc -= wt[g * lp.k + i] * dy[lp.k + g];
+  return acc * dinv[i];
+}
+
+// Half-warp items: items < P are the pairs (g >= h) of S, the r after them (when with_z)
+// the sums z_g = rhs_g - sum_i W[i][g] rhs_i / diag_i, and r more for rhs2 (into z2) when
+// it is given (the starting point's two solves at once). S is stored in chol[g * ld + h].
+__device__ void schur_and_z(const Lp& lp, const double* d, const double* dinv, const double* wt,
+                            const double* rhs, double* chol, double* z, bool with_s, bool with_z,
+                            const double* rhs2 = nullptr, double* z2 = nullptr) {
+  const int tid = threadIdx.x, k = lp.k, r = lp.r;
+  const int warp = tid / 32, half = (tid % 32) / kGroupLanes, glane = tid % kGroupLanes;
+  const int pairs = with_s ? r * (r + 1) / 2 : 0;
+  const int items1 = pairs + (with_z ? r : 0);
+  const int items = items1 + (rhs2 != nullptr ? r : 0);
+  for (int base = warp * 2; base < items; base += kWarps * 2) {
+    const int item = base + half;
+    double acc = 0;
+    int g = 0, h = 0;
+    if (item < pairs) {
+      g = static_cast<int>((sqrtf(8.0f * item + 1.0f) - 1.0f) * 0.5f);
+      while (g * (g + 1) / 2 > item) --g;
+      while ((g + 1) * (g + 2) / 2 <= item) ++g;
+      h = item - g * (g + 1) / 2;
+      const int row = k + g;
+      for (int p = lp.row_ptr[row] + glane; p < lp.row_ptr[row + 1]; p += kGroupLanes) {
+        const int j = lp.csr_col[p];
+        acc += d[j] * lp.csr_val[p] * entry(lp, k + h, j);
+      }
+      double corr = 0;
+      const double* wg = wt + g * k;
+      const double* wh = wt + h * k;
+      for (int i = glane; i < k; i += kGroupLanes) corr += wg[i] * wh[i] * dinv[i];
+      acc -= corr;
+    } else if (item < items1) {
+      g = item - pairs;
+      const double* wg = wt + g * k;
+      for (int i = glane; i < k; i += kGroupLanes) acc += wg[i] * rhs[i] * dinv[i];
+    } else if (item < items) {
+      g = item - items1;
+      const double* wg = wt + g * k;
+      for (int i = glane; i < k; i += kGroupLanes) acc += wg[i] * rhs2[i] * dinv[i];
+    }
+    acc = group_sum(acc);
+    if (glane == 0) {
+      if (item < pairs) {
+        chol[g * lp.ld + h] = acc;
+      } else if (item < items1) {
+        z[g] = rhs[k + g] - acc;
+      } else if (item < items) {
+        z2[g] = rhs2[k + g] - acc;
+      }
+    }
+  }
+}
+
+// Warp 0: Cholesky of S in place (lower triangle, row stride ld), rows lane and lane + 32.
+__device__ void chol_warp(double* c, int r, int ld) {
+  const int lane = threadIdx.x % 32;
+  double md = 0;
+  for (int g = lane; g < r; g += 32) md = fmax(md, c[g * ld + g]);
+  for (int off = 16; off > 0; off /= 2) md = fmax(md, __shfl_xor_sync(kFullMask, md, off));
+  const int i0 = lane, i1 = lane + 32;
+  for (int p = 0; p < r; ++p) {
+    const double piv = c[p * ld + p];
+    const double lpp = piv > kRelPivotTol * md && piv > 0 ? sqrt(piv) : kSkippedPivot;
+    double l0 = 0, l1 = 0;
+    if (i0 > p && i0 < r) {
+      l0 = c[i0 * ld + p] / lpp;
+      c[i0 * ld + p] = l0;
+    }
+    if (i1 > p && i1 < r) {
+      l1 = c[i1 * ld + p] / lpp;
+      c[i1 * ld + p] = l1;
+    }
+    __syncwarp();
+    if (lane == 0) c[p * ld + p] = lpp;
+    if (i0 > p && i0 < r) {
+      for (int j = p + 1; j <= i0; ++j) c[i0 * ld + j] -= l0 * c[j * ld + p];
+    }
+    if (i1 > p && i1 < r) {
+      for (int j = p + 1; j <= i1; ++j) c[i1 * ld + j] -= l1 * c[j * ld + p];
+    }
+    __syncwarp();
+  }
+}
+
+// Warp 0: z <- (L L')^-1 z, z held a row a lane (two for r > 32); the result to out[0..r).
+__device__ void tri_warp(const double* c, int r, int ld, const double* z, double* out) {
+  const int lane = threadIdx.x % 32;
+  double z0 = lane < r ? z[lane] : 0, z1 = lane + 32 < r ? z[lane + 32] : 0;
+  for (int p = 0; p < r; ++p) {
+    const double zp = __shfl_sync(kFullMask, p < 32 ? z0 : z1, p & 31) / c[p * ld + p];
+    if (lane == (p & 31)) (p < 32 ? z0 : z1) = zp;
+    if (lane > p && lane < r) z0 -= c[lane * ld + p] * zp;
+    if (lane + 32 > p && lane + 32 < r) z1 -= c[(lane + 32) * ld + p] * zp;
+  }
+  for (int p = r - 1; p >= 0; --p) {
+    const double zp = __shfl_sync(kFullMask, p < 32 ? z0 : z1, p & 31) / c[p * ld + p];
+    if (lane == (p & 31)) (p < 32 ? z0 : z1) = zp;
+    if (lane < p) z0 -= c[p * ld + lane] * zp;
+    if (lane + 32 < p) z1 -= c[p * ld + lane + 32] * zp;
+  }
+  if (lane < r) out[lane] = z0;
+  if (lane + 32 < r) out[lane + 32] = z1;
+}
+// Warp 0, r <= RM (8): Cholesky of S entirely in registers, row `lane` of the lower
+// triangle in a[0..RM) (unrolled, so a[] stays in registers), no shared memory and no
+// __syncwarp inside: step p broadcasts the pivot (a shuffle), every lane takes its
+// reciprocal square root, scales its column entry and receives l_j from lane j (shuffles
+// independent of each other) for its update. The diagonal keeps 1 / L_pp (LIPSOL's rule:
+// 1 / 1e128 for a skipped pivot); only the solves use it, as a multiplier. L goes back to
+// chol[] (row stride ld) for the solves.
+template <int RM>
+__device__ void chol_reg(double* c, int r, int ld) {
+  const int lane = threadIdx.x % 32;
+  double a[RM];
+#pragma unroll
+  for (int j = 0; j < RM; ++j) a[j] = lane < r && j <= lane ? c[lane * ld + j] : 0.0;
+  double md = 0;
+#pragma unroll
+  for (int j = 0; j < RM; ++j) md = j == lane ? a[j] : md;
+  for (int off = 16; off > 0; off /= 2) md = fmax(md, __shfl_xor_sync(kFullMask, md, off));
+#pragma unroll
+  for (int p = 0; p < RM; ++p) {
+    if (p >= r) break;
+    const double piv = __shfl_sync(kFullMask, a[p], p);
+    const bool ok = piv > kRelPivotTol * md && piv > 0;
+    const double inv = ok ? rsqrt(piv) : 1.0 / kSkippedPivot;
+    a[p] = lane == p ? inv : a[p] * inv;
+#pragma unroll
+    for (int j = p + 1; j < RM; ++j) {
+      const double lj = __shfl_sync(kFullMask, a[p], j);
+      if (lane >= j && lane < r) a[j] -= a[p] * lj;
+    }
+  }
+  if (lane < r) {
+#pragma unroll
+    for (int j = 0; j < RM; ++j) {
+      if (j <= lane) c[lane * ld + j] = a[j];
+    }
+  }
+  __syncwarp();
+}
+
+// Warp 0, r <= RM: zv[v] <- (L L')^-1 zv[v] for NV vectors at once (their chains
+// interleave), component `lane` in a register. Row `lane` of L and column `lane` are loaded
+// first (independent of the chain); a step is a multiply, a shuffle and a multiply-add.
+template <int RM, int NV>
+__device__ void tri_reg(const double* c, int r, int ld, double (&zv)[NV]) {
+  const int lane = threadIdx.x % 32;
+  double row[RM], col[RM];
+#pragma unroll
+  for (int j = 0; j < RM; ++j) {
+    row[j] = lane < r && j <= lane ? c[lane * ld + j] : 0.0;  // L[lane][j], diagonal 1 / L_jj
+    col[j] = lane < r && j < r && j > lane ? c[j * ld + lane] : 0.0;  // L[j][lane]
+  }
+#pragma unroll
+  for (int p = 0; p < RM; ++p) {
+    if (p >= r) break;
+#pragma unroll
+    for (int v = 0; v < NV; ++v) {
+      const double wp = __shfl_sync(kFullMask, zv[v] * row[p], p);
+      zv[v] = lane == p ? wp : lane > p ? zv[v] - row[p] * wp : zv[v];
+    }
+  }
+#pragma unroll
+  for (int p = RM - 1; p >= 0; --p) {
+    if (p >= r) continue;
+#pragma unroll
+    for (int v = 0; v < NV; ++v) {
+      const double xp = __shfl_sync(kFullMask, zv[v] * row[p], p);
+      zv[v] = lane == p ? xp : lane < p ? zv[v] - col[p] * xp : zv[v];
+    }
+  }
+}
+
+template <int RM>
+__device__ void dense_reg(double* c, int r, int ld, bool factor, const double* za, double* outa,
+                          const double* zb, double* outb) {
+  const int lane = threadIdx.x % 32;
+  if (factor) chol_reg<RM>(c, r, ld);
+  if (zb != nullptr) {
+    double zz[2] = {lane < r ? za[lane] : 0.0, lane < r ? zb[lane] : 0.0};
+    tri_reg<RM, 2>(c, r, ld, zz);
+    if (lane < r) {
+      outa[lane] = zz[0];
+      outb[lane] = zz[1];
+    }
+  } else {
+    double zz[1] = {lane < r ? za[lane] : 0.0};
+    tri_reg<RM, 1>(c, r, ld, zz);
+    if (lane < r) outa[lane] = zz[0];
+  }
+}
+
+// Warp 0: factor S (when `factor`) and solve for za (and zb) into outa (outb). r <= 8 in
+// registers; r = 9..48 V1's shared-memory factor and solve (a row, two for r > 32, a lane),
+// whose diagonal keeps L_pp. Every call of one solve takes the same path. (A 16-row register
+// instance spilled ~250 bytes at 128 registers: the kernel is at its 512-thread limit.)
+__device__ void dense_solve(double* c, int r, int ld, bool factor, const double* za, double* outa,
+                            const double* zb = nullptr, double* outb = nullptr) {
+  if (r <= 8) {
+    dense_reg<8>(c, r, ld, factor, za, outa, zb, outb);
+  } else {
+    if (factor) chol_warp(c, r, ld);
+    __syncwarp();
+    tri_warp(c, r, ld, za, outa);
+    if (zb != nullptr) tri_warp(c, r, ld, zb, outb);
+  }
+}
+
+__device__ void block_scan(const int* counts, int* out, int len, int* scratch) {
+  const int tid = threadIdx.x;
+  const int chunk = (len + kThreads - 1) / kThreads;
+  const int begin = min(len, tid * chunk), end = min(len, begin + chunk);
+  int local = 0;
+  for (int i = begin; i < end; ++i) local += counts[i];
+  int total = 0;
+  const int run = block_exclusive_scan(local, scratch, &total);
+  serial_exclusive_scan(counts, out, begin, end, run);
+  if (tid == kThreads - 1) out[len] = total;
+  __syncthreads();
+}
+
+template <int kVec>
+__device__ inline void load_vec(const float* __restrict__ a, int64_t v, int64_t v1, float* out) {
+  if (v < v1) {
+    if constexpr (kVec == 4) {
+      const float4 q = reinterpret_cast<const float4*>(a)[v];
+      out[0] = q.x, out[1] = q.y, out[2] = q.z, out[3] = q.w;
+    } else {
+      out[0] = a[v];
+    }
+  } else {
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) out[e] = 0.0f;
+  }
+}
+
+// Pass 0: each warp counts the nonzeros of its range (per lane, one warp sum at the end).
+template <int kVec>
+__device__ void count_a(const float* __restrict__ a, int64_t total, int* count) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int64_t vecs = total / kVec;
+  const int64_t per_warp = (vecs + kWarps - 1) / kWarps;
+  const int64_t v0 = min(vecs, warp * per_warp), v1 = min(vecs, v0 + per_warp);
+  int found = 0;
+  for (int64_t base = v0; base < v1; base += 32 * kUnroll) {
+    float vals[kUnroll][kVec];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) load_vec<kVec>(a, base + u * 32 + lane, v1, vals[u]);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) found += vals[u][e] != 0.0f ? 1 : 0;
+    }
+  }
+  found = warp_sum(found);
+  if (warp == kWarps - 1) {
+    const int64_t flat = vecs * kVec + lane;
+    const float v = flat < total ? a[flat] : 0.0f;
+    found += __popc(__ballot_sync(kFullMask, v != 0.0f));
+  }
+  if (lane == 0) count[warp] = found;
+}
+
+// Pass 1: compaction in row-major order from each warp's base (V0's, 8 vectors a lane).
+template <int kVec>
+__device__ void compact_a(const float* __restrict__ a, int64_t total, const int* warp_base,
+                          float* csr_val, uint16_t* csr_col, uint16_t* coo_row, int n) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int64_t vecs = total / kVec;
+  const int64_t per_warp = (vecs + kWarps - 1) / kWarps;
+  const int64_t v0 = min(vecs, warp * per_warp), v1 = min(vecs, v0 + per_warp);
+  int pos = warp_base[warp];
+  for (int64_t base = v0; base < v1; base += 32 * kUnroll) {
+    float vals[kUnroll][kVec];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) load_vec<kVec>(a, base + u * 32 + lane, v1, vals[u]);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      int mine = 0;
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) mine += vals[u][e] != 0.0f ? 1 : 0;
+      const int inc = warp_inclusive_scan(mine);
+      const int warp_total = __shfl_sync(kFullMask, inc, 31);
+      int at = pos + inc - mine;
+      const int64_t flat0 = (base + u * 32 + lane) * kVec;
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) {
+        if (vals[u][e] != 0.0f) {
+          if (at < kMaxNnz) {
+            const int64_t flat = flat0 + e;
+            csr_val[at] = vals[u][e];
+            csr_col[at] = static_cast<uint16_t>(flat % n);
+            coo_row[at] = static_cast<uint16_t>(flat / n);
+          }
+          ++at;
+        }
+      }
+      pos += warp_total;
+    }
+  }
+  if (warp == kWarps - 1) {
+    const int64_t flat = vecs * kVec + lane;
+    const float v = flat < total ? a[flat] : 0.0f;
+    const unsigned nz = __ballot_sync(kFullMask, v != 0.0f);
+    if (v != 0.0f) {
+      const int at = pos + __popc(nz & ((1u << lane) - 1u));
+      if (at < kMaxNnz) {
+        csr_val[at] = v;
+        csr_col[at] = static_cast<uint16_t>(flat % n);
+        coo_row[at] = static_cast<uint16_t>(flat / n);
+      }
+    }
+  }
+}
+
+// The aligned path's one pass over A: chunk c (kChunkVecs float4, flat order u, lane, e) to
+// warp c % kWarps, kReadUnroll loads a lane in flight. A chunk's nonzeros go to a staging
+// segment reserved with one shared atomic (any order of chunks), in the chunk's flat order
+// (ballots give each lane's rank); the chunk table keeps (segment, count). The last chunk
+// holds the < 4 trailing floats. The CSR offsets come from a scan of the counts in chunk
+// order afterwards, so the compacted order is V1's row-major one.
+__device__ void read_a_once(const float* __restrict__ a, int64_t total, int nmain, int* counter,
+                            uint32_t* stage_idx, float* stage_val, int* chunk_soff,
+                            int* chunk_cnt) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const unsigned lt = (1u << lane) - 1u;
+  const int64_t vecs = total / 4;
+  const float4* a4 = reinterpret_cast<const float4*>(a);
+  for (int c = warp; c < nmain; c += kWarps) {
+    const int64_t base = static_cast<int64_t>(c) * kChunkVecs;
+    float4 q[kReadUnroll];
+#pragma unroll
+    for (int u = 0; u < kReadUnroll; ++u) {
+      const int64_t v = base + u * 32 + lane;
+      q[u] = v < vecs ? a4[v] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+    int mine = 0;
+#pragma unroll
+    for (int u = 0; u < kReadUnroll; ++u) {
+      mine += (q[u].x != 0.0f) + (q[u].y != 0.0f) + (q[u].z != 0.0f) + (q[u].w != 0.0f);
+    }
+    const int cnt = warp_sum(mine);
+    int off = 0;
+    if (lane == 0) off = atomicAdd(counter, cnt);
+    off = __shfl_sync(kFullMask, off, 0);
+    if (lane == 0 && c < kMaxChunks) {
+      chunk_soff[c] = off;
+      chunk_cnt[c] = cnt;
+    }
+    int run = off;
+#pragma unroll
+    for (int u = 0; u < kReadUnroll; ++u) {
+      const float e4[4] = {q[u].x, q[u].y, q[u].z, q[u].w};
+      unsigned bal[4];
+      int before = 0, all = 0;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        bal[e] = __ballot_sync(kFullMask, e4[e] != 0.0f);
+        before += __popc(bal[e] & lt);
+        all += __popc(bal[e]);
+      }
+      int at = run + before;
+      const uint32_t flat0 = static_cast<uint32_t>((base + u * 32 + lane) * 4);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        if (e4[e] != 0.0f) {
+          if (at < kMaxNnz) {
+            stage_idx[at] = flat0 + e;
+            stage_val[at] = e4[e];
+          }
+          ++at;
+        }
+      }
+      run += all;
+    }
+  }
+  if (warp == nmain % kWarps) {
+    const int64_t flat = vecs * 4 + lane;
+    const float v = flat < total ? a[flat] : 0.0f;
+    const unsigned nz = __ballot_sync(kFullMask, v != 0.0f);
+    int off = 0;
+    if (lane == 0) off = atomicAdd(counter, __popc(nz));
+    off = __shfl_sync(kFullMask, off, 0);
+    if (v != 0.0f) {
+      const int at = off + __popc(nz & lt);
+      if (at < kMaxNnz) {
+        stage_idx[at] = static_cast<uint32_t>(flat);
+        stage_val[at] = v;
+      }
+    }
+    if (lane == 0 && nmain < kMaxChunks) {
+      chunk_soff[nmain] = off;
+      chunk_cnt[nmain] = __popc(nz);
+    }
+  }
+}
+
+enum Phase : int {
+  kPhRead,
+  kPhBuild,
+  kPhStart,
+  kPhResid,
+  kPhRows,
+  kPhSchur,
+  kPhCholTri,
+  kPhStep,
+  kPhCorrRhs,
+  kPhCorrTri,
+  kPhCorrStep,
+  kPhUpdate,
+  kPhFinal,
+  kPhases
+};
+const char* const kPhaseNames[kPhases] = {"read A (1 pass)",
+                                          "CSR/CSC/k/sort",
+                                          "start point",
+                                          "(1) resid, d",
+                                          "(2) rows, rhs",
+                                          "(3) S, z",
+                                          "(4) chol, tri (reg)",
+                                          "(5) steps+mu_aff",
+                                          "(6) corr rhs, z parts",
+                                          "(7) corr z, tri",
+                                          "(8) corr steps",
+                                          "(9) update",
+                                          "output"};
+
+template <bool kP>
+__global__ void __launch_bounds__(kThreads, 1)
+    ipm_kernel(const float* __restrict__ a_g, const float* __restrict__ b_g,
+               const float* __restrict__ c_g, float* __restrict__ x_out, float* __restrict__ status,
+               int m, int n, int max_iter, double tol, bool vec4, unsigned long long* prof_acc) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  v0::Prof<kP> prof(prof_acc);
+  const Layout L = make_layout(m, n);
+  auto dv = [&](size_t off) { return reinterpret_cast<double*>(smem + off); };
+  double *x = dv(L.x), *s = dv(L.s), *dx = dv(L.dx), *ds = dv(L.ds), *d = dv(L.d), *rd = dv(L.rd),
+         *rc = dv(L.rc), *cs = dv(L.cs);
+  double *y = dv(L.y), *dy = dv(L.dy), *rp = dv(L.rp), *rhs = dv(L.rhs), *bs = dv(L.bs),
+         *dinv = dv(L.dinv);
+  double *wt = dv(L.wt), *chol = dv(L.chol), *z = dv(L.z);
+  float* csr_val = reinterpret_cast<float*>(smem + L.csr_val);
+  float* csc_val = reinterpret_cast<float*>(smem + L.csc_val);
+  uint16_t* csr_col = reinterpret_cast<uint16_t*>(smem + L.csr_col);
+  uint16_t* csc_row = reinterpret_cast<uint16_t*>(smem + L.csc_row);
+  uint16_t* coo_row = reinterpret_cast<uint16_t*>(smem + L.coo_row);
+  int* row_ptr = reinterpret_cast<int*>(smem + L.row_ptr);
+  int* col_ptr = reinterpret_cast<int*>(smem + L.col_ptr);
+  int* col_fill = reinterpret_cast<int*>(smem + L.col_fill);
+  int* misc = reinterpret_cast<int*>(smem + L.misc);
+  // Reused regions (see the static_asserts at the top).
+  uint32_t* stage_idx = reinterpret_cast<uint32_t*>(smem + L.wt);
+  float* stage_val = reinterpret_cast<float*>(stage_idx + kMaxNnz);
+  int* chunk_soff = reinterpret_cast<int*>(smem + L.chol);
+  int* chunk_cnt = chunk_soff + kMaxChunks;
+  int* chunk_coff = chunk_cnt + kMaxChunks;  // kMaxChunks + 1
+  double* zpart = dv(L.coo_row);             // kWarps x kMaxDense, after the build
+  double* red_buf = dv(L.red);
+  Reducer red{red_buf};
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int64_t total = static_cast<int64_t>(m) * n;
+
+  if (tid == 0) misc[kMiscStage] = 0;
+  for (int j = tid; j < n; j += kThreads) col_fill[j] = 0;
+  __syncthreads();
+
+  // ---- One phase: the scales' partial maxima (b and c kept in registers) and A ----
+  float bv[2], cv[4];
+  double scale[2] = {0, 0};
+#pragma unroll
+  for (int u = 0; u < 2; ++u) {
+    const int i = tid + u * kThreads;
+    bv[u] = i < m ? b_g[i] : 0.0f;
+    scale[0] = fmax(scale[0], fabs(static_cast<double>(bv[u])));
+  }
+  for (int i = tid + 2 * kThreads; i < m; i += kThreads)
+    scale[0] = fmax(scale[0], fabs(static_cast<double>(b_g[i])));
+#pragma unroll
+  for (int u = 0; u < 4; ++u) {
+    const int j = tid + u * kThreads;
+    cv[u] = j < n ? c_g[j] : 0.0f;
+    scale[1] = fmax(scale[1], fabs(static_cast<double>(cv[u])));
+  }
+  for (int j = tid + 4 * kThreads; j < n; j += kThreads)
+    scale[1] = fmax(scale[1], fabs(static_cast<double>(c_g[j])));
+  const int64_t vecs = total / 4;
+  const int nmain = static_cast<int>((vecs + kChunkVecs - 1) / kChunkVecs);
+  const int nchunks = nmain + 1;
+  if (vec4) {
+    read_a_once(a_g, total, nmain, &misc[kMiscStage], stage_idx, stage_val, chunk_soff, chunk_cnt);
+  } else {
+    count_a<1>(a_g, total, misc);
+  }
+  for (int off = 16; off > 0; off /= 2) {
+    scale[0] = fmax(scale[0], __shfl_xor_sync(kFullMask, scale[0], off));
+    scale[1] = fmax(scale[1], __shfl_xor_sync(kFullMask, scale[1], off));
+  }
+  // The scales' partials go to the reducer's second half (its first run uses the first).
+  double* scale_part = red_buf + kRedValues * kWarps;
+  if (lane == 0) {
+    scale_part[warp] = scale[0];
+    scale_part[kWarps + warp] = scale[1];
+  }
+  __syncthreads();
+  for (int w = 0; w < kWarps; ++w) {
+    scale[0] = fmax(scale[0], scale_part[w]);
+    scale[1] = fmax(scale[1], scale_part[kWarps + w]);
+  }
+  const double beta = scale[0] > 0 && isfinite(scale[0]) ? scale[0] : 1.0;
+  const double gamma = scale[1] > 0 && isfinite(scale[1]) ? scale[1] : 1.0;
+#pragma unroll
+  for (int u = 0; u < 2; ++u) {
+    const int i = tid + u * kThreads;
+    if (i < m) bs[i] = bv[u] / beta;
+  }
+  for (int i = tid + 2 * kThreads; i < m; i += kThreads) bs[i] = b_g[i] / beta;
+#pragma unroll
+  for (int u = 0; u < 4; ++u) {
+    const int j = tid + u * kThreads;
+    if (j < n) cs[j] = cv[u] / gamma;
+  }
+  for (int j = tid + 4 * kThreads; j < n; j += kThreads) cs[j] = c_g[j] / gamma;
+
+  int nnz = 0;
+  bool too_large = false;
+  if (vec4) {
+    nnz = misc[kMiscStage];
+    too_large = nnz > kMaxNnz || nchunks > kMaxChunks;
+    if (!too_large) block_scan(chunk_cnt, chunk_coff, nchunks, misc);
+    if (!too_large) {
+      // Staging to CSR (row-major: chunks in order), counting each column's entries.
+      for (int c = warp; c < nchunks; c += kWarps) {
+        const int cnt = chunk_cnt[c], so = chunk_soff[c], co = chunk_coff[c];
+        for (int t = lane; t < cnt; t += 32) {
+          const uint32_t flat = stage_idx[so + t];
+          const int col = static_cast<int>(flat % static_cast<uint32_t>(n));
+          csr_val[co + t] = stage_val[so + t];
+          csr_col[co + t] = static_cast<uint16_t>(col);
+          coo_row[co + t] = static_cast<uint16_t>(flat / static_cast<uint32_t>(n));
+          atomicAdd(&col_fill[col], 1);
+        }
+      }
+    }
+    if (tid == 0) misc[kMiscK] = m;
+    __syncthreads();
+  } else {
+    // V1's two passes (count above, compact here), then the column counts.
+    if (tid == 0) {
+      int run = 0;
+      for (int w2 = 0; w2 < kWarps; ++w2) {
+        const int c = misc[w2];
+        misc[w2] = run;
+        run += c;
+      }
+      misc[kMiscNnz] = run;
+      misc[kMiscK] = m;
+      misc[kMiscTooLarge] = run > kMaxNnz ? 1 : 0;
+    }
+    __syncthreads();
+    nnz = misc[kMiscNnz];
+    too_large = misc[kMiscTooLarge] != 0;
+    if (!too_large) compact_a<1>(a_g, total, misc, csr_val, csr_col, coo_row, n);
+    __syncthreads();
+    if (!too_large) {
+      for (int p = tid; p < nnz; p += kThreads) atomicAdd(&col_fill[csr_col[p]], 1);
+    }
+    __syncthreads();
+  }
+  prof.mark(kPhRead);
+  if (!too_large) {
+    for (int p = tid; p < nnz; p += kThreads) {
+      const int row = coo_row[p];
+      const int prev = p == 0 ? -1 : coo_row[p - 1];
+      for (int i = prev + 1; i <= row; ++i) row_ptr[i] = p;
+    }
+    if (tid == 0) {
+      const int last = nnz == 0 ? -1 : coo_row[nnz - 1];
+      for (int i = last + 1; i <= m; ++i) row_ptr[i] = nnz;
+    }
+    block_scan(col_fill, col_ptr, n, misc);
+    for (int j = tid; j < n; j += kThreads) col_fill[j] = 0;
+  }
+  __syncthreads();
+  if (!too_large) {
+    for (int p = tid; p < nnz; p += kThreads) {
+      const int j = csr_col[p];
+      const int at = col_ptr[j] + atomicAdd(&col_fill[j], 1);
+      csc_row[at] = coo_row[p];
+      csc_val[at] = csr_val[p];
+    }
+  }
+  __syncthreads();
+  if (!too_large) {
+    for (int j = tid; j < n; j += kThreads) {
+      int lo = 1 << 30, second = 1 << 30;
+      for (int q = col_ptr[j]; q < col_ptr[j + 1]; ++q) {
+        const int row = csc_row[q];
+        if (row < lo) {
+          second = lo;
+          lo = row;
+        } else if (row < second) {
+          second = row;
+        }
+      }
+      if (second < m) atomicMin(&misc[kMiscK], second);
+    }
+  }
+  __syncthreads();
+  const int k = misc[kMiscK];
+  const int r = m - k;
+  too_large = too_large || r > kMaxDense || static_cast<int64_t>(k) * r > kMaxCoupling;
+  if (!too_large) {
+    for (int j = tid; j < n; j += kThreads) {
+      for (int q = col_ptr[j] + 1; q < col_ptr[j + 1]; ++q) {
+        const uint16_t row = csc_row[q];
+        const float val = csc_val[q];
+        int p = q - 1;
+        while (p >= col_ptr[j] && csc_row[p] > row) {
+          csc_row[p + 1] = csc_row[p];
+          csc_val[p + 1] = csc_val[p];
+          --p;
+        }
+        csc_row[p + 1] = row;
+        csc_val[p + 1] = val;
+      }
+    }
+  }
+  __syncthreads();
+  prof.mark(kPhBuild);
+  if (too_large) {
+    for (int j = tid; j < n; j += kThreads) x_out[j] = 0.0f;
+    if (tid == 0) {
+      status[kStatusConverged] = 0.0f;
+      status[kStatusPrimalRes] = -1.0f;
+      status[kStatusDualRes] = -1.0f;
+      status[kStatusGap] = -1.0f;
+      status[kStatusIterations] = 0.0f;
+      status[kStatusObjective] = 0.0f;
+      status[kStatusReason] = static_cast<float>(kReasonTooLarge);
+      status[kStatusDiagRows] = static_cast<float>(k);
+    }
+    return;
+  }
+  // Rows of the factor padded to r + 1 doubles (odd: a lane a bank pair) where that fits.
+  const Lp lp{m,       n,       k,       r,      r < kMaxDense ? r + 1 : r, csr_val, csc_val,
+              csr_col, csc_row, row_ptr, col_ptr};
+  const int ld = lp.ld;
+  // Rows >= k go to warps from the last one down (rows < k fill the first threads).
+  const int wrow0 = kWarps - 1 - warp;
+  // Warps holding rows < k (a thread each: tid and tid + kThreads).
+  const int zwarps = min(kWarps, (k + 31) / 32);
+
+  // ---- Mehrotra's starting point: both solves (b and A c) through one factor ----
+  for (int j = tid; j < n; j += kThreads) d[j] = 1.0;
+  for (int i = tid; i < k; i += kThreads) {
+    diag_w_row_unit(lp, i, dinv, wt);
+    rhs[i] = row_sum(lp, i, [&](int j) { return cs[j]; });
+  }
+  for (int g = wrow0; g < r; g += kWarps) {
+    const double v = row_sum_warp(lp, k + g, [&](int j) { return cs[j]; });
+    if (lane == 0) rhs[k + g] = v;
+  }
+  __syncthreads();
+  double* z2 = rp;  // free until the first residual
+  schur_and_z(lp, d, dinv, wt, bs, chol, z, true, true, rhs, z2);
+  __syncthreads();
+  if (warp == 0) dense_solve(chol, r, ld, true, z, dy + k, z2, y + k);
+  __syncthreads();
+  for (int i = tid; i < k; i += kThreads) {
+    dy[i] = dy_row(lp, i, bs, dinv, wt, dy);
+    y[i] = dy_row(lp, i, rhs, dinv, wt, y);
+  }
+  // max |bs|, max |cs| (the norms), min x, min s.
+  double mm[4] = {0, 0, INFINITY, INFINITY};
+  for (int i = tid; i < m; i += kThreads) mm[0] = fmax(mm[0], fabs(bs[i]));
+  for (int j = tid; j < n; j += kThreads) {
+    const int e = diag_row_of(lp, j);
+    const double dye = e >= 0 ? dy_row(lp, e, bs, dinv, wt, dy) : 0.0;
+    const double ye = e >= 0 ? dy_row(lp, e, rhs, dinv, wt, y) : 0.0;
+    const double xj = col_sum(lp, j, dy, e, dye);
+    const double sj = cs[j] - col_sum(lp, j, y, e, ye);
+    x[j] = xj;
+    s[j] = sj;
+    mm[1] = fmax(mm[1], fabs(cs[j]));
+    mm[2] = fmin(mm[2], xj);
+    mm[3] = fmin(mm[3], sj);
+  }
+  red.run<0, 2, 2>(mm);
+  const double b_norm = mm[0], c_norm = mm[1];
+  if (n > 0) {
+    const double dxs = fmax(-1.5 * mm[2], 0.0), dss = fmax(-1.5 * mm[3], 0.0);
+    double sums[3] = {0, 0, 0};
+    for (int j = tid; j < n; j += kThreads) {
+      x[j] += dxs;
+      s[j] += dss;
+      sums[0] += x[j] * s[j];
+      sums[1] += x[j];
+      sums[2] += s[j];
+    }
+    red.run<3, 0, 0>(sums);
+    const double shift_x = sums[2] > 0 ? 0.5 * sums[0] / sums[2] : 0;
+    const double shift_s = sums[1] > 0 ? 0.5 * sums[0] / sums[1] : 0;
+    for (int j = tid; j < n; j += kThreads) {
+      x[j] = fmax(x[j] + shift_x, kStartFloor);
+      s[j] = fmax(s[j] + shift_s, kStartFloor);
+    }
+  }
+  __syncthreads();
+  prof.mark(kPhStart);
+
+  int reason = kReasonIterationLimit;
+  double prel = 0, drel = 0, gap = 0;
+  int it = 0;
+  for (;; ++it) {
+    // (1) Residuals, objectives; d for the factor.
+    double v[5] = {0, 0, 0, 0, 0};
+    for (int i = tid; i < k; i += kThreads) {
+      rp[i] = bs[i] - row_sum(lp, i, [&](int j) { return x[j]; });
+      v[1] += bs[i] * y[i];
+      v[3] = fmax(v[3], fabs(rp[i]));
+    }
+    for (int g = wrow0; g < r; g += kWarps) {
+      const int i = k + g;
+      const double res = bs[i] - row_sum_warp(lp, i, [&](int j) { return x[j]; });
+      if (lane == 0) {
+        rp[i] = res;
+        v[1] += bs[i] * y[i];
+        v[3] = fmax(v[3], fabs(res));
+      }
+    }
+    for (int j = tid; j < n; j += kThreads) {
+      const int e = diag_row_of(lp, j);
+      const double rdj = cs[j] - col_sum(lp, j, y, e, e >= 0 ? y[e] : 0.0) - s[j];
+      rd[j] = rdj;
+      v[0] += cs[j] * x[j];
+      v[2] += x[j] * s[j];
+      v[4] = fmax(v[4], fabs(rdj));
+      d[j] = x[j] / s[j];
+    }
+    red.run<3, 2, 0>(v);
+    prof.mark(kPhResid);
+    prel = v[3] / (1 + b_norm);
+    drel = v[4] / (1 + c_norm);
+    gap = fabs(v[0] - v[1]) / (1 + fabs(v[0]));
+    if (!isfinite(prel + drel + gap + v[2])) {
+      reason = kReasonBreakdown;
+      break;
+    }
+    if (prel <= tol && drel <= tol && gap <= tol) {
+      reason = kReasonConverged;
+      break;
+    }
+    if (it == max_iter) break;
+    const double mu = v[2] / n;
+    auto t_pred = [&](int j) { return x[j] + d[j] * rd[j]; };
+
+    // (2) Factor rows < k; the predictor's rhs = rp + A t.
+    for (int i = tid; i < k; i += kThreads) {
+      diag_w_row(lp, i, d, dinv, wt);
+      rhs[i] = rp[i] + row_sum(lp, i, t_pred);
+    }
+    for (int g = wrow0; g < r; g += kWarps) {
+      const double sum = row_sum_warp(lp, k + g, t_pred);
+      if (lane == 0) rhs[k + g] = rp[k + g] + sum;
+    }
+    __syncthreads();
+    prof.mark(kPhRows);
+    // (3) S and the predictor's z.
+    schur_and_z(lp, d, dinv, wt, rhs, chol, z, true, true);
+    __syncthreads();
+    prof.mark(kPhSchur);
+    // (4) Cholesky and the predictor's dy_G (warp 0, registers for r <= 8).
+    if (warp == 0) dense_solve(chol, r, ld, true, z, dy + k);
+    __syncthreads();
+    prof.mark(kPhCholTri);
+    // (5) dy_K, ds, dx, the affine step lengths and, in the same reduction, the three sums
+    // that give mu_aff = sum (x + ap dx)(s + ad ds) once ap, ad are known.
+    for (int i = tid; i < k; i += kThreads) dy[i] = dy_row(lp, i, rhs, dinv, wt, dy);
+    double st[5] = {0, 0, 0, INFINITY, INFINITY};
+    for (int j = tid; j < n; j += kThreads) {
+      const int e = diag_row_of(lp, j);
+      const double dye = e >= 0 ? dy_row(lp, e, rhs, dinv, wt, dy) : 0.0;
+      const double dsj = rd[j] - col_sum(lp, j, dy, e, dye);
+      const double dxj = -x[j] - d[j] * dsj;
+      ds[j] = dsj;
+      dx[j] = dxj;
+      st[0] += dxj * s[j];
+      st[1] += x[j] * dsj;
+      st[2] += dxj * dsj;
+      if (dxj < 0) st[3] = fmin(st[3], -x[j] / dxj);
+      if (dsj < 0) st[4] = fmin(st[4], -s[j] / dsj);
+    }
+    red.run<3, 0, 2>(st);
+    prof.mark(kPhStep);
+    const double ap_aff = fmin(1.0, st[3]), ad_aff = fmin(1.0, st[4]);
+    const double mu_aff = v[2] + ap_aff * st[0] + ad_aff * st[1] + ap_aff * ad_aff * st[2];
+    const double ratio = mu_aff / n / mu;
+    const double cube = ratio * ratio * ratio;
+    const double sigma = cube < 0 ? 0.0 : (1.0 < cube ? 1.0 : cube);
+    // (6) Corrector: rc, rhs = rp + A t (t = -rc / s + d rd where it is used) and each
+    // warp's partial sums of z_g's correction sum_i W[i][g] rhs_i / diag_i (rows < k a
+    // thread: tid and tid + kThreads).
+    auto rc_of = [&](int j) { return sigma * mu - x[j] * s[j] - dx[j] * ds[j]; };
+    auto t_corr = [&](int j) { return -rc_of(j) / s[j] + d[j] * rd[j]; };
+    for (int j = tid; j < n; j += kThreads) rc[j] = rc_of(j);
+    double u0 = 0, u1 = 0;
+    if (tid < k) {
+      const double h = rp[tid] + row_sum(lp, tid, t_corr);
+      rhs[tid] = h;
+      u0 = h * dinv[tid];
+    }
+    if (tid + kThreads < k) {
+      const int i = tid + kThreads;
+      const double h = rp[i] + row_sum(lp, i, t_corr);
+      rhs[i] = h;
+      u1 = h * dinv[i];
+    }
+    for (int g = wrow0; g < r; g += kWarps) {
+      const double sum = row_sum_warp(lp, k + g, t_corr);
+      if (lane == 0) rhs[k + g] = rp[k + g] + sum;
+    }
+    if (warp < zwarps) {
+      for (int g0 = 0; g0 < r; g0 += 8) {
+        double acc[8];
+#pragma unroll
+        for (int q = 0; q < 8; ++q) {
+          const int g = g0 + q;
+          double a = 0;
+          if (g < r) {
+            if (tid < k) a += wt[g * k + tid] * u0;
+            if (tid + kThreads < k) a += wt[g * k + tid + kThreads] * u1;
+          }
+          acc[q] = a;
+        }
+#pragma unroll
+        for (int off = 16; off > 0; off /= 2) {
+#pragma unroll
+          for (int q = 0; q < 8; ++q) acc[q] += __shfl_xor_sync(kFullMask, acc[q], off);
+        }
+        if (lane == 0) {
+#pragma unroll
+          for (int q = 0; q < 8; ++q) {
+            if (g0 + q < r) zpart[warp * kMaxDense + g0 + q] = acc[q];
+          }
+        }
+      }
+    }
+    __syncthreads();
+    prof.mark(kPhCorrRhs);
+    // (7) Warp 0: z_g = rhs_g - the partials' sum (4-way tree), then the corrector's dy_G.
+    if (warp == 0) {
+      for (int g = lane; g < r; g += 32) {
+        double a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+        int w = 0;
+        for (; w + 4 <= zwarps; w += 4) {
+          a0 += zpart[w * kMaxDense + g];
+          a1 += zpart[(w + 1) * kMaxDense + g];
+          a2 += zpart[(w + 2) * kMaxDense + g];
+          a3 += zpart[(w + 3) * kMaxDense + g];
+        }
+        for (; w < zwarps; ++w) a0 += zpart[w * kMaxDense + g];
+        z[g] = rhs[k + g] - ((a0 + a1) + (a2 + a3));
+      }
+      __syncwarp();
+      dense_solve(chol, r, ld, false, z, dy + k);
+    }
+    __syncthreads();
+    prof.mark(kPhCorrTri);
+    // (8) dy_K, ds, dx, the step lengths.
+    for (int i = tid; i < k; i += kThreads) dy[i] = dy_row(lp, i, rhs, dinv, wt, dy);
+    double steps[2] = {INFINITY, INFINITY};
+    for (int j = tid; j < n; j += kThreads) {
+      const int e = diag_row_of(lp, j);
+      const double dye = e >= 0 ? dy_row(lp, e, rhs, dinv, wt, dy) : 0.0;
+      const double dsj = rd[j] - col_sum(lp, j, dy, e, dye);
+      const double dxj = rc[j] / s[j] - d[j] * dsj;
+      ds[j] = dsj;
+      dx[j] = dxj;
+      if (dxj < 0) steps[0] = fmin(steps[0], -x[j] / dxj);
+      if (dsj < 0) steps[1] = fmin(steps[1], -s[j] / dsj);
+    }
+    red.run<0, 0, 2>(steps);
+    prof.mark(kPhCorrStep);
+    const double ap = fmin(1.0, kStepFactor * steps[0]);
+    const double ad = fmin(1.0, kStepFactor * steps[1]);
+    // (9) The step.
+    for (int j = tid; j < n; j += kThreads) {
+      x[j] += ap * dx[j];
+      s[j] += ad * ds[j];
+    }
+    for (int i = tid; i < m; i += kThreads) y[i] += ad * dy[i];
+    __syncthreads();
+    prof.mark(kPhUpdate);
+  }
+
+  double obj[1] = {0};
+  for (int j = tid; j < n; j += kThreads) {
+    x_out[j] = static_cast<float>(x[j] * beta);
+    obj[0] += static_cast<double>(c_g[j]) * x[j] * beta;
+  }
+  red.run<1, 0, 0>(obj);
+  if (tid == 0) {
+    status[kStatusConverged] = reason == kReasonConverged ? 1.0f : 0.0f;
+    status[kStatusPrimalRes] = static_cast<float>(prel);
+    status[kStatusDualRes] = static_cast<float>(drel);
+    status[kStatusGap] = static_cast<float>(gap);
+    status[kStatusIterations] = static_cast<float>(it);
+    status[kStatusObjective] = static_cast<float>(obj[0]);
+    status[kStatusReason] = static_cast<float>(reason);
+    status[kStatusDiagRows] = static_cast<float>(k);
+  }
+  prof.mark(kPhFinal);
+}
+
+template <bool kP>
+void launch(const float* a, const float* b, const float* c, float* x, float* st, int m, int n,
+            int max_iter, double tol, cudaStream_t stream, unsigned long long* prof = nullptr) {
+  if (m > kMaxRows || n > kMaxCols) {  // solve_cuda refuses these before the launch
+    std::printf("v2::launch: %dx%d is past the limits\n", m, n);
+    std::exit(1);
+  }
+  const Layout layout = make_layout(m, n);
+  static size_t set = 0;
+  if (set < layout.total) {
+    CK(cudaFuncSetAttribute(ipm_kernel<kP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                            static_cast<int>(layout.total)));
+    set = layout.total;
+  }
+  const bool vec4 = (reinterpret_cast<uintptr_t>(a) & 15) == 0;
+  ipm_kernel<kP>
+      <<<1, kThreads, layout.total, stream>>>(a, b, c, x, st, m, n, max_iter, tol, vec4, prof);
+  CK(cudaGetLastError());
+}
+
+}  // namespace v2
+#define VARIANTS                                                                              \
+  {                                                                                           \
+    {"V0 kreg", v0_launch}, {"V1", v1_launch}, {"V1/256", v1_256_launch}, { "V2", v2_launch } \
   }
 // ---------------------------------------------------------------------------------------
 // Harness
@@ -2846,6 +4001,10 @@ void v1_launch(const float* a, const float* b, const float* c, float* x, float* 
 void v1_256_launch(const float* a, const float* b, const float* c, float* x, float* st, int m,
                    int n, int max_iter, double tol, cudaStream_t s) {
   v1_256::launch<false>(a, b, c, x, st, m, n, max_iter, tol, s);
+}
+void v2_launch(const float* a, const float* b, const float* c, float* x, float* st, int m, int n,
+               int max_iter, double tol, cudaStream_t s) {
+  v2::launch<false>(a, b, c, x, st, m, n, max_iter, tol, s);
 }
 void v0_launch(const float* a, const float* b, const float* c, float* x, float* st, int m, int n,
                int max_iter, double tol, cudaStream_t s) {
@@ -3005,6 +4164,11 @@ int main(int argc, char** argv) {
       if (v1::make_layout(m, n).total > v0::make_layout(m, n).total) {
         std::printf("V1's layout for %dx%d is larger than V0's (%zu > %zu)\n", m, n,
                     v1::make_layout(m, n).total, v0::make_layout(m, n).total);
+        return 1;
+      }
+      if (v2::make_layout(m, n).total > v0::make_layout(m, n).total) {
+        std::printf("V2's layout for %dx%d is larger than V0's (%zu > %zu)\n", m, n,
+                    v2::make_layout(m, n).total, v0::make_layout(m, n).total);
         return 1;
       }
     }
@@ -3171,6 +4335,8 @@ int main(int argc, char** argv) {
     show("V1/256", v1_256::kPhases, v1_256::kPhaseNames, [&] {
       v1_256::launch<true>(d.A, d.b, d.c, d.x, d.st, d.m, d.n, 30, 1e-6, g_stream, prof);
     });
+    show("V2", v2::kPhases, v2::kPhaseNames,
+         [&] { v2::launch<true>(d.A, d.b, d.c, d.x, d.st, d.m, d.n, 30, 1e-6, g_stream, prof); });
     CK(cudaFree(prof));
   }
 
