@@ -4014,8 +4014,11 @@ void v0_launch(const float* a, const float* b, const float* c, float* x, float* 
 struct DevLp {
   int m = 0, n = 0;
   float *A = nullptr, *b = nullptr, *c = nullptr, *x = nullptr, *st = nullptr;
-  explicit DevLp(const HostLp& h) : m(h.m), n(h.n) {
-    CK(cudaMalloc(&A, sizeof(float) * h.A.size()));
+  float* a_base = nullptr;
+  // a_offset floats before A: 1 makes A 4-byte aligned only (the kernels' scalar read path).
+  explicit DevLp(const HostLp& h, int a_offset = 0) : m(h.m), n(h.n) {
+    CK(cudaMalloc(&a_base, sizeof(float) * (h.A.size() + a_offset)));
+    A = a_base + a_offset;
     CK(cudaMalloc(&b, sizeof(float) * h.m));
     CK(cudaMalloc(&c, sizeof(float) * h.n));
     CK(cudaMalloc(&x, sizeof(float) * h.n));
@@ -4024,7 +4027,7 @@ struct DevLp {
     CK(cudaMemcpy(b, h.b.data(), sizeof(float) * h.m, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(c, h.c.data(), sizeof(float) * h.n, cudaMemcpyHostToDevice));
   }
-  ~DevLp() { cudaFree(A), cudaFree(b), cudaFree(c), cudaFree(x), cudaFree(st); }
+  ~DevLp() { cudaFree(a_base), cudaFree(b), cudaFree(c), cudaFree(x), cudaFree(st); }
   DevLp(const DevLp&) = delete;
   DevLp& operator=(const DevLp&) = delete;
 };
@@ -4278,6 +4281,39 @@ int main(int argc, char** argv) {
                   xe, oe, it_lo, it_hi, fails == 0 ? "ok" : "FAIL",
                   refused ? (" (" + std::to_string(refused) + " too large, as V0)").c_str() : "",
                   first.c_str());
+    }
+  }
+  // A not 16-byte aligned (the scalar read path of every variant): same checks.
+  {
+    std::vector<HostLp> lps;
+    lps.push_back(demo_lp(1, 256, 8, 32, 4096, 8, 1.0));
+    lps.push_back(demo_lp(2, 256, 8, 32, 4096, 8, 1.0));
+    std::mt19937_64 rng(77);
+    for (int t = 0; t < 6; ++t) {
+      lps.push_back(random_lp(rng, 3 + 2 * t, 1 + t, 3, 4, t % 2, t % 2 == 0, "unaligned small"));
+    }
+    lps.push_back(dense_lp(rng, 13, 29, "unaligned dense 13x29"));
+    for (const Variant& v : variants) {
+      int fails = 0;
+      double xe = 0;
+      std::string first;
+      for (const HostLp& h : lps) {
+        const Result c = run_cpu(h, 30, 1e-6);
+        DevLp d0(h);
+        const Result r0 = run_gpu(variants[0], d0, 30, 1e-6);
+        DevLp d(h, 1);
+        const Result r = run_gpu(v, d, 30, 1e-6);
+        const Agreement a = compare(r, c, &r0);
+        xe = std::max(xe, a.x_err);
+        if (!a.ok) {
+          ++fails;
+          if (first.empty()) first = h.name + ": " + a.why;
+        }
+      }
+      all_ok = all_ok && fails == 0;
+      std::printf("%-10s %-42s %5zu %9.2e %9s %6s %s %s\n", v.name,
+                  "A unaligned (scalar read path)", lps.size(), xe, "", "",
+                  fails == 0 ? "ok" : "FAIL", first.c_str());
     }
   }
   // Iteration limit and max_iter = 0 on the target LP: same status as the CPU.
