@@ -2,27 +2,33 @@
 // predictor-corrector (reference.cpp) in one thread block, in double precision.
 //
 // Launch shape: one block of kThreads threads; everything lives in dynamic shared memory.
-//   1. A (dense f32 in global memory) is read twice, flat and coalesced (16-byte vectors
-//      when aligned, 8 a lane in flight): once to count nonzeros per warp range, once to
-//      compact them in row-major order (ballot + prefix), which gives A by rows (CSR)
-//      directly. A by columns (CSC) is filled from it and each column sorted by row, so
-//      every sum below runs in a fixed order (bitwise deterministic).
+//   1. A (dense f32 in global memory) is read once when 16-byte aligned: chunks of 2048
+//      floats (16 float4 a lane in flight), chunk c to warp c % kWarps; a chunk's nonzeros
+//      are staged (flat index, value) with one shared atomic a chunk, then placed in
+//      row-major order by a scan of the chunk counts: A by rows (CSR). Unaligned, A is read
+//      twice (count per warp range, then compact). A by columns (CSC) is filled from the
+//      CSR and each column sorted by row, so every sum below runs in a fixed order
+//      (bitwise deterministic).
 //   2. Rows 0..k-1 that share no column form a diagonal block of A D A'; the other
 //      r = m - k rows are eliminated densely: coupling W (stored transposed, r x k), Schur
-//      complement S (r x r), Cholesky of S by warp 0 (a row a lane, two for r > 32). For
-//      build_lp's LP, k = L experts, r = G GPUs. Every column has at most one entry in
-//      rows < k (its "diagonal row" e(j), by the definition of k).
-//   3. Each iteration: 11 barriers. The time is the latency of the phases between them,
-//      not flops or bytes, so each phase keeps its serial chain short: rows >= k (long:
-//      a GPU's replicas) are summed by a warp each, rows < k by a thread each; only the
-//      r(r+1)/2 live pairs of S are handed out (half-warps), the predictor's z sums ride
-//      in the same phase; d and t are computed in the residual phase, the factor's first
-//      phase also forms the right-hand side; a column's thread recomputes dy of its
+//      complement S (r x r), Cholesky of S by warp 0. For build_lp's LP, k = L experts,
+//      r = G GPUs. Every column has at most one entry in rows < k (its "diagonal row" e(j),
+//      by the definition of k).
+//   3. r <= 8: warp 0 factors and solves entirely in registers (a row a lane, the pivot and
+//      l_j by shuffles, 1 / L_pp by rsqrt kept on the diagonal so the solves multiply);
+//      r = 9..48: a row (two for r > 32) a lane in shared memory, z in registers.
+//   4. The starting point's two solves (b and A c) share one factor and one pass of each
+//      phase. Each iteration: 9 barriers. The time is the latency of the phases between
+//      them, not flops or bytes, so each phase keeps its serial chain short: rows >= k
+//      (long: a GPU's replicas) are summed by a warp each, rows < k by a thread each; only
+//      the r(r+1)/2 live pairs of S are handed out (half-warps), the predictor's z sums
+//      ride in the same phase; the corrector's z sums are per-warp partials formed with its
+//      right-hand side and summed by warp 0 before its solve; mu_aff comes from three sums
+//      taken in the affine step's reduction; a column's thread recomputes dy of its
 //      diagonal row (the same expression as the row's own: the same bits) instead of
-//      waiting for it; the corrector's t is recomputed where it is summed. The triangular
-//      solves keep z in registers (a shuffle, a division and a multiply-add a step).
-// tools/bench/variants/lplb_solve_bench.cu holds the kernel before this design (V0), the
-// per-phase profile that motivated it and the check against the CPU solve.
+//      waiting for it.
+// tools/bench/variants/lplb_solve_bench.cu holds the earlier kernels (V0, V1), their
+// per-phase profiles and the check of each against the CPU solve.
 #include <cuda_runtime.h>
 
 #include <atomic>
@@ -42,7 +48,12 @@ constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / device::kWarpSize;
 constexpr int kGroupLanes = 16;
 constexpr int kRedValues = 5;
-constexpr int kUnroll = 8;
+constexpr int kUnroll = 8;  // the unaligned path: V1's two passes, 8 loads a lane in flight
+// The aligned path reads A once in chunks of 32 lanes x kReadUnroll float4 (2048 floats),
+// chunk c to warp c % kWarps; one more chunk holds the < 4 trailing floats.
+constexpr int kReadUnroll = 16;
+constexpr int kChunkVecs = 32 * kReadUnroll;
+constexpr int kMaxChunks = (kMaxRows * kMaxCols / 4 + kChunkVecs - 1) / kChunkVecs + 1;
 
 struct Layout {
   size_t x, s, dx, ds, d, rd, rc, cs;  // n doubles each
@@ -59,6 +70,22 @@ constexpr int kMiscInts = kWarps + 8;
 constexpr int kMiscNnz = kWarps + 0;
 constexpr int kMiscK = kWarps + 1;
 constexpr int kMiscTooLarge = kWarps + 2;
+constexpr int kMiscStage = kWarps + 3;  // the one-pass read's staging counter
+
+// Regions reused before they are live (no region added: V2's layout is V1's):
+//  - the one-pass read stages (flat index, value) of each nonzero in wt (free until the
+//    start point) and keeps its chunk table (staging offset, count, CSR offset) in chol;
+//  - the corrector's per-warp partial sums of z live in coo_row (free after the build);
+//  - the start point's second z in rp (m >= r doubles, free until the first residual).
+static_assert(sizeof(uint32_t) * kMaxNnz + sizeof(float) * kMaxNnz <= sizeof(double) * kMaxCoupling,
+              "staging must fit in wt");
+static_assert(sizeof(int) * (3 * kMaxChunks + 1) <= sizeof(double) * kMaxDense * kMaxDense,
+              "the chunk table must fit in chol");
+static_assert(sizeof(double) * kWarps * kMaxDense <= sizeof(uint16_t) * kMaxNnz,
+              "z partials must fit in coo_row");
+static_assert(kMaxRows <= 2 * kThreads, "rows < k: at most two a thread in the corrector");
+static_assert(kWarps % 4 == 0, "the reducer's tree");
+static_assert(kMaxRows * kMaxCols < (1 << 30), "flat indices in 32 bits");
 
 __host__ __device__ inline size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
@@ -97,6 +124,7 @@ struct Reducer {
   double* red;
   int half = 0;
 
+  // V1's, with the per-warp values combined by a 4-way tree (chain 7 instead of 15).
   template <int NS, int NM, int NN>
   __device__ void run(double (&v)[NS + NM + NN]) {
     constexpr int N = NS + NM + NN;
@@ -104,23 +132,28 @@ struct Reducer {
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     double* buf = red + half * kRedValues * kWarps;
     half ^= 1;
+    auto op = [](int i, double a, double b) {
+      return i < NS ? a + b : i < NS + NM ? fmax(a, b) : fmin(a, b);
+    };
 #pragma unroll
     for (int i = 0; i < N; ++i) {
-      for (int off = 16; off > 0; off /= 2) {
-        const double o = __shfl_xor_sync(kFullWarpMask, v[i], off);
-        v[i] = i < NS ? v[i] + o : i < NS + NM ? fmax(v[i], o) : fmin(v[i], o);
-      }
+      for (int off = 16; off > 0; off /= 2)
+        v[i] = op(i, v[i], __shfl_xor_sync(kFullWarpMask, v[i], off));
       if (lane == 0) buf[i * kWarps + warp] = v[i];
     }
     __syncthreads();
 #pragma unroll
     for (int i = 0; i < N; ++i) {
-      double acc = buf[i * kWarps];
-      for (int w = 1; w < kWarps; ++w) {
-        const double o = buf[i * kWarps + w];
-        acc = i < NS ? acc + o : i < NS + NM ? fmax(acc, o) : fmin(acc, o);
+      const double* b = buf + i * kWarps;
+      double a0 = b[0], a1 = b[1], a2 = b[2], a3 = b[3];
+#pragma unroll
+      for (int w = 4; w < kWarps; w += 4) {
+        a0 = op(i, a0, b[w]);
+        a1 = op(i, a1, b[w + 1]);
+        a2 = op(i, a2, b[w + 2]);
+        a3 = op(i, a3, b[w + 3]);
       }
-      v[i] = acc;
+      v[i] = op(i, op(i, a0, a1), op(i, a2, a3));
     }
   }
 };
@@ -186,6 +219,20 @@ __device__ inline void diag_w_row(const Lp& lp, int i, const double* d, double* 
   }
   dinv[i] = 1.0 / (acc > kTinyDiag ? acc : kSkippedPivot);
 }
+// The same with d = 1 (the starting point): d_j a_ij = a_ij, the same bits.
+__device__ inline void diag_w_row_unit(const Lp& lp, int i, double* dinv, double* wt) {
+  const int k = lp.k, r = lp.r;
+  for (int g = 0; g < r; ++g) wt[g * k + i] = 0;
+  double acc = 0;
+  for (int p = lp.row_ptr[i]; p < lp.row_ptr[i + 1]; ++p) {
+    const int j = lp.csr_col[p];
+    const double dav = static_cast<double>(lp.csr_val[p]);
+    acc += dav * lp.csr_val[p];
+    for (int q = lp.col_ptr[j] + 1; q < lp.col_ptr[j + 1]; ++q)
+      wt[(lp.csc_row[q] - k) * k + i] += dav * lp.csc_val[q];
+  }
+  dinv[i] = 1.0 / (acc > kTinyDiag ? acc : kSkippedPivot);
+}
 
 // dy_i for a row i < k once dy[k..m) holds the dense part: the same expression wherever it
 // is evaluated (the row's thread, or the thread of one of its columns), so the same bits.
@@ -197,13 +244,16 @@ __device__ inline double dy_row(const Lp& lp, int i, const double* rhs, const do
 }
 
 // Half-warp items: items < P are the pairs (g >= h) of S, the r after them (when with_z)
-// the sums z_g = rhs_g - sum_i W[i][g] rhs_i / diag_i. S is stored in chol[g * ld + h].
+// the sums z_g = rhs_g - sum_i W[i][g] rhs_i / diag_i, and r more for rhs2 (into z2) when
+// it is given (the starting point's two solves at once). S is stored in chol[g * ld + h].
 __device__ void schur_and_z(const Lp& lp, const double* d, const double* dinv, const double* wt,
-                            const double* rhs, double* chol, double* z, bool with_s, bool with_z) {
+                            const double* rhs, double* chol, double* z, bool with_s, bool with_z,
+                            const double* rhs2 = nullptr, double* z2 = nullptr) {
   const int tid = threadIdx.x, k = lp.k, r = lp.r;
   const int warp = tid / 32, half = (tid % 32) / kGroupLanes, glane = tid % kGroupLanes;
   const int pairs = with_s ? r * (r + 1) / 2 : 0;
-  const int items = pairs + (with_z ? r : 0);
+  const int items1 = pairs + (with_z ? r : 0);
+  const int items = items1 + (rhs2 != nullptr ? r : 0);
   for (int base = warp * 2; base < items; base += kWarps * 2) {
     const int item = base + half;
     double acc = 0;
@@ -223,17 +273,23 @@ __device__ void schur_and_z(const Lp& lp, const double* d, const double* dinv, c
       const double* wh = wt + h * k;
       for (int i = glane; i < k; i += kGroupLanes) corr += wg[i] * wh[i] * dinv[i];
       acc -= corr;
-    } else if (item < items) {
+    } else if (item < items1) {
       g = item - pairs;
       const double* wg = wt + g * k;
       for (int i = glane; i < k; i += kGroupLanes) acc += wg[i] * rhs[i] * dinv[i];
+    } else if (item < items) {
+      g = item - items1;
+      const double* wg = wt + g * k;
+      for (int i = glane; i < k; i += kGroupLanes) acc += wg[i] * rhs2[i] * dinv[i];
     }
     acc = group_sum(acc);
     if (glane == 0) {
       if (item < pairs) {
         chol[g * lp.ld + h] = acc;
-      } else if (item < items) {
+      } else if (item < items1) {
         z[g] = rhs[k + g] - acc;
+      } else if (item < items) {
+        z2[g] = rhs2[k + g] - acc;
       }
     }
   }
@@ -288,6 +344,111 @@ __device__ void tri_warp(const double* c, int r, int ld, const double* z, double
   }
   if (lane < r) out[lane] = z0;
   if (lane + 32 < r) out[lane + 32] = z1;
+}
+// Warp 0, r <= RM (8): Cholesky of S entirely in registers, row `lane` of the lower
+// triangle in a[0..RM) (unrolled, so a[] stays in registers), no shared memory and no
+// __syncwarp inside: step p broadcasts the pivot (a shuffle), every lane takes its
+// reciprocal square root, scales its column entry and receives l_j from lane j (shuffles
+// independent of each other) for its update. The diagonal keeps 1 / L_pp (LIPSOL's rule:
+// 1 / 1e128 for a skipped pivot); only the solves use it, as a multiplier. L goes back to
+// chol[] (row stride ld) for the solves.
+template <int RM>
+__device__ void chol_reg(double* c, int r, int ld) {
+  const int lane = threadIdx.x % 32;
+  double a[RM];
+#pragma unroll
+  for (int j = 0; j < RM; ++j) a[j] = lane < r && j <= lane ? c[lane * ld + j] : 0.0;
+  double md = 0;
+#pragma unroll
+  for (int j = 0; j < RM; ++j) md = j == lane ? a[j] : md;
+  for (int off = 16; off > 0; off /= 2) md = fmax(md, __shfl_xor_sync(kFullWarpMask, md, off));
+#pragma unroll
+  for (int p = 0; p < RM; ++p) {
+    if (p >= r) break;
+    const double piv = __shfl_sync(kFullWarpMask, a[p], p);
+    const bool ok = piv > kRelPivotTol * md && piv > 0;
+    const double inv = ok ? rsqrt(piv) : 1.0 / kSkippedPivot;
+    a[p] = lane == p ? inv : a[p] * inv;
+#pragma unroll
+    for (int j = p + 1; j < RM; ++j) {
+      const double lj = __shfl_sync(kFullWarpMask, a[p], j);
+      if (lane >= j && lane < r) a[j] -= a[p] * lj;
+    }
+  }
+  if (lane < r) {
+#pragma unroll
+    for (int j = 0; j < RM; ++j) {
+      if (j <= lane) c[lane * ld + j] = a[j];
+    }
+  }
+  __syncwarp();
+}
+
+// Warp 0, r <= RM: zv[v] <- (L L')^-1 zv[v] for NV vectors at once (their chains
+// interleave), component `lane` in a register. Row `lane` of L and column `lane` are loaded
+// first (independent of the chain); a step is a multiply, a shuffle and a multiply-add.
+template <int RM, int NV>
+__device__ void tri_reg(const double* c, int r, int ld, double (&zv)[NV]) {
+  const int lane = threadIdx.x % 32;
+  double row[RM], col[RM];
+#pragma unroll
+  for (int j = 0; j < RM; ++j) {
+    row[j] = lane < r && j <= lane ? c[lane * ld + j] : 0.0;  // L[lane][j], diagonal 1 / L_jj
+    col[j] = lane < r && j < r && j > lane ? c[j * ld + lane] : 0.0;  // L[j][lane]
+  }
+#pragma unroll
+  for (int p = 0; p < RM; ++p) {
+    if (p >= r) break;
+#pragma unroll
+    for (int v = 0; v < NV; ++v) {
+      const double wp = __shfl_sync(kFullWarpMask, zv[v] * row[p], p);
+      zv[v] = lane == p ? wp : lane > p ? zv[v] - row[p] * wp : zv[v];
+    }
+  }
+#pragma unroll
+  for (int p = RM - 1; p >= 0; --p) {
+    if (p >= r) continue;
+#pragma unroll
+    for (int v = 0; v < NV; ++v) {
+      const double xp = __shfl_sync(kFullWarpMask, zv[v] * row[p], p);
+      zv[v] = lane == p ? xp : lane < p ? zv[v] - col[p] * xp : zv[v];
+    }
+  }
+}
+
+template <int RM>
+__device__ void dense_reg(double* c, int r, int ld, bool factor, const double* za, double* outa,
+                          const double* zb, double* outb) {
+  const int lane = threadIdx.x % 32;
+  if (factor) chol_reg<RM>(c, r, ld);
+  if (zb != nullptr) {
+    double zz[2] = {lane < r ? za[lane] : 0.0, lane < r ? zb[lane] : 0.0};
+    tri_reg<RM, 2>(c, r, ld, zz);
+    if (lane < r) {
+      outa[lane] = zz[0];
+      outb[lane] = zz[1];
+    }
+  } else {
+    double zz[1] = {lane < r ? za[lane] : 0.0};
+    tri_reg<RM, 1>(c, r, ld, zz);
+    if (lane < r) outa[lane] = zz[0];
+  }
+}
+
+// Warp 0: factor S (when `factor`) and solve for za (and zb) into outa (outb). r <= 8 in
+// registers; r = 9..48 V1's shared-memory factor and solve (a row, two for r > 32, a lane),
+// whose diagonal keeps L_pp. Every call of one solve takes the same path. (A 16-row register
+// instance spilled ~250 bytes at 128 registers: the kernel is at its 512-thread limit.)
+__device__ void dense_solve(double* c, int r, int ld, bool factor, const double* za, double* outa,
+                            const double* zb = nullptr, double* outb = nullptr) {
+  if (r <= 8) {
+    dense_reg<8>(c, r, ld, factor, za, outa, zb, outb);
+  } else {
+    if (factor) chol_warp(c, r, ld);
+    __syncwarp();
+    tri_warp(c, r, ld, za, outa);
+    if (zb != nullptr) tri_warp(c, r, ld, zb, outb);
+  }
 }
 
 __device__ void block_scan(const int* counts, int* out, int len, int* scratch) {
@@ -345,7 +506,7 @@ __device__ void count_a(const float* __restrict__ a, int64_t total, int* count) 
   if (lane == 0) count[warp] = found;
 }
 
-// Pass 1: compaction in row-major order from each warp's base, 8 vectors a lane.
+// Pass 1: compaction in row-major order from each warp's base (V0's, 8 vectors a lane).
 template <int kVec>
 __device__ void compact_a(const float* __restrict__ a, int64_t total, const int* warp_base,
                           float* csr_val, uint16_t* csr_col, uint16_t* coo_row, int n) {
@@ -397,6 +558,88 @@ __device__ void compact_a(const float* __restrict__ a, int64_t total, const int*
   }
 }
 
+// The aligned path's one pass over A: chunk c (kChunkVecs float4, flat order u, lane, e) to
+// warp c % kWarps, kReadUnroll loads a lane in flight. A chunk's nonzeros go to a staging
+// segment reserved with one shared atomic (any order of chunks), in the chunk's flat order
+// (ballots give each lane's rank); the chunk table keeps (segment, count). The last chunk
+// holds the < 4 trailing floats. The CSR offsets come from a scan of the counts in chunk
+// order afterwards, so the compacted order is V1's row-major one.
+__device__ void read_a_once(const float* __restrict__ a, int64_t total, int nmain, int* counter,
+                            uint32_t* stage_idx, float* stage_val, int* chunk_soff,
+                            int* chunk_cnt) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const unsigned lt = (1u << lane) - 1u;
+  const int64_t vecs = total / 4;
+  const float4* a4 = reinterpret_cast<const float4*>(a);
+  for (int c = warp; c < nmain; c += kWarps) {
+    const int64_t base = static_cast<int64_t>(c) * kChunkVecs;
+    float4 q[kReadUnroll];
+#pragma unroll
+    for (int u = 0; u < kReadUnroll; ++u) {
+      const int64_t v = base + u * 32 + lane;
+      q[u] = v < vecs ? a4[v] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+    int mine = 0;
+#pragma unroll
+    for (int u = 0; u < kReadUnroll; ++u) {
+      mine += (q[u].x != 0.0f) + (q[u].y != 0.0f) + (q[u].z != 0.0f) + (q[u].w != 0.0f);
+    }
+    const int cnt = device::warp_sum(mine);
+    int off = 0;
+    if (lane == 0) off = atomicAdd(counter, cnt);
+    off = __shfl_sync(kFullWarpMask, off, 0);
+    if (lane == 0 && c < kMaxChunks) {
+      chunk_soff[c] = off;
+      chunk_cnt[c] = cnt;
+    }
+    int run = off;
+#pragma unroll
+    for (int u = 0; u < kReadUnroll; ++u) {
+      const float e4[4] = {q[u].x, q[u].y, q[u].z, q[u].w};
+      unsigned bal[4];
+      int before = 0, all = 0;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        bal[e] = __ballot_sync(kFullWarpMask, e4[e] != 0.0f);
+        before += __popc(bal[e] & lt);
+        all += __popc(bal[e]);
+      }
+      int at = run + before;
+      const uint32_t flat0 = static_cast<uint32_t>((base + u * 32 + lane) * 4);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        if (e4[e] != 0.0f) {
+          if (at < kMaxNnz) {
+            stage_idx[at] = flat0 + e;
+            stage_val[at] = e4[e];
+          }
+          ++at;
+        }
+      }
+      run += all;
+    }
+  }
+  if (warp == nmain % kWarps) {
+    const int64_t flat = vecs * 4 + lane;
+    const float v = flat < total ? a[flat] : 0.0f;
+    const unsigned nz = __ballot_sync(kFullWarpMask, v != 0.0f);
+    int off = 0;
+    if (lane == 0) off = atomicAdd(counter, __popc(nz));
+    off = __shfl_sync(kFullWarpMask, off, 0);
+    if (v != 0.0f) {
+      const int at = off + __popc(nz & lt);
+      if (at < kMaxNnz) {
+        stage_idx[at] = static_cast<uint32_t>(flat);
+        stage_val[at] = v;
+      }
+    }
+    if (lane == 0 && nmain < kMaxChunks) {
+      chunk_soff[nmain] = off;
+      chunk_cnt[nmain] = __popc(nz);
+    }
+  }
+}
+
 __global__ void __launch_bounds__(kThreads, 1)
     ipm_kernel(const float* __restrict__ a_g, const float* __restrict__ b_g,
                const float* __restrict__ c_g, float* __restrict__ x_out, float* __restrict__ status,
@@ -418,68 +661,135 @@ __global__ void __launch_bounds__(kThreads, 1)
   int* col_ptr = reinterpret_cast<int*>(smem + L.col_ptr);
   int* col_fill = reinterpret_cast<int*>(smem + L.col_fill);
   int* misc = reinterpret_cast<int*>(smem + L.misc);
-  Reducer red{dv(L.red)};
+  // Reused regions (see the static_asserts at the top).
+  uint32_t* stage_idx = reinterpret_cast<uint32_t*>(smem + L.wt);
+  float* stage_val = reinterpret_cast<float*>(stage_idx + kMaxNnz);
+  int* chunk_soff = reinterpret_cast<int*>(smem + L.chol);
+  int* chunk_cnt = chunk_soff + kMaxChunks;
+  int* chunk_coff = chunk_cnt + kMaxChunks;  // kMaxChunks + 1
+  double* zpart = dv(L.coo_row);             // kWarps x kMaxDense, after the build
+  double* red_buf = dv(L.red);
+  Reducer red{red_buf};
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int64_t total = static_cast<int64_t>(m) * n;
 
-  // ---- Scaling: ||b||inf = ||c||inf = 1 ----
-  double scale[2] = {0, 0};
-  for (int i = tid; i < m; i += kThreads)
-    scale[0] = fmax(scale[0], fabs(static_cast<double>(b_g[i])));
-  for (int j = tid; j < n; j += kThreads)
-    scale[1] = fmax(scale[1], fabs(static_cast<double>(c_g[j])));
-  red.run<0, 2, 0>(scale);
-  const double beta = scale[0] > 0 && isfinite(scale[0]) ? scale[0] : 1.0;
-  const double gamma = scale[1] > 0 && isfinite(scale[1]) ? scale[1] : 1.0;
-  for (int i = tid; i < m; i += kThreads) bs[i] = b_g[i] / beta;
-  for (int j = tid; j < n; j += kThreads) cs[j] = c_g[j] / gamma;
+  if (tid == 0) misc[kMiscStage] = 0;
+  for (int j = tid; j < n; j += kThreads) col_fill[j] = 0;
+  __syncthreads();
 
-  // ---- A to CSR (row-major compaction) and CSC ----
+  // ---- One phase: the scales' partial maxima (b and c kept in registers) and A ----
+  float bv[2], cv[4];
+  double scale[2] = {0, 0};
+#pragma unroll
+  for (int u = 0; u < 2; ++u) {
+    const int i = tid + u * kThreads;
+    bv[u] = i < m ? b_g[i] : 0.0f;
+    scale[0] = fmax(scale[0], fabs(static_cast<double>(bv[u])));
+  }
+  for (int i = tid + 2 * kThreads; i < m; i += kThreads)
+    scale[0] = fmax(scale[0], fabs(static_cast<double>(b_g[i])));
+#pragma unroll
+  for (int u = 0; u < 4; ++u) {
+    const int j = tid + u * kThreads;
+    cv[u] = j < n ? c_g[j] : 0.0f;
+    scale[1] = fmax(scale[1], fabs(static_cast<double>(cv[u])));
+  }
+  for (int j = tid + 4 * kThreads; j < n; j += kThreads)
+    scale[1] = fmax(scale[1], fabs(static_cast<double>(c_g[j])));
+  const int64_t vecs = total / 4;
+  const int nmain = static_cast<int>((vecs + kChunkVecs - 1) / kChunkVecs);
+  const int nchunks = nmain + 1;
   if (vec4) {
-    count_a<4>(a_g, total, misc);
+    read_a_once(a_g, total, nmain, &misc[kMiscStage], stage_idx, stage_val, chunk_soff, chunk_cnt);
   } else {
     count_a<1>(a_g, total, misc);
   }
-  for (int j = tid; j < n; j += kThreads) col_fill[j] = 0;
-  for (int i = tid; i <= m; i += kThreads) row_ptr[i] = 0;
-  __syncthreads();
-  if (tid == 0) {
-    int run = 0;
-    for (int w2 = 0; w2 < kWarps; ++w2) {
-      const int c = misc[w2];
-      misc[w2] = run;
-      run += c;
-    }
-    misc[kMiscNnz] = run;
-    misc[kMiscK] = m;
-    misc[kMiscTooLarge] = run > kMaxNnz ? 1 : 0;
+  for (int off = 16; off > 0; off /= 2) {
+    scale[0] = fmax(scale[0], __shfl_xor_sync(kFullWarpMask, scale[0], off));
+    scale[1] = fmax(scale[1], __shfl_xor_sync(kFullWarpMask, scale[1], off));
+  }
+  // The scales' partials go to the reducer's second half (its first run uses the first).
+  double* scale_part = red_buf + kRedValues * kWarps;
+  if (lane == 0) {
+    scale_part[warp] = scale[0];
+    scale_part[kWarps + warp] = scale[1];
   }
   __syncthreads();
-  const int nnz = misc[kMiscNnz];
-  bool too_large = misc[kMiscTooLarge] != 0;
-  if (!too_large) {
-    if (vec4) {
-      compact_a<4>(a_g, total, misc, csr_val, csr_col, coo_row, n);
-    } else {
-      compact_a<1>(a_g, total, misc, csr_val, csr_col, coo_row, n);
-    }
+  for (int w = 0; w < kWarps; ++w) {
+    scale[0] = fmax(scale[0], scale_part[w]);
+    scale[1] = fmax(scale[1], scale_part[kWarps + w]);
   }
-  __syncthreads();
+  const double beta = scale[0] > 0 && isfinite(scale[0]) ? scale[0] : 1.0;
+  const double gamma = scale[1] > 0 && isfinite(scale[1]) ? scale[1] : 1.0;
+#pragma unroll
+  for (int u = 0; u < 2; ++u) {
+    const int i = tid + u * kThreads;
+    if (i < m) bs[i] = bv[u] / beta;
+  }
+  for (int i = tid + 2 * kThreads; i < m; i += kThreads) bs[i] = b_g[i] / beta;
+#pragma unroll
+  for (int u = 0; u < 4; ++u) {
+    const int j = tid + u * kThreads;
+    if (j < n) cs[j] = cv[u] / gamma;
+  }
+  for (int j = tid + 4 * kThreads; j < n; j += kThreads) cs[j] = c_g[j] / gamma;
+
+  int nnz = 0;
+  bool too_large = false;
+  if (vec4) {
+    nnz = misc[kMiscStage];
+    too_large = nnz > kMaxNnz || nchunks > kMaxChunks;
+    if (!too_large) block_scan(chunk_cnt, chunk_coff, nchunks, misc);
+    if (!too_large) {
+      // Staging to CSR (row-major: chunks in order), counting each column's entries.
+      for (int c = warp; c < nchunks; c += kWarps) {
+        const int cnt = chunk_cnt[c], so = chunk_soff[c], co = chunk_coff[c];
+        for (int t = lane; t < cnt; t += 32) {
+          const uint32_t flat = stage_idx[so + t];
+          const int col = static_cast<int>(flat % static_cast<uint32_t>(n));
+          csr_val[co + t] = stage_val[so + t];
+          csr_col[co + t] = static_cast<uint16_t>(col);
+          coo_row[co + t] = static_cast<uint16_t>(flat / static_cast<uint32_t>(n));
+          atomicAdd(&col_fill[col], 1);
+        }
+      }
+    }
+    if (tid == 0) misc[kMiscK] = m;
+    __syncthreads();
+  } else {
+    // V1's two passes (count above, compact here), then the column counts.
+    if (tid == 0) {
+      int run = 0;
+      for (int w2 = 0; w2 < kWarps; ++w2) {
+        const int c = misc[w2];
+        misc[w2] = run;
+        run += c;
+      }
+      misc[kMiscNnz] = run;
+      misc[kMiscK] = m;
+      misc[kMiscTooLarge] = run > kMaxNnz ? 1 : 0;
+    }
+    __syncthreads();
+    nnz = misc[kMiscNnz];
+    too_large = misc[kMiscTooLarge] != 0;
+    if (!too_large) compact_a<1>(a_g, total, misc, csr_val, csr_col, coo_row, n);
+    __syncthreads();
+    if (!too_large) {
+      for (int p = tid; p < nnz; p += kThreads) atomicAdd(&col_fill[csr_col[p]], 1);
+    }
+    __syncthreads();
+  }
   if (!too_large) {
     for (int p = tid; p < nnz; p += kThreads) {
       const int row = coo_row[p];
       const int prev = p == 0 ? -1 : coo_row[p - 1];
       for (int i = prev + 1; i <= row; ++i) row_ptr[i] = p;
-      atomicAdd(&col_fill[csr_col[p]], 1);
     }
     if (tid == 0) {
       const int last = nnz == 0 ? -1 : coo_row[nnz - 1];
       for (int i = last + 1; i <= m; ++i) row_ptr[i] = nnz;
     }
-  }
-  __syncthreads();
-  if (!too_large) block_scan(col_fill, col_ptr, n, misc);
-  if (!too_large) {
+    block_scan(col_fill, col_ptr, n, misc);
     for (int j = tid; j < n; j += kThreads) col_fill[j] = 0;
   }
   __syncthreads();
@@ -548,47 +858,48 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int ld = lp.ld;
   // Rows >= k go to warps from the last one down (rows < k fill the first threads).
   const int wrow0 = kWarps - 1 - warp;
+  // Warps holding rows < k (a thread each: tid and tid + kThreads).
+  const int zwarps = min(kWarps, (k + 31) / 32);
 
-  // ---- Mehrotra's starting point (once: the plain phases) ----
+  // ---- Mehrotra's starting point: both solves (b and A c) through one factor ----
   for (int j = tid; j < n; j += kThreads) d[j] = 1.0;
-  __syncthreads();
-  for (int i = tid; i < k; i += kThreads) diag_w_row(lp, i, d, dinv, wt);
-  __syncthreads();
-  schur_and_z(lp, d, dinv, wt, rhs, chol, z, true, false);
-  __syncthreads();
-  if (warp == 0) chol_warp(chol, r, ld);
-  __syncthreads();
-  // dy = M^-1 v for v = bs (into dy), then v = A cs (into y).
-  auto solve_plain = [&](const double* v, double* out) {
-    schur_and_z(lp, d, dinv, wt, v, chol, z, false, true);
-    __syncthreads();
-    if (warp == 0) tri_warp(chol, r, ld, z, out + k);
-    __syncthreads();
-    for (int i = tid; i < k; i += kThreads) out[i] = dy_row(lp, i, v, dinv, wt, out);
-    __syncthreads();
-  };
-  solve_plain(bs, dy);
-  for (int j = tid; j < n; j += kThreads) {
-    const int e = diag_row_of(lp, j);
-    x[j] = col_sum(lp, j, dy, e, e >= 0 ? dy[e] : 0.0);
+  for (int i = tid; i < k; i += kThreads) {
+    diag_w_row_unit(lp, i, dinv, wt);
+    rhs[i] = row_sum(lp, i, [&](int j) { return cs[j]; });
   }
-  for (int i = tid; i < k; i += kThreads) rhs[i] = row_sum(lp, i, [&](int j) { return cs[j]; });
   for (int g = wrow0; g < r; g += kWarps) {
     const double v = row_sum_warp(lp, k + g, [&](int j) { return cs[j]; });
     if (lane == 0) rhs[k + g] = v;
   }
   __syncthreads();
-  solve_plain(rhs, y);
-  double mins[2] = {INFINITY, INFINITY};
+  double* z2 = rp;  // free until the first residual
+  schur_and_z(lp, d, dinv, wt, bs, chol, z, true, true, rhs, z2);
+  __syncthreads();
+  if (warp == 0) dense_solve(chol, r, ld, true, z, dy + k, z2, y + k);
+  __syncthreads();
+  for (int i = tid; i < k; i += kThreads) {
+    dy[i] = dy_row(lp, i, bs, dinv, wt, dy);
+    y[i] = dy_row(lp, i, rhs, dinv, wt, y);
+  }
+  // max |bs|, max |cs| (the norms), min x, min s.
+  double mm[4] = {0, 0, INFINITY, INFINITY};
+  for (int i = tid; i < m; i += kThreads) mm[0] = fmax(mm[0], fabs(bs[i]));
   for (int j = tid; j < n; j += kThreads) {
     const int e = diag_row_of(lp, j);
-    s[j] = cs[j] - col_sum(lp, j, y, e, e >= 0 ? y[e] : 0.0);
-    mins[0] = fmin(mins[0], x[j]);
-    mins[1] = fmin(mins[1], s[j]);
+    const double dye = e >= 0 ? dy_row(lp, e, bs, dinv, wt, dy) : 0.0;
+    const double ye = e >= 0 ? dy_row(lp, e, rhs, dinv, wt, y) : 0.0;
+    const double xj = col_sum(lp, j, dy, e, dye);
+    const double sj = cs[j] - col_sum(lp, j, y, e, ye);
+    x[j] = xj;
+    s[j] = sj;
+    mm[1] = fmax(mm[1], fabs(cs[j]));
+    mm[2] = fmin(mm[2], xj);
+    mm[3] = fmin(mm[3], sj);
   }
-  red.run<0, 0, 2>(mins);
+  red.run<0, 2, 2>(mm);
+  const double b_norm = mm[0], c_norm = mm[1];
   if (n > 0) {
-    const double dxs = fmax(-1.5 * mins[0], 0.0), dss = fmax(-1.5 * mins[1], 0.0);
+    const double dxs = fmax(-1.5 * mm[2], 0.0), dss = fmax(-1.5 * mm[3], 0.0);
     double sums[3] = {0, 0, 0};
     for (int j = tid; j < n; j += kThreads) {
       x[j] += dxs;
@@ -607,17 +918,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   __syncthreads();
 
-  double norms[2] = {0, 0};
-  for (int i = tid; i < m; i += kThreads) norms[0] = fmax(norms[0], fabs(bs[i]));
-  for (int j = tid; j < n; j += kThreads) norms[1] = fmax(norms[1], fabs(cs[j]));
-  red.run<0, 2, 0>(norms);
-  const double b_norm = norms[0], c_norm = norms[1];
-
   int reason = kReasonIterationLimit;
   double prel = 0, drel = 0, gap = 0;
   int it = 0;
   for (;; ++it) {
-    // (1) Residuals, objectives; d and t for the factor.
+    // (1) Residuals, objectives; d for the factor.
     double v[5] = {0, 0, 0, 0, 0};
     for (int i = tid; i < k; i += kThreads) {
       rp[i] = bs[i] - row_sum(lp, i, [&](int j) { return x[j]; });
@@ -658,7 +963,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const double mu = v[2] / n;
     auto t_pred = [&](int j) { return x[j] + d[j] * rd[j]; };
 
-    // (2) Factor rows < k; the predictor's rhs = rp + A t and u = diag^-1 rhs_K.
+    // (2) Factor rows < k; the predictor's rhs = rp + A t.
     for (int i = tid; i < k; i += kThreads) {
       diag_w_row(lp, i, d, dinv, wt);
       rhs[i] = rp[i] + row_sum(lp, i, t_pred);
@@ -671,15 +976,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     // (3) S and the predictor's z.
     schur_and_z(lp, d, dinv, wt, rhs, chol, z, true, true);
     __syncthreads();
-    // (4) Cholesky, the predictor's dy_G.
-    if (warp == 0) {
-      chol_warp(chol, r, ld);
-      tri_warp(chol, r, ld, z, dy + k);
-    }
+    // (4) Cholesky and the predictor's dy_G (warp 0, registers for r <= 8).
+    if (warp == 0) dense_solve(chol, r, ld, true, z, dy + k);
     __syncthreads();
-    // (5) dy_K, ds, dx, the affine step lengths.
+    // (5) dy_K, ds, dx, the affine step lengths and, in the same reduction, the three sums
+    // that give mu_aff = sum (x + ap dx)(s + ad ds) once ap, ad are known.
     for (int i = tid; i < k; i += kThreads) dy[i] = dy_row(lp, i, rhs, dinv, wt, dy);
-    double steps[2] = {INFINITY, INFINITY};
+    double st[5] = {0, 0, 0, INFINITY, INFINITY};
     for (int j = tid; j < n; j += kThreads) {
       const int e = diag_row_of(lp, j);
       const double dye = e >= 0 ? dy_row(lp, e, rhs, dinv, wt, dy) : 0.0;
@@ -687,38 +990,88 @@ __global__ void __launch_bounds__(kThreads, 1)
       const double dxj = -x[j] - d[j] * dsj;
       ds[j] = dsj;
       dx[j] = dxj;
-      if (dxj < 0) steps[0] = fmin(steps[0], -x[j] / dxj);
-      if (dsj < 0) steps[1] = fmin(steps[1], -s[j] / dsj);
+      st[0] += dxj * s[j];
+      st[1] += x[j] * dsj;
+      st[2] += dxj * dsj;
+      if (dxj < 0) st[3] = fmin(st[3], -x[j] / dxj);
+      if (dsj < 0) st[4] = fmin(st[4], -s[j] / dsj);
     }
-    red.run<0, 0, 2>(steps);
-    const double ap_aff = fmin(1.0, steps[0]), ad_aff = fmin(1.0, steps[1]);
-    double mu_aff[1] = {0};
-    for (int j = tid; j < n; j += kThreads)
-      mu_aff[0] += (x[j] + ap_aff * dx[j]) * (s[j] + ad_aff * ds[j]);
-    red.run<1, 0, 0>(mu_aff);
-    const double ratio = mu_aff[0] / n / mu;
+    red.run<3, 0, 2>(st);
+    const double ap_aff = fmin(1.0, st[3]), ad_aff = fmin(1.0, st[4]);
+    const double mu_aff = v[2] + ap_aff * st[0] + ad_aff * st[1] + ap_aff * ad_aff * st[2];
+    const double ratio = mu_aff / n / mu;
     const double cube = ratio * ratio * ratio;
     const double sigma = cube < 0 ? 0.0 : (1.0 < cube ? 1.0 : cube);
-    // (6) Corrector: rc, and rhs = rp + A t with t = -rc / s + d rd where it is used.
+    // (6) Corrector: rc, rhs = rp + A t (t = -rc / s + d rd where it is used) and each
+    // warp's partial sums of z_g's correction sum_i W[i][g] rhs_i / diag_i (rows < k a
+    // thread: tid and tid + kThreads).
     auto rc_of = [&](int j) { return sigma * mu - x[j] * s[j] - dx[j] * ds[j]; };
     auto t_corr = [&](int j) { return -rc_of(j) / s[j] + d[j] * rd[j]; };
     for (int j = tid; j < n; j += kThreads) rc[j] = rc_of(j);
-    for (int i = tid; i < k; i += kThreads) {
-      rhs[i] = rp[i] + row_sum(lp, i, t_corr);
+    double u0 = 0, u1 = 0;
+    if (tid < k) {
+      const double h = rp[tid] + row_sum(lp, tid, t_corr);
+      rhs[tid] = h;
+      u0 = h * dinv[tid];
+    }
+    if (tid + kThreads < k) {
+      const int i = tid + kThreads;
+      const double h = rp[i] + row_sum(lp, i, t_corr);
+      rhs[i] = h;
+      u1 = h * dinv[i];
     }
     for (int g = wrow0; g < r; g += kWarps) {
       const double sum = row_sum_warp(lp, k + g, t_corr);
       if (lane == 0) rhs[k + g] = rp[k + g] + sum;
     }
+    if (warp < zwarps) {
+      for (int g0 = 0; g0 < r; g0 += 8) {
+        double acc[8];
+#pragma unroll
+        for (int q = 0; q < 8; ++q) {
+          const int g = g0 + q;
+          double a = 0;
+          if (g < r) {
+            if (tid < k) a += wt[g * k + tid] * u0;
+            if (tid + kThreads < k) a += wt[g * k + tid + kThreads] * u1;
+          }
+          acc[q] = a;
+        }
+#pragma unroll
+        for (int off = 16; off > 0; off /= 2) {
+#pragma unroll
+          for (int q = 0; q < 8; ++q) acc[q] += __shfl_xor_sync(kFullWarpMask, acc[q], off);
+        }
+        if (lane == 0) {
+#pragma unroll
+          for (int q = 0; q < 8; ++q) {
+            if (g0 + q < r) zpart[warp * kMaxDense + g0 + q] = acc[q];
+          }
+        }
+      }
+    }
     __syncthreads();
-    // (7) The corrector's z, (8) its dy_G.
-    schur_and_z(lp, d, dinv, wt, rhs, chol, z, false, true);
+    // (7) Warp 0: z_g = rhs_g - the partials' sum (4-way tree), then the corrector's dy_G.
+    if (warp == 0) {
+      for (int g = lane; g < r; g += 32) {
+        double a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+        int w = 0;
+        for (; w + 4 <= zwarps; w += 4) {
+          a0 += zpart[w * kMaxDense + g];
+          a1 += zpart[(w + 1) * kMaxDense + g];
+          a2 += zpart[(w + 2) * kMaxDense + g];
+          a3 += zpart[(w + 3) * kMaxDense + g];
+        }
+        for (; w < zwarps; ++w) a0 += zpart[w * kMaxDense + g];
+        z[g] = rhs[k + g] - ((a0 + a1) + (a2 + a3));
+      }
+      __syncwarp();
+      dense_solve(chol, r, ld, false, z, dy + k);
+    }
     __syncthreads();
-    if (warp == 0) tri_warp(chol, r, ld, z, dy + k);
-    __syncthreads();
-    // (9) dy_K, ds, dx, the step lengths.
+    // (8) dy_K, ds, dx, the step lengths.
     for (int i = tid; i < k; i += kThreads) dy[i] = dy_row(lp, i, rhs, dinv, wt, dy);
-    steps[0] = steps[1] = INFINITY;
+    double steps[2] = {INFINITY, INFINITY};
     for (int j = tid; j < n; j += kThreads) {
       const int e = diag_row_of(lp, j);
       const double dye = e >= 0 ? dy_row(lp, e, rhs, dinv, wt, dy) : 0.0;
@@ -732,7 +1085,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     red.run<0, 0, 2>(steps);
     const double ap = fmin(1.0, kStepFactor * steps[0]);
     const double ad = fmin(1.0, kStepFactor * steps[1]);
-    // (10) The step.
+    // (9) The step.
     for (int j = tid; j < n; j += kThreads) {
       x[j] += ap * dx[j];
       s[j] += ad * ds[j];

@@ -744,6 +744,37 @@ TEST_F(LplbGpu, SolveReportsInfeasibleAndIterationLimit) {
   for (double v : s.status) EXPECT_TRUE(std::isfinite(v));
 }
 
+// A only 4-byte aligned (a view one float into its buffer) takes the kernel's two-pass
+// scalar read instead of the one-pass float4 read: both give the same CSR, so the same bits.
+TEST_F(LplbGpu, SolveOfAnUnalignedAMatchesTheAlignedOne) {
+  std::mt19937_64 rng(29);
+  for (int t = 0; t < 12; ++t) {
+    const Instance in = t == 11 ? large_instance(3)
+                                : random_instance(rng, 2 + t, 1 + t % 6, 3, t, t % 2, t % 3 == 0);
+    const std::string what = "instance " + std::to_string(t);
+    LpBuffers lp = run_build_lp(in, kGpu, DType::kI32);
+    std::vector<double> shifted = values(lp.A);
+    shifted.insert(shifted.begin(), 0.0);
+    Buffer big = make(kGpu, DType::kF32, {static_cast<int64_t>(shifted.size())}, shifted);
+    DLTensor view = *lp.A.tensor();
+    view.data = big.tensor()->data;
+    view.byte_offset = sizeof(float);
+    Buffer x = make(kGpu, DType::kF32, {in.N()}, {});
+    Buffer status = make(kGpu, DType::kF32, {8}, {});
+    KernelHandle h = handle("lplb.solve", kGpu, DType::kF32);
+    DLTensor* args[] = {&view, lp.b.tensor(), lp.c.tensor(), x.tensor(), status.tensor()};
+    AttrList a = attrs(h, {{"max_iter", int64_t{30}}});
+    const Status st = h.call(args, a.view());
+    ASSERT_TRUE(st.ok()) << what << ": " << st.message();
+    ASSERT_TRUE(harness::device_synchronize().ok());
+    const Solution unaligned{values(x), values(status)};
+    const Solution aligned = run_solve(lp, in, kGpu);
+    expect_optimal(in, unaligned, what);
+    EXPECT_EQ(unaligned.x, aligned.x) << what;
+    EXPECT_EQ(unaligned.status, aligned.status) << what;
+  }
+}
+
 TEST_F(LplbGpu, SolveRefusesWhatOneBlockCannotHold) {
   // A dense 60 x 100 LP: more than 48 rows outside the diagonal block -> reason 3.
   const int64_t m = 60, n = 100;
