@@ -38,7 +38,6 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "checks.hpp"
 #include "decode.cuh"
 #include "kreg/device/vec.cuh"
 

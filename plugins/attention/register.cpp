@@ -51,10 +51,11 @@ constexpr Op kOps[] = {
      .description = "Paged decode attention (GQA): out[b, h] = softmax(scale q k^T) v over the "
                     "first seq_lens[b] tokens of the pages block_table[b]; an empty sequence "
                     "gives zeros; out-of-range lengths or pages are OUT_OF_RANGE errors; CUDA: "
-                    "flash-decoding, blocks of (split, kv head, batch) stream K/V pages once per "
-                    "GQA group through a cp.async pipeline, partial max/sum/output per split in a "
+                    "flash-decoding on tensor cores, blocks of (split, kv head, up to 8 query "
+                    "heads, batch) stream K/V pages once per GQA group through per-warp cp.async "
+                    "pipelines into mma.sync QK^T and PV, partial max/sum/output per split in a "
                     "stream-ordered workspace, log-sum-exp merge",
-     // The CUDA pipeline uses cp.async (sm_80 and newer).
+     // cp.async, ldmatrix, mma.sync on bf16 and movmatrix: sm_80 and newer.
      .impls = {cpu(bind<&decode_cpu>, "reference.cpp"),
                KREG_IF_CUDA(cuda(bind<&decode_cuda>, "decode.cu").sm(80))}},
 };
