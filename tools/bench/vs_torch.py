@@ -20,6 +20,10 @@ the interface is in tools/bench/cases/README.md). For each case:
    Cases that cross the host link (link="d2h" or "h2d") are measured against that link
    instead: GB/s of their `link_bytes` (the payload crossing it) as a percentage of a
    256 MiB pinned <-> device copy in the same direction, timed in the same run.
+5. A copy of the case's own byte count (half read, half written; the same rotation and
+   the same timing, graph or events) is timed too: "% size copy" is kreg's time against
+   it. At decode sizes no kernel reaches the 1 GiB copy's bandwidth (launch, the first
+   round trip and the tail are a large part of a few µs): this is the bound at that size.
 
 Writes a CSV, a Markdown table (for docs/performance.md) and a PNG chart (% of copy
 bandwidth, kreg vs torch.compile; skipped with a message without matplotlib).
@@ -251,10 +255,11 @@ def run_case(reg, case, args, baselines):
     sets = [first] + [case["make"]() for _ in range(count - 1)]
     torch.cuda.synchronize()
 
-    def timed(fn):
+    def timed(fn, on=None):
+        on = sets if on is None else on
         if small:
-            return time_graph(fn, sets, args.reps, args.graph_calls)
-        return time_events(fn, sets, args.reps)
+            return time_graph(fn, on, args.reps, args.graph_calls)
+        return time_events(fn, on, args.reps)
 
     kreg_fn = case["kreg"]
     torch_fn = case["torch"]
@@ -292,6 +297,14 @@ def run_case(reg, case, args, baselines):
     # A host-link case counts the payload crossing the link, against that link's memcpy.
     nbytes = case["link_bytes"] if case.get("link") else case["bytes"]
     base_gbps, base_name = baselines.of(case)
+    us_size_copy = None
+    if not case.get("link") and not args.no_size_copy:
+        half = max(1, nbytes // 2)
+        copies = [(torch.empty(half, dtype=torch.uint8, device="cuda").random_(0, 256),
+                   torch.empty(half, dtype=torch.uint8, device="cuda")) for _ in range(count)]
+        us_size_copy = timed(lambda c: c[1].copy_(c[0]), copies)
+        del copies
+        torch.cuda.empty_cache()
 
     def gbps(us):
         return nbytes / (us * 1e-6) / 1e9 if us else None
@@ -317,6 +330,8 @@ def run_case(reg, case, args, baselines):
         kreg_pct_copy=pct(us_kreg),
         eager_pct_copy=pct(us_eager),
         compile_pct_copy=pct(us_compile),
+        size_copy_us=us_size_copy,
+        kreg_pct_size_copy=(100 * us_size_copy / us_kreg) if us_size_copy else None,
         speedup_eager=us_eager / us_kreg,
         speedup_compile=(us_compile / us_kreg) if us_compile else None,
         correct=not problems,
@@ -347,11 +362,12 @@ def write_markdown(path, rows, copy_gbps, device):
         "Times in µs per call (median); decode-sized rows replay CUDA graphs. "
         "% copy = GB/s of the minimum bytes moved / copy bandwidth; rows marked h2d/d2h "
         "cross the host link and are compared with a pinned memcpy in that direction "
-        "(payload bytes).",
+        "(payload bytes). % size copy = a copy of the same byte count, timed the same way, "
+        "over kreg's time.",
         "",
         "| op | shape | kreg µs | eager µs | compile µs | kreg GB/s | kreg % copy | compile % copy "
-        "| × eager | × compile |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| size copy µs | kreg % size copy | × eager | × compile |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         flag = "" if r["correct"] else " **MISMATCH**"
@@ -360,7 +376,8 @@ def write_markdown(path, rows, copy_gbps, device):
         lines.append(
             f"| {r['op']}{flag} | {r['shape']} | {fmt(r['kreg_us'], '.2f')} | {fmt(r['eager_us'], '.2f')} "
             f"| {fmt(r['compile_us'], '.2f')} | {fmt(r['kreg_gbps'], '.0f')} | {fmt(r['kreg_pct_copy'], '.1f')} "
-            f"| {fmt(r['compile_pct_copy'], '.1f')} | {fmt(r['speedup_eager'], '.2f')} "
+            f"| {fmt(r['compile_pct_copy'], '.1f')} | {fmt(r['size_copy_us'], '.2f')} "
+            f"| {fmt(r['kreg_pct_size_copy'], '.1f')} | {fmt(r['speedup_eager'], '.2f')} "
             f"| {fmt(r['speedup_compile'], '.2f')} |")
     notes = [f"- {r['op']} {r['shape']}: {r['note']}" for r in rows if r["note"]]
     if notes:
@@ -401,13 +418,14 @@ def write_chart(path, rows, copy_gbps, device):
 
 def print_table(rows):
     head = (f"{'op':<34} {'shape':<32} {'kreg us':>9} {'eager us':>9} {'compile':>9} "
-            f"{'GB/s':>7} {'%copy':>6} {'x eager':>7} {'x comp':>7}")
+            f"{'GB/s':>7} {'%copy':>6} {'%size':>6} {'x eager':>7} {'x comp':>7}")
     print(head)
     print("-" * len(head))
     for r in rows:
         print(f"{r['op'][:34]:<34} {r['shape'][:32]:<32} {fmt(r['kreg_us'], '9.2f')} "
               f"{fmt(r['eager_us'], '9.2f')} {fmt(r['compile_us'], '9.2f')} {fmt(r['kreg_gbps'], '7.0f')} "
-              f"{fmt(r['kreg_pct_copy'], '6.1f')} {fmt(r['speedup_eager'], '7.2f')} "
+              f"{fmt(r['kreg_pct_copy'], '6.1f')} {fmt(r['kreg_pct_size_copy'], '6.1f')} "
+              f"{fmt(r['speedup_eager'], '7.2f')} "
               f"{fmt(r['speedup_compile'], '7.2f')}{'' if r['correct'] else '  MISMATCH'}")
 
 
@@ -425,6 +443,8 @@ def main():
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     parser.add_argument("--fixed-outputs", action="store_true",
                         help="kreg writes into make()'s output buffers instead of fresh ones each call")
+    parser.add_argument("--no-size-copy", action="store_true",
+                        help="skip the copy of each case's byte count (the %% size copy column)")
     parser.add_argument("--list", action="store_true", help="list the cases and exit")
     args = parser.parse_args()
     only = [s.strip() for s in args.only.split(",") if s.strip()]
