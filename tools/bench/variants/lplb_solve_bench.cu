@@ -3978,9 +3978,917 @@ void launch(const float* a, const float* b, const float* c, float* x, float* st,
 }
 
 }  // namespace v2
-#define VARIANTS                                                                              \
-  {                                                                                           \
-    {"V0 kreg", v0_launch}, {"V1", v1_launch}, {"V1/256", v1_256_launch}, { "V2", v2_launch } \
+// ---------------------------------------------------------------------------------------
+// V3: V2's method, limits, layout (the same regions, the same size) and status, with fewer
+// barriers and shorter phases per iteration (V2's H100 profile: residuals 13%, S 13%,
+// register Cholesky + solves 11%, step lengths 11%, reading A 10%):
+//   - S = A_G D A_G' - W' Dinv W without column searches: once per solve (r <= 32, when
+//     they fit in chol's unused tail) two lists per pair (g >= h) of S: the columns where
+//     rows k+g and k+h are both nonzero, with both values, and the rows i < k whose W row
+//     is structurally nonzero at g and at h (W's pattern: a 64-bit mask a row). An S entry
+//     then sums its own short lists (demo: <= 37 and <= 36 terms, 1-2 off the diagonal),
+//     and z_g the rows of its diagonal pair; 8 lanes an item, so r <= 8 is one round.
+//     Otherwise (r > 32, or lists too long) V2's sums: an entry search a column, all i < k.
+//   - The step is folded into the residual phase: x, s and y are double-buffered (the
+//     second buffers in rc's, rd's and rp's regions, which V3 no longer needs), the
+//     pending step x + ap dx, s + ad ds, y + ad dy is taken where it is read (explicit
+//     fma: the same bits everywhere) and stored to the other buffer; the pointers swap.
+//   - The factor's rows < k (dinv, W) and the predictor's rhs = rp + A(x + d rd) ride in
+//     the same pass: a row's thread recomputes d_j and rd_j of its columns from the
+//     (pending) iterate, the same expressions as the column's owner.
+//   - rd is not kept across the residual phase: the affine step recomputes it with A' dy
+//     in one column pass (the same sum, the same bits) and keeps it in the old x buffer
+//     for the corrector; rc is recomputed where it is used (column-local).
+//   - The corrector's rhs = rhs_pred + A((dx ds - sigma mu) / s) (t_corr - t_pred, no rp
+//     needed) in place; warp 0 sums z_g from the lists (or all i < k) itself: no per-warp
+//     partials (V2: 8-value butterflies in every warp holding rows < k).
+//   - Reductions: maxima and minima of values >= 0 exactly by two 32-bit redux (hi word,
+//     then lo word among the lanes with the max hi) instead of five double shuffles;
+//     the warps' partials read two at a time (128-bit loads: half the broadcast loads).
+// 7 barriers an iteration (V2: 9).
+// ---------------------------------------------------------------------------------------
+namespace v3 {
+
+using v2::kThreads;
+using v2::kWarps;
+using v2::kRedValues;
+using v2::kChunkVecs;
+using v2::kMaxChunks;
+using v2::kMiscK;
+using v2::kMiscNnz;
+using v2::kMiscStage;
+using v2::kMiscTooLarge;
+using v2::Lp;
+using v2::col_sum;
+using v2::diag_row_of;
+using v2::dy_row;
+using v2::entry;
+using v2::row_sum;
+using v2::row_sum_warp;
+constexpr int kMiscLists = kWarps + 4;  // the lists fit (1) or not (0)
+constexpr int kGroup = 8;               // lanes a Schur item
+constexpr int kItemsPerWarp = 32 / kGroup;
+constexpr int kListMaxR = 32;  // lists only for r <= 32: W's pattern in a 64-bit mask, short build
+constexpr int kListMaxPairs = kListMaxR * (kListMaxR + 1) / 2;
+
+// V2's layout, region for region (so the same limits). V3 uses rc's region as x's second
+// buffer, rd's as s's and rp's as y's. Reused besides (see V2's notes):
+//  - during the list build wt holds W's pattern (k uint64) and the two count arrays;
+//  - the lists live in chol past the factor's r * ld doubles: off1[P + 1], off2[P + 1],
+//    then (float2 values, uint16 column) of list 1 and the uint16 rows of list 2.
+using Layout = v2::Layout;
+using v2::make_layout;
+static_assert(sizeof(uint64_t) * kMaxRows + 2 * sizeof(int) * kListMaxPairs <=
+                  sizeof(double) * kMaxCoupling,
+              "W's pattern and the counts must fit in wt");
+static_assert(sizeof(double) * kListMaxR * (kListMaxR + 1) + 16 + 2 * sizeof(int) * (kListMaxPairs + 1) <=
+                  sizeof(double) * kMaxDense * kMaxDense,
+              "the offsets must fit in chol's tail");
+
+__device__ inline size_t align16(size_t v) { return (v + 15) / 16 * 16; }
+
+// Exact warp maxima / minima of doubles >= 0 (their bit patterns order as the values: +inf
+// above every finite value; a NaN is above +inf, so a max keeps it and a min drops it).
+__device__ inline double warp_max_pos(double v) {
+  const unsigned hi = static_cast<unsigned>(__double2hiint(v));
+  const unsigned lo = static_cast<unsigned>(__double2loint(v));
+  const unsigned mh = __reduce_max_sync(kFullMask, hi);
+  const unsigned ml = __reduce_max_sync(kFullMask, hi == mh ? lo : 0u);
+  return __hiloint2double(static_cast<int>(mh), static_cast<int>(ml));
+}
+__device__ inline double warp_min_pos(double v) {
+  const unsigned hi = static_cast<unsigned>(__double2hiint(v));
+  const unsigned lo = static_cast<unsigned>(__double2loint(v));
+  const unsigned mh = __reduce_min_sync(kFullMask, hi);
+  const unsigned ml = __reduce_min_sync(kFullMask, hi == mh ? lo : 0xffffffffu);
+  return __hiloint2double(static_cast<int>(mh), static_cast<int>(ml));
+}
+
+struct Reducer {
+  double* red;
+  int half = 0;
+
+  // NS sums, NM maxima, NN minima, every thread gets the block's values. kPos: the maxima
+  // and minima are of values >= 0 (warp_max_pos / warp_min_pos instead of 5 shuffles).
+  // The warps' partials are stored value-major and read as pairs (16-byte loads).
+  template <int NS, int NM, int NN, bool kPos = false>
+  __device__ void run(double (&v)[NS + NM + NN]) {
+    constexpr int N = NS + NM + NN;
+    static_assert(N <= kRedValues);
+    static_assert(kWarps == 16, "the pairwise tree below");
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    double* buf = red + half * kRedValues * kWarps;
+    half ^= 1;
+    auto op = [](int i, double a, double b) {
+      return i < NS ? a + b : i < NS + NM ? fmax(a, b) : fmin(a, b);
+    };
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      if (kPos && i >= NS) {
+        v[i] = i < NS + NM ? warp_max_pos(v[i]) : warp_min_pos(v[i]);
+      } else {
+        for (int off = 16; off > 0; off /= 2)
+          v[i] = op(i, v[i], __shfl_xor_sync(kFullMask, v[i], off));
+      }
+      if (lane == 0) buf[i * kWarps + warp] = v[i];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      const double2* b = reinterpret_cast<const double2*>(buf + i * kWarps);
+      double2 q[8];
+#pragma unroll
+      for (int w = 0; w < 8; ++w) q[w] = b[w];
+      double a[4];
+#pragma unroll
+      for (int w = 0; w < 4; ++w) a[w] = op(i, op(i, q[w].x, q[w].y), op(i, q[w + 4].x, q[w + 4].y));
+      v[i] = op(i, op(i, a[0], a[1]), op(i, a[2], a[3]));
+    }
+  }
+};
+
+// The Schur lists (see the top), from one base (the start of chol's tail, 16-byte aligned):
+// int2 off[P + 1] (list 1's and list 2's offsets of pair e), then list 1's entries
+// {a[k+g][j], a[k+h][j], j} (int4, in row k+g's column order), then list 2's rows i < k
+// (int, in order). One pointer and a flag live through the iterations.
+struct Lists {
+  bool on;
+  const int* base;
+  __device__ const int2* off() const { return reinterpret_cast<const int2*>(base); }
+  __device__ static int entries_at(int pairs) { return (2 * (pairs + 1) + 3) / 4 * 4; }
+  __device__ const int4* list1(int pairs) const {
+    return reinterpret_cast<const int4*>(base + entries_at(pairs));
+  }
+  __device__ const int* list2(int pairs) const {
+    return reinterpret_cast<const int*>(list1(pairs) + off()[pairs].x);
+  }
+};
+
+// Pair e = g (g + 1) / 2 + h of S's lower triangle (g >= h).
+__device__ inline void pair_of(int e, int& g, int& h) {
+  g = static_cast<int>((sqrtf(8.0f * e + 1.0f) - 1.0f) * 0.5f);
+  while (g * (g + 1) / 2 > e) --g;
+  while ((g + 1) * (g + 2) / 2 <= e) ++g;
+  h = e - g * (g + 1) / 2;
+}
+
+// Groups of kGroup lanes: items < P the pairs (g >= h) of S, the r after them the sums
+// z_g = rhs_g - sum_i W[i][g] rhs_i / diag_i, and r more for rhs2 (into z2) when given
+// (the starting point's two solves). S goes to chol[g * ld + h]. With lists, an item sums
+// its own; without, V2's sums (an entry search a column of row k+g, all i < k).
+__device__ void schur_and_z(const Lp& lp, const Lists& ls, const double* d, const double* dinv,
+                            const double* wt, const double* rhs, double* chol, double* z,
+                            const double* rhs2 = nullptr, double* z2 = nullptr) {
+  const int tid = threadIdx.x, k = lp.k, r = lp.r;
+  const int warp = tid / 32, sub = (tid % 32) / kGroup, glane = tid % kGroup;
+  const int pairs = r * (r + 1) / 2;
+  const int items1 = pairs + r;
+  const int items = items1 + (rhs2 != nullptr ? r : 0);
+  for (int base = warp * kItemsPerWarp; base < items; base += kWarps * kItemsPerWarp) {
+    const int item = base + sub;
+    double acc = 0;
+    int g = 0, h = 0;
+    if (item < pairs) {
+      pair_of(item, g, h);
+      const double* wg = wt + g * k;
+      const double* wh = wt + h * k;
+      double corr = 0;
+      if (ls.on) {
+        const int2 o0 = ls.off()[item], o1 = ls.off()[item + 1];
+        const int4* l1 = ls.list1(pairs);
+        const int* l2 = ls.list2(pairs);
+        for (int t = o0.x + glane; t < o1.x; t += kGroup) {
+          const int4 e = l1[t];
+          acc += d[e.z] * __int_as_float(e.x) * __int_as_float(e.y);
+        }
+        for (int t = o0.y + glane; t < o1.y; t += kGroup) {
+          const int i = l2[t];
+          corr += wg[i] * wh[i] * dinv[i];
+        }
+      } else {
+        const int row = k + g;
+        for (int p = lp.row_ptr[row] + glane; p < lp.row_ptr[row + 1]; p += kGroup) {
+          const int j = lp.csr_col[p];
+          acc += d[j] * lp.csr_val[p] * entry(lp, k + h, j);
+        }
+        for (int i = glane; i < k; i += kGroup) corr += wg[i] * wh[i] * dinv[i];
+      }
+      acc -= corr;
+    } else if (item < items) {
+      const double* rr = item < items1 ? rhs : rhs2;
+      g = item < items1 ? item - pairs : item - items1;
+      const double* wg = wt + g * k;
+      if (ls.on) {
+        const int e = g * (g + 3) / 2;  // the diagonal pair (g, g)
+        const int* l2 = ls.list2(pairs);
+        for (int t = ls.off()[e].y + glane; t < ls.off()[e + 1].y; t += kGroup) {
+          const int i = l2[t];
+          acc += wg[i] * rr[i] * dinv[i];
+        }
+      } else {
+        for (int i = glane; i < k; i += kGroup) acc += wg[i] * rr[i] * dinv[i];
+      }
+    }
+    acc = warp_sum(acc, kGroup);
+    if (glane == 0) {
+      if (item < pairs) {
+        chol[g * lp.ld + h] = acc;
+      } else if (item < items1) {
+        z[g] = rhs[k + g] - acc;
+      } else if (item < items) {
+        z2[g] = rhs2[k + g] - acc;
+      }
+    }
+  }
+}
+
+// Warp 0: z_g = rhs_g - sum_i W[i][g] rhs_i / diag_i for g < r (the corrector's), lanes
+// sharing a g (4 for r <= 8, 2 for r <= 16) over its list-2 rows (or all i < k).
+__device__ void z_warp(const Lp& lp, const Lists& ls, const double* dinv, const double* wt,
+                       const double* rhs, double* z) {
+  const int lane = threadIdx.x % 32, k = lp.k, r = lp.r;
+  const int width = r <= 8 ? 4 : r <= 16 ? 2 : 1;
+  const int per_round = 32 / width;
+  for (int g0 = 0; g0 < r; g0 += per_round) {
+    const int g = g0 + lane / width;
+    double acc = 0;
+    if (g < r) {
+      const double* wg = wt + g * k;
+      if (ls.on) {
+        const int e = g * (g + 3) / 2;
+        const int* l2 = ls.list2(r * (r + 1) / 2);
+        for (int t = ls.off()[e].y + lane % width; t < ls.off()[e + 1].y; t += width) {
+          const int i = l2[t];
+          acc += wg[i] * rhs[i] * dinv[i];
+        }
+      } else {
+        for (int i = lane % width; i < k; i += width) acc += wg[i] * rhs[i] * dinv[i];
+      }
+    }
+    acc = warp_sum(acc, width);
+    if (g < r && lane % width == 0) z[g] = rhs[k + g] - acc;
+  }
+}
+
+// A row of S's pairs for the list build: whether row `row` has an entry in column j (its
+// value, 0 when not), columns sorted by row so the search stops early.
+__device__ inline float value_at(const Lp& lp, int row, int j) {
+  for (int q = lp.col_ptr[j]; q < lp.col_ptr[j + 1]; ++q) {
+    const int rq = lp.csc_row[q];
+    if (rq >= row) return rq == row ? lp.csc_val[q] : 0.0f;
+  }
+  return 0.0f;
+}
+
+// V2's one-pass read behind a call: its 16 float4 a lane in flight then do not share one
+// register allocation with the values that live through the iterations (inlined, the
+// kernel spilled 52 bytes at 128 registers; as a call, none, and no stack frame).
+__device__ __noinline__ void read_a_once(const float* __restrict__ a, int64_t total, int nmain,
+                                         int* counter, uint32_t* stage_idx, float* stage_val,
+                                         int* chunk_soff, int* chunk_cnt) {
+  v2::read_a_once(a, total, nmain, counter, stage_idx, stage_val, chunk_soff, chunk_cnt);
+}
+
+enum Phase : int {
+  kPhRead,
+  kPhBuild,
+  kPhLists,
+  kPhStart,
+  kPhResid,
+  kPhSchur,
+  kPhCholTri,
+  kPhStep,
+  kPhCorrRhs,
+  kPhCorrTri,
+  kPhCorrStep,
+  kPhFinal,
+  kPhases
+};
+const char* const kPhaseNames[kPhases] = {"read A (1 pass)",
+                                          "CSR/CSC/k/sort",
+                                          "Schur lists",
+                                          "start point",
+                                          "(1) step,resid,rows",
+                                          "(2) S, z (lists)",
+                                          "(3) chol, tri (reg)",
+                                          "(4) rd,steps+mu_aff",
+                                          "(5) corr rhs",
+                                          "(6) corr z, tri",
+                                          "(7) corr steps",
+                                          "output"};
+
+template <bool kP>
+__global__ void __launch_bounds__(kThreads, 1)
+    ipm_kernel(const float* __restrict__ a_g, const float* __restrict__ b_g,
+               const float* __restrict__ c_g, float* __restrict__ x_out, float* __restrict__ status,
+               int m, int n, int max_iter, double tol, bool vec4, unsigned long long* prof_acc) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  v0::Prof<kP> prof(prof_acc);
+  const Layout L = make_layout(m, n);
+  auto dv = [&](size_t off) { return reinterpret_cast<double*>(smem + off); };
+  // Column data in 16-byte pairs (one load, one pointer): xs[j] = (x_j, s_j) over x's and
+  // s's regions, dxs[j] = (dx_j, ds_j) over dx's and ds's, xs2 the second buffer of xs over
+  // rd's and rc's; y2 is y's second buffer (rp's region). The pending step is stored to the
+  // second buffers, then the pointers swap.
+  double2 *xs = reinterpret_cast<double2*>(smem + L.x), *dxs = reinterpret_cast<double2*>(smem + L.dx),
+          *xs2 = reinterpret_cast<double2*>(smem + L.rd);
+  double *d = dv(L.d), *cs = dv(L.cs);
+  double *y = dv(L.y), *dy = dv(L.dy), *y2 = dv(L.rp), *rhs = dv(L.rhs), *bs = dv(L.bs),
+         *dinv = dv(L.dinv);
+  double *wt = dv(L.wt), *chol = dv(L.chol), *z = dv(L.z);
+  float* csr_val = reinterpret_cast<float*>(smem + L.csr_val);
+  float* csc_val = reinterpret_cast<float*>(smem + L.csc_val);
+  uint16_t* csr_col = reinterpret_cast<uint16_t*>(smem + L.csr_col);
+  uint16_t* csc_row = reinterpret_cast<uint16_t*>(smem + L.csc_row);
+  uint16_t* coo_row = reinterpret_cast<uint16_t*>(smem + L.coo_row);
+  int* row_ptr = reinterpret_cast<int*>(smem + L.row_ptr);
+  int* col_ptr = reinterpret_cast<int*>(smem + L.col_ptr);
+  int* col_fill = reinterpret_cast<int*>(smem + L.col_fill);
+  int* misc = reinterpret_cast<int*>(smem + L.misc);
+  // Reused regions (see V2's static_asserts and V3's above).
+  uint32_t* stage_idx = reinterpret_cast<uint32_t*>(smem + L.wt);
+  float* stage_val = reinterpret_cast<float*>(stage_idx + kMaxNnz);
+  int* chunk_soff = reinterpret_cast<int*>(smem + L.chol);
+  int* chunk_cnt = chunk_soff + kMaxChunks;
+  int* chunk_coff = chunk_cnt + kMaxChunks;  // kMaxChunks + 1
+  double* red_buf = dv(L.red);
+  Reducer red{red_buf};
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int64_t total = static_cast<int64_t>(m) * n;
+
+  if (tid == 0) misc[kMiscStage] = 0;
+  for (int j = tid; j < n; j += kThreads) col_fill[j] = 0;
+  __syncthreads();
+
+  // ---- V2's read and build, unchanged: the scales' partial maxima and A (one pass when
+  // 16-byte aligned), CSR, CSC sorted by row, k, the limits ----
+  float bv[2], cv[4];
+  double scale[2] = {0, 0};
+#pragma unroll
+  for (int u = 0; u < 2; ++u) {
+    const int i = tid + u * kThreads;
+    bv[u] = i < m ? b_g[i] : 0.0f;
+    scale[0] = fmax(scale[0], fabs(static_cast<double>(bv[u])));
+  }
+  for (int i = tid + 2 * kThreads; i < m; i += kThreads)
+    scale[0] = fmax(scale[0], fabs(static_cast<double>(b_g[i])));
+#pragma unroll
+  for (int u = 0; u < 4; ++u) {
+    const int j = tid + u * kThreads;
+    cv[u] = j < n ? c_g[j] : 0.0f;
+    scale[1] = fmax(scale[1], fabs(static_cast<double>(cv[u])));
+  }
+  for (int j = tid + 4 * kThreads; j < n; j += kThreads)
+    scale[1] = fmax(scale[1], fabs(static_cast<double>(c_g[j])));
+  const int64_t vecs = total / 4;
+  const int nmain = static_cast<int>((vecs + kChunkVecs - 1) / kChunkVecs);
+  const int nchunks = nmain + 1;
+  if (vec4) {
+    read_a_once(a_g, total, nmain, &misc[kMiscStage], stage_idx, stage_val, chunk_soff,
+                chunk_cnt);
+  } else {
+    v2::count_a<1>(a_g, total, misc);
+  }
+  for (int off = 16; off > 0; off /= 2) {
+    scale[0] = fmax(scale[0], __shfl_xor_sync(kFullMask, scale[0], off));
+    scale[1] = fmax(scale[1], __shfl_xor_sync(kFullMask, scale[1], off));
+  }
+  double* scale_part = red_buf + kRedValues * kWarps;
+  if (lane == 0) {
+    scale_part[warp] = scale[0];
+    scale_part[kWarps + warp] = scale[1];
+  }
+  __syncthreads();
+  for (int w = 0; w < kWarps; ++w) {
+    scale[0] = fmax(scale[0], scale_part[w]);
+    scale[1] = fmax(scale[1], scale_part[kWarps + w]);
+  }
+  const double beta = scale[0] > 0 && isfinite(scale[0]) ? scale[0] : 1.0;
+  const double gamma = scale[1] > 0 && isfinite(scale[1]) ? scale[1] : 1.0;
+#pragma unroll
+  for (int u = 0; u < 2; ++u) {
+    const int i = tid + u * kThreads;
+    if (i < m) bs[i] = bv[u] / beta;
+  }
+  for (int i = tid + 2 * kThreads; i < m; i += kThreads) bs[i] = b_g[i] / beta;
+#pragma unroll
+  for (int u = 0; u < 4; ++u) {
+    const int j = tid + u * kThreads;
+    if (j < n) cs[j] = cv[u] / gamma;
+  }
+  for (int j = tid + 4 * kThreads; j < n; j += kThreads) cs[j] = c_g[j] / gamma;
+
+  int nnz = 0;
+  bool too_large = false;
+  if (vec4) {
+    nnz = misc[kMiscStage];
+    too_large = nnz > kMaxNnz || nchunks > kMaxChunks;
+    if (!too_large) v2::block_scan(chunk_cnt, chunk_coff, nchunks, misc);
+    if (!too_large) {
+      for (int c = warp; c < nchunks; c += kWarps) {
+        const int cnt = chunk_cnt[c], so = chunk_soff[c], co = chunk_coff[c];
+        for (int t = lane; t < cnt; t += 32) {
+          const uint32_t flat = stage_idx[so + t];
+          const int col = static_cast<int>(flat % static_cast<uint32_t>(n));
+          csr_val[co + t] = stage_val[so + t];
+          csr_col[co + t] = static_cast<uint16_t>(col);
+          coo_row[co + t] = static_cast<uint16_t>(flat / static_cast<uint32_t>(n));
+          atomicAdd(&col_fill[col], 1);
+        }
+      }
+    }
+    if (tid == 0) misc[kMiscK] = m;
+    __syncthreads();
+  } else {
+    if (tid == 0) {
+      int run = 0;
+      for (int w2 = 0; w2 < kWarps; ++w2) {
+        const int c = misc[w2];
+        misc[w2] = run;
+        run += c;
+      }
+      misc[kMiscNnz] = run;
+      misc[kMiscK] = m;
+      misc[kMiscTooLarge] = run > kMaxNnz ? 1 : 0;
+    }
+    __syncthreads();
+    nnz = misc[kMiscNnz];
+    too_large = misc[kMiscTooLarge] != 0;
+    if (!too_large) v2::compact_a<1>(a_g, total, misc, csr_val, csr_col, coo_row, n);
+    __syncthreads();
+    if (!too_large) {
+      for (int p = tid; p < nnz; p += kThreads) atomicAdd(&col_fill[csr_col[p]], 1);
+    }
+    __syncthreads();
+  }
+  prof.mark(kPhRead);
+  if (!too_large) {
+    for (int p = tid; p < nnz; p += kThreads) {
+      const int row = coo_row[p];
+      const int prev = p == 0 ? -1 : coo_row[p - 1];
+      for (int i = prev + 1; i <= row; ++i) row_ptr[i] = p;
+    }
+    if (tid == 0) {
+      const int last = nnz == 0 ? -1 : coo_row[nnz - 1];
+      for (int i = last + 1; i <= m; ++i) row_ptr[i] = nnz;
+    }
+    v2::block_scan(col_fill, col_ptr, n, misc);
+    for (int j = tid; j < n; j += kThreads) col_fill[j] = 0;
+  }
+  __syncthreads();
+  if (!too_large) {
+    for (int p = tid; p < nnz; p += kThreads) {
+      const int j = csr_col[p];
+      const int at = col_ptr[j] + atomicAdd(&col_fill[j], 1);
+      csc_row[at] = coo_row[p];
+      csc_val[at] = csr_val[p];
+    }
+  }
+  __syncthreads();
+  if (!too_large) {
+    for (int j = tid; j < n; j += kThreads) {
+      int lo = 1 << 30, second = 1 << 30;
+      for (int q = col_ptr[j]; q < col_ptr[j + 1]; ++q) {
+        const int row = csc_row[q];
+        if (row < lo) {
+          second = lo;
+          lo = row;
+        } else if (row < second) {
+          second = row;
+        }
+      }
+      if (second < m) atomicMin(&misc[kMiscK], second);
+    }
+  }
+  __syncthreads();
+  const int k = misc[kMiscK];
+  const int r = m - k;
+  too_large = too_large || r > kMaxDense || static_cast<int64_t>(k) * r > kMaxCoupling;
+  if (!too_large) {
+    for (int j = tid; j < n; j += kThreads) {
+      for (int q = col_ptr[j] + 1; q < col_ptr[j + 1]; ++q) {
+        const uint16_t row = csc_row[q];
+        const float val = csc_val[q];
+        int p = q - 1;
+        while (p >= col_ptr[j] && csc_row[p] > row) {
+          csc_row[p + 1] = csc_row[p];
+          csc_val[p + 1] = csc_val[p];
+          --p;
+        }
+        csc_row[p + 1] = row;
+        csc_val[p + 1] = val;
+      }
+    }
+  }
+  __syncthreads();
+  prof.mark(kPhBuild);
+  if (too_large) {
+    for (int j = tid; j < n; j += kThreads) x_out[j] = 0.0f;
+    if (tid == 0) {
+      status[kStatusConverged] = 0.0f;
+      status[kStatusPrimalRes] = -1.0f;
+      status[kStatusDualRes] = -1.0f;
+      status[kStatusGap] = -1.0f;
+      status[kStatusIterations] = 0.0f;
+      status[kStatusObjective] = 0.0f;
+      status[kStatusReason] = static_cast<float>(kReasonTooLarge);
+      status[kStatusDiagRows] = static_cast<float>(k);
+    }
+    return;
+  }
+  const Lp lp{m,       n,       k,       r,      r < kMaxDense ? r + 1 : r, csr_val, csc_val,
+              csr_col, csc_row, row_ptr, col_ptr};
+  const int ld = lp.ld;
+  const int wrow0 = kWarps - 1 - warp;  // rows >= k: a warp each, from the last warp down
+
+  // Kept in shared memory (coo_row's region, free after the build) rather than in registers
+  // through the iterations: beta (0), the norms' denominators 1 + |b|, 1 + |c| (2, 3), tol (4).
+  double* keep = dv(L.coo_row);
+  if (tid == 0) {
+    keep[0] = beta;
+    keep[4] = tol;
+  }
+
+  // ---- The Schur lists (r <= 32): W's pattern, the counts (a warp a pair, ballots), the
+  // offsets (warp 0's scans), then the lists in order when they fit in chol's tail ----
+  const int pairs = r * (r + 1) / 2;
+  int* lbase = reinterpret_cast<int*>(smem + L.chol + align16(sizeof(double) * r * ld));
+  bool lists_on = false;
+  if (r >= 1 && r <= kListMaxR) {
+    uint64_t* wmask = reinterpret_cast<uint64_t*>(smem + L.wt);  // k, then the counts
+    int* cnt1 = reinterpret_cast<int*>(wmask + k);
+    int* cnt2 = cnt1 + pairs;
+    int2* off = reinterpret_cast<int2*>(lbase);
+    int4* l1 = reinterpret_cast<int4*>(lbase + Lists::entries_at(pairs));
+    for (int i = tid; i < k; i += kThreads) {
+      uint64_t mk = 0;
+      for (int p = row_ptr[i]; p < row_ptr[i + 1]; ++p) {
+        const int j = csr_col[p];
+        for (int q = col_ptr[j] + 1; q < col_ptr[j + 1]; ++q) mk |= 1ull << (csc_row[q] - k);
+      }
+      wmask[i] = mk;
+    }
+    __syncthreads();
+    // Pass 0 counts, pass 1 fills (list 1 in row k+g's order, list 2 in row order).
+    const unsigned lt = (1u << lane) - 1u;
+    for (int pass = 0; pass < 2; ++pass) {
+      int* l2 = pass == 0 ? nullptr : reinterpret_cast<int*>(l1 + off[pairs].x);
+      for (int e = warp; e < pairs; e += kWarps) {
+        int g, h;
+        pair_of(e, g, h);
+        int at1 = pass == 0 ? 0 : off[e].x, at2 = pass == 0 ? 0 : off[e].y;
+        const int end = row_ptr[k + g + 1];
+        for (int p0 = row_ptr[k + g]; p0 < end; p0 += 32) {
+          const int p = p0 + lane;
+          const int j = p < end ? csr_col[p] : 0;
+          const float ah = p < end ? value_at(lp, k + h, j) : 0.0f;
+          const unsigned hit = __ballot_sync(kFullMask, ah != 0.0f);
+          if (pass == 1 && ah != 0.0f) {
+            l1[at1 + __popc(hit & lt)] = make_int4(__float_as_int(csr_val[p]), __float_as_int(ah), j, 0);
+          }
+          at1 += __popc(hit);
+        }
+        const uint64_t both = (1ull << g) | (1ull << h);
+        for (int i0 = 0; i0 < k; i0 += 32) {
+          const int i = i0 + lane;
+          const bool in = i < k && (wmask[i] & both) == both;
+          const unsigned hit = __ballot_sync(kFullMask, in);
+          if (pass == 1 && in) l2[at2 + __popc(hit & lt)] = i;
+          at2 += __popc(hit);
+        }
+        if (pass == 0 && lane == 0) {
+          cnt1[e] = at1;
+          cnt2[e] = at2;
+        }
+      }
+      __syncthreads();
+      if (pass == 0) {
+        if (warp == 0) {
+          int run1 = 0, run2 = 0;
+          for (int e0 = 0; e0 < pairs; e0 += 32) {
+            const int e = e0 + lane;
+            const int c1 = e < pairs ? cnt1[e] : 0, c2 = e < pairs ? cnt2[e] : 0;
+            const int i1 = warp_inclusive_scan(c1), i2 = warp_inclusive_scan(c2);
+            if (e < pairs) off[e] = make_int2(run1 + i1 - c1, run2 + i2 - c2);
+            run1 += __shfl_sync(kFullMask, i1, 31);
+            run2 += __shfl_sync(kFullMask, i2, 31);
+          }
+          if (lane == 0) {
+            off[pairs] = make_int2(run1, run2);
+            const size_t need = reinterpret_cast<unsigned char*>(l1 + run1) - (smem + L.chol) +
+                                sizeof(int) * static_cast<size_t>(run2);
+            misc[kMiscLists] = need <= sizeof(double) * kMaxDense * kMaxDense ? 1 : 0;
+          }
+        }
+        __syncthreads();
+        lists_on = misc[kMiscLists] != 0;
+        if (!lists_on) break;  // block-uniform
+      }
+    }
+  }
+  const Lists ls{lists_on, lbase};
+  prof.mark(kPhLists);
+
+  // ---- Mehrotra's starting point (V2's): both solves (b and A c) through one factor ----
+  for (int j = tid; j < n; j += kThreads) d[j] = 1.0;
+  for (int i = tid; i < k; i += kThreads) {
+    v2::diag_w_row_unit(lp, i, dinv, wt);
+    rhs[i] = row_sum(lp, i, [&](int j) { return cs[j]; });
+  }
+  for (int g = wrow0; g < r; g += kWarps) {
+    const double v = row_sum_warp(lp, k + g, [&](int j) { return cs[j]; });
+    if (lane == 0) rhs[k + g] = v;
+  }
+  __syncthreads();
+  double* z2 = y2;  // free until the first residual phase
+  schur_and_z(lp, ls, d, dinv, wt, bs, chol, z, rhs, z2);
+  __syncthreads();
+  if (warp == 0) v2::dense_solve(chol, r, ld, true, z, dy + k, z2, y + k);
+  __syncthreads();
+  for (int i = tid; i < k; i += kThreads) {
+    dy[i] = dy_row(lp, i, bs, dinv, wt, dy);
+    y[i] = dy_row(lp, i, rhs, dinv, wt, y);
+  }
+  double mm[4] = {0, 0, INFINITY, INFINITY};
+  for (int i = tid; i < m; i += kThreads) mm[0] = fmax(mm[0], fabs(bs[i]));
+  for (int j = tid; j < n; j += kThreads) {
+    const int e = diag_row_of(lp, j);
+    const double dye = e >= 0 ? dy_row(lp, e, bs, dinv, wt, dy) : 0.0;
+    const double ye = e >= 0 ? dy_row(lp, e, rhs, dinv, wt, y) : 0.0;
+    const double xj = col_sum(lp, j, dy, e, dye);
+    const double sj = cs[j] - col_sum(lp, j, y, e, ye);
+    xs[j] = make_double2(xj, sj);
+    mm[1] = fmax(mm[1], fabs(cs[j]));
+    mm[2] = fmin(mm[2], xj);
+    mm[3] = fmin(mm[3], sj);
+  }
+  red.run<0, 2, 2>(mm);  // min x, min s may be negative: the general reduction
+  if (tid == 0) {
+    keep[2] = 1 + mm[0];
+    keep[3] = 1 + mm[1];
+  }
+  // No step pending: zeros (the residual phase takes x + 0 * 0 = x, bit for bit).
+  for (int i = tid; i < m; i += kThreads) dy[i] = 0.0;
+  if (n > 0) {
+    const double dxs0 = fmax(-1.5 * mm[2], 0.0), dss0 = fmax(-1.5 * mm[3], 0.0);
+    double sums[3] = {0, 0, 0};
+    for (int j = tid; j < n; j += kThreads) {
+      const double xj = xs[j].x + dxs0, sj = xs[j].y + dss0;
+      xs[j] = make_double2(xj, sj);
+      sums[0] += xj * sj;
+      sums[1] += xj;
+      sums[2] += sj;
+      dxs[j] = make_double2(0.0, 0.0);
+    }
+    red.run<3, 0, 0>(sums);
+    const double shift_x = sums[2] > 0 ? 0.5 * sums[0] / sums[2] : 0;
+    const double shift_s = sums[1] > 0 ? 0.5 * sums[0] / sums[1] : 0;
+    for (int j = tid; j < n; j += kThreads) {
+      xs[j] = make_double2(fmax(xs[j].x + shift_x, kStartFloor), fmax(xs[j].y + shift_s, kStartFloor));
+    }
+  }
+  __syncthreads();
+  prof.mark(kPhStart);
+
+  int reason = kReasonIterationLimit;
+  double prel = 0, drel = 0, gap = 0;
+  double ap = 0, ad = 0;  // the pending step's lengths (dx, ds, dy are zero before the first)
+  int it = 0;
+  for (;; ++it) {
+    // (1) The pending step, taken where it is read: x + ap dx, s + ad ds, y + ad dy (the
+    // owners store them to the second buffers); residuals, objectives, d; rows < k: dinv,
+    // W, and every row the predictor's rhs = rp + A t, t = x + d rd, with d_j and rd_j of
+    // the row's columns recomputed from the same expressions (the same bits).
+    auto xsn_of = [&](int j) {
+      const double2 v0 = xs[j], dv0 = dxs[j];
+      return make_double2(__fma_rn(ap, dv0.x, v0.x), __fma_rn(ad, dv0.y, v0.y));
+    };
+    auto yn_of = [&](int q) { return __fma_rn(ad, dy[q], y[q]); };
+    double v[5] = {0, 0, 0, 0, 0};  // c'x, b'y, x's; max |rp|, max |rd|
+    for (int j = tid; j < n; j += kThreads) {
+      const double2 xsn = xsn_of(j);
+      double aty = 0;
+      for (int q = col_ptr[j]; q < col_ptr[j + 1]; ++q) aty += csc_val[q] * yn_of(csc_row[q]);
+      const double rdj = cs[j] - aty - xsn.y;
+      xs2[j] = xsn;
+      d[j] = xsn.x / xsn.y;
+      v[0] += cs[j] * xsn.x;
+      v[2] += xsn.x * xsn.y;
+      v[4] = fmax(v[4], fabs(rdj));
+    }
+    for (int i = tid; i < k; i += kThreads) {
+      const double yi = yn_of(i);
+      y2[i] = yi;
+      v[1] += bs[i] * yi;
+      for (int g = 0; g < r; ++g) wt[g * k + i] = 0;
+      double ax = 0, at = 0, dd = 0;
+      for (int p = row_ptr[i]; p < row_ptr[i + 1]; ++p) {
+        const int j = csr_col[p];
+        const double a = csr_val[p];
+        const double2 xsn = xsn_of(j);
+        const double dj = xsn.x / xsn.y;
+        const double dav = dj * a;
+        // Column j: A' y for rd_j (all its rows, in order) and W[i][g] += d_j a_ij a_gj
+        // (its entries past the first: rows >= k).
+        const int q0 = col_ptr[j];
+        double aty = csc_val[q0] * yn_of(csc_row[q0]);
+        for (int q = q0 + 1; q < col_ptr[j + 1]; ++q) {
+          const int row = csc_row[q];
+          aty += csc_val[q] * yn_of(row);
+          wt[(row - k) * k + i] += dav * csc_val[q];
+        }
+        const double rdj = cs[j] - aty - xsn.y;
+        ax += a * xsn.x;
+        at += a * (xsn.x + dj * rdj);
+        dd += dav * a;
+      }
+      const double rp = bs[i] - ax;
+      rhs[i] = at + rp;
+      dinv[i] = 1.0 / (dd > kTinyDiag ? dd : kSkippedPivot);
+      v[3] = fmax(v[3], fabs(rp));
+    }
+    for (int g = wrow0; g < r; g += kWarps) {
+      const int i = k + g;
+      double ax = 0, at = 0;
+      for (int p = row_ptr[i] + lane; p < row_ptr[i + 1]; p += 32) {
+        const int j = csr_col[p];
+        const double a = csr_val[p];
+        const double2 xsn = xsn_of(j);
+        double aty = 0;
+        for (int q = col_ptr[j]; q < col_ptr[j + 1]; ++q) aty += csc_val[q] * yn_of(csc_row[q]);
+        const double rdj = cs[j] - aty - xsn.y;
+        ax += a * xsn.x;
+        at += a * (xsn.x + xsn.x / xsn.y * rdj);
+      }
+      ax = warp_sum(ax);
+      at = warp_sum(at);
+      if (lane == 0) {
+        const double yi = yn_of(i);
+        y2[i] = yi;
+        v[1] += bs[i] * yi;
+        const double rp = bs[i] - ax;
+        rhs[i] = at + rp;
+        v[3] = fmax(v[3], fabs(rp));
+      }
+    }
+    red.run<3, 2, 0, true>(v);
+    prof.mark(kPhResid);
+    {
+      double2* t2 = xs;
+      xs = xs2, xs2 = t2;
+      double* t = y;
+      y = y2, y2 = t;
+    }
+    prel = v[3] / keep[2];
+    drel = v[4] / keep[3];
+    gap = fabs(v[0] - v[1]) / (1 + fabs(v[0]));
+    if (!isfinite(prel + drel + gap + v[2])) {
+      reason = kReasonBreakdown;
+      break;
+    }
+    const double tol_ = keep[4];
+    if (prel <= tol_ && drel <= tol_ && gap <= tol_) {
+      reason = kReasonConverged;
+      break;
+    }
+    if (it == max_iter) break;
+    const double mu = v[2] / n;
+
+    // (2) S and the predictor's z.
+    schur_and_z(lp, ls, d, dinv, wt, rhs, chol, z);
+    __syncthreads();
+    prof.mark(kPhSchur);
+    // (3) Cholesky and the predictor's dy_G (warp 0, registers for r <= 8).
+    if (warp == 0) v2::dense_solve(chol, r, ld, true, z, dy + k);
+    __syncthreads();
+    prof.mark(kPhCholTri);
+    // (4) dy_K; rd (kept in the old xs buffer for the corrector) and A' dy in one column
+    // pass; ds, dx, the affine step lengths and the three sums that give mu_aff.
+    double* rdv = reinterpret_cast<double*>(xs2);
+    for (int i = tid; i < k; i += kThreads) dy[i] = dy_row(lp, i, rhs, dinv, wt, dy);
+    double st[5] = {0, 0, 0, INFINITY, INFINITY};
+    for (int j = tid; j < n; j += kThreads) {
+      const int e = diag_row_of(lp, j);
+      int q = col_ptr[j];
+      double aty = 0, atdy = 0;
+      if (e >= 0) {
+        aty += csc_val[q] * y[e];
+        atdy += csc_val[q] * dy_row(lp, e, rhs, dinv, wt, dy);
+        ++q;
+      }
+      for (; q < col_ptr[j + 1]; ++q) {
+        const int row = csc_row[q];
+        aty += csc_val[q] * y[row];
+        atdy += csc_val[q] * dy[row];
+      }
+      const double2 xsj = xs[j];
+      const double rdj = cs[j] - aty - xsj.y;
+      const double dsj = rdj - atdy;
+      const double dxj = -xsj.x - d[j] * dsj;
+      rdv[j] = rdj;
+      dxs[j] = make_double2(dxj, dsj);
+      st[0] += dxj * xsj.y;
+      st[1] += xsj.x * dsj;
+      st[2] += dxj * dsj;
+      if (dxj < 0) st[3] = fmin(st[3], -xsj.x / dxj);
+      if (dsj < 0) st[4] = fmin(st[4], -xsj.y / dsj);
+    }
+    red.run<3, 0, 2, true>(st);
+    prof.mark(kPhStep);
+    const double ap_aff = fmin(1.0, st[3]), ad_aff = fmin(1.0, st[4]);
+    const double mu_aff = v[2] + ap_aff * st[0] + ad_aff * st[1] + ap_aff * ad_aff * st[2];
+    const double ratio = mu_aff / n / mu;
+    const double cube = ratio * ratio * ratio;
+    const double sigma = cube < 0 ? 0.0 : (1.0 < cube ? 1.0 : cube);
+    const double smu = sigma * mu;
+    // (5) The corrector's rhs = rhs_pred + A u, u = t_corr - t_pred = (dx ds - sigma mu) / s
+    // (affine dx, ds), in place by the row's owner.
+    auto u_of = [&](int j) {
+      const double2 dv0 = dxs[j];
+      return (dv0.x * dv0.y - smu) / xs[j].y;
+    };
+    for (int i = tid; i < k; i += kThreads) rhs[i] += row_sum(lp, i, u_of);
+    for (int g = wrow0; g < r; g += kWarps) {
+      const double sum = row_sum_warp(lp, k + g, u_of);
+      if (lane == 0) rhs[k + g] += sum;
+    }
+    __syncthreads();
+    prof.mark(kPhCorrRhs);
+    // (6) Warp 0: the corrector's z (its own sums) and dy_G.
+    if (warp == 0) {
+      z_warp(lp, ls, dinv, wt, rhs, z);
+      __syncwarp();
+      v2::dense_solve(chol, r, ld, false, z, dy + k);
+    }
+    __syncthreads();
+    prof.mark(kPhCorrTri);
+    // (7) dy_K, ds = rd - A' dy, dx = rc / s - d ds (rc from the affine dx, ds, read before
+    // they are overwritten), the step lengths: the step is taken in (1).
+    for (int i = tid; i < k; i += kThreads) dy[i] = dy_row(lp, i, rhs, dinv, wt, dy);
+    double steps[2] = {INFINITY, INFINITY};
+    for (int j = tid; j < n; j += kThreads) {
+      const int e = diag_row_of(lp, j);
+      const double dye = e >= 0 ? dy_row(lp, e, rhs, dinv, wt, dy) : 0.0;
+      const double dsj = rdv[j] - col_sum(lp, j, dy, e, dye);
+      const double2 xsj = xs[j], aff = dxs[j];
+      const double rcj = smu - xsj.x * xsj.y - aff.x * aff.y;
+      const double dxj = rcj / xsj.y - d[j] * dsj;
+      dxs[j] = make_double2(dxj, dsj);
+      if (dxj < 0) steps[0] = fmin(steps[0], -xsj.x / dxj);
+      if (dsj < 0) steps[1] = fmin(steps[1], -xsj.y / dsj);
+    }
+    red.run<0, 0, 2, true>(steps);
+    prof.mark(kPhCorrStep);
+    ap = fmin(1.0, kStepFactor * steps[0]);
+    ad = fmin(1.0, kStepFactor * steps[1]);
+  }
+
+  const double beta_out = keep[0];
+  double obj[1] = {0};
+  for (int j = tid; j < n; j += kThreads) {
+    const double xj = xs[j].x;
+    x_out[j] = static_cast<float>(xj * beta_out);
+    obj[0] += static_cast<double>(c_g[j]) * xj * beta_out;
+  }
+  red.run<1, 0, 0>(obj);
+  if (tid == 0) {
+    status[kStatusConverged] = reason == kReasonConverged ? 1.0f : 0.0f;
+    status[kStatusPrimalRes] = static_cast<float>(prel);
+    status[kStatusDualRes] = static_cast<float>(drel);
+    status[kStatusGap] = static_cast<float>(gap);
+    status[kStatusIterations] = static_cast<float>(it);
+    status[kStatusObjective] = static_cast<float>(obj[0]);
+    status[kStatusReason] = static_cast<float>(reason);
+    status[kStatusDiagRows] = static_cast<float>(k);
+  }
+  prof.mark(kPhFinal);
+}
+
+template <bool kP>
+void launch(const float* a, const float* b, const float* c, float* x, float* st, int m, int n,
+            int max_iter, double tol, cudaStream_t stream, unsigned long long* prof = nullptr) {
+  if (m > kMaxRows || n > kMaxCols) {  // solve_cuda refuses these before the launch
+    std::printf("v3::launch: %dx%d is past the limits\n", m, n);
+    std::exit(1);
+  }
+  const Layout layout = make_layout(m, n);
+  static size_t set = 0;
+  if (set < layout.total) {
+    CK(cudaFuncSetAttribute(ipm_kernel<kP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                            static_cast<int>(layout.total)));
+    set = layout.total;
+  }
+  const bool vec4 = (reinterpret_cast<uintptr_t>(a) & 15) == 0;
+  ipm_kernel<kP>
+      <<<1, kThreads, layout.total, stream>>>(a, b, c, x, st, m, n, max_iter, tol, vec4, prof);
+  CK(cudaGetLastError());
+}
+
+}  // namespace v3
+#define VARIANTS                                                                   \
+  {                                                                                \
+    {"V0 kreg", v0_launch}, {"V1", v1_launch}, {"V1/256", v1_256_launch}, {"V2", v2_launch}, \
+        {"V3", v3_launch}                                                          \
   }
 // ---------------------------------------------------------------------------------------
 // Harness
@@ -4005,6 +4913,10 @@ void v1_256_launch(const float* a, const float* b, const float* c, float* x, flo
 void v2_launch(const float* a, const float* b, const float* c, float* x, float* st, int m, int n,
                int max_iter, double tol, cudaStream_t s) {
   v2::launch<false>(a, b, c, x, st, m, n, max_iter, tol, s);
+}
+void v3_launch(const float* a, const float* b, const float* c, float* x, float* st, int m, int n,
+               int max_iter, double tol, cudaStream_t s) {
+  v3::launch<false>(a, b, c, x, st, m, n, max_iter, tol, s);
 }
 void v0_launch(const float* a, const float* b, const float* c, float* x, float* st, int m, int n,
                int max_iter, double tol, cudaStream_t s) {
@@ -4373,6 +5285,8 @@ int main(int argc, char** argv) {
     });
     show("V2", v2::kPhases, v2::kPhaseNames,
          [&] { v2::launch<true>(d.A, d.b, d.c, d.x, d.st, d.m, d.n, 30, 1e-6, g_stream, prof); });
+    show("V3", v3::kPhases, v3::kPhaseNames,
+         [&] { v3::launch<true>(d.A, d.b, d.c, d.x, d.st, d.m, d.n, 30, 1e-6, g_stream, prof); });
     CK(cudaFree(prof));
   }
 
