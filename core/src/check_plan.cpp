@@ -260,12 +260,17 @@ void ExactShapeCache::remember(std::span<DLTensor* const> t) {
       slot.word.store(kNullWord, std::memory_order_relaxed);
       continue;
     }
-    slot.word.store(rank_dtype_word(*x) | (x->strides != nullptr ? kStridedBit : 0),
-                    std::memory_order_relaxed);
+    slot.word.store(rank_dtype_word(*x), std::memory_order_relaxed);
     slot.device.store(device_word(x->device), std::memory_order_relaxed);
-    for (int k = 0; k < x->ndim; ++k) {
+    // Without strides: the row-major ones, which the full check accepts for this shape
+    // (strides_row_major). The products fit: the full check bounded them (shape_sane).
+    uint64_t row_major = 1;
+    for (int k = x->ndim - 1; k >= 0; --k) {
       slot.shape[k].store(x->shape[k], std::memory_order_relaxed);
-      if (x->strides != nullptr) slot.strides[k].store(x->strides[k], std::memory_order_relaxed);
+      slot.strides[k].store(
+          x->strides != nullptr ? x->strides[k] : static_cast<int64_t>(row_major),
+          std::memory_order_relaxed);
+      row_major *= static_cast<uint64_t>(x->shape[k]);
     }
   }
   seq.store(s + 2, std::memory_order_release);  // 64 bits: never wraps back to 0

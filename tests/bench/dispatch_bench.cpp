@@ -1,6 +1,8 @@
 // kreg-bench-dispatch: what the registry adds to a kernel call.
 //   BM_DirectCall     the plugin's C entry point through a function pointer, frame prebuilt
 //   BM_HandleCall     the same kernel through a resolved KernelHandle (checks + frame)
+//   BM_HandleCallSpan the same through a span of a run-time size (as the Python and torch
+//                     bindings call)
 //   BM_HandleCallAlternating  two shapes in turn through the handle (two calls per
 //                     iteration; both hit once the fast path's ways hold both shapes)
 //   BM_LookupAndCall  Registry::call by op name (lookup, selection, checks, call)
@@ -14,6 +16,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <new>
+#include <span>
 
 #include "kreg/registry.hpp"
 
@@ -104,6 +107,26 @@ void BM_HandleCall(benchmark::State& state) {
 }
 BENCHMARK(BM_HandleCall);
 
+// A span whose size the compiler does not know: KernelHandle::call's span overload.
+std::span<DLTensor* const> runtime_span(Fixture& f) {
+  size_t n = 2;
+  benchmark::DoNotOptimize(n);
+  return {f.args, n};
+}
+
+void BM_HandleCallSpan(benchmark::State& state) {
+  Fixture& f = fixture();
+  const std::span<DLTensor* const> args = runtime_span(f);
+  const long before = g_allocs.load();
+  for (auto _ : state) {
+    kreg::Status st = f.handle.call(args);
+    benchmark::DoNotOptimize(st);
+    benchmark::ClobberMemory();
+  }
+  report_allocs(state, before);
+}
+BENCHMARK(BM_HandleCallSpan);
+
 // Two shapes in turn (an op called on the hidden state and on heads, say): the fast path
 // keeps several shapes (CheckPlan::kShapeWays), so both calls hit. Two calls per iteration.
 void BM_HandleCallAlternating(benchmark::State& state) {
@@ -162,18 +185,29 @@ BENCHMARK(BM_Resolve);
     benchmark::ClobberMemory();
   }
 }
+[[gnu::noinline]] void count_handle_span(Fixture& f, long n) {
+  const std::span<DLTensor* const> args = runtime_span(f);
+  for (long i = 0; i < n; ++i) {
+    kreg::Status st = f.handle.call(args);
+    benchmark::DoNotOptimize(st);
+    benchmark::ClobberMemory();
+  }
+}
 
 }  // namespace
 
-// KREG_DISPATCH_CALLS=N: run N direct and N handle calls and exit, for
+// KREG_DISPATCH_CALLS=N: run N direct calls, N handle calls with an array and N with a
+// run-time span, and exit, for
 //   valgrind --tool=callgrind --toggle-collect='*count_*' kreg-bench-dispatch
-// (Ir of count_handle minus count_direct, over N: the handle's instructions per call).
+// (Ir of count_handle or count_handle_span minus count_direct, over N: the handle's
+// instructions per call; the first handle call misses and takes the full check once).
 int main(int argc, char** argv) {
   if (const char* n = std::getenv("KREG_DISPATCH_CALLS")) {
     Fixture& f = fixture();
     const long calls = std::atol(n);
     count_direct(f, calls);
     count_handle(f, calls);
+    count_handle_span(f, calls);
     return 0;
   }
   benchmark::Initialize(&argc, argv);

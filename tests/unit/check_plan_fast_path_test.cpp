@@ -145,8 +145,11 @@ TEST(ExactShapeCacheTest, EveryMutatedWordMisses) {
       {"shape[0]", [](T& x, T&, DLTensor**) { x.shape[0] = 4; }},
       {"shape[1]", [](T&, T& out, DLTensor**) { out.shape[1] = 5; }},
       {"stride", [](T& x, T&, DLTensor**) { x.strides[0] = 9; }},
-      {"strides dropped", [](T& x, T&, DLTensor**) { x.t.strides = nullptr; }},
-      {"strides added", [](T&, T& out, DLTensor**) { out.explicit_strides(); }},
+      {"strides added, not row-major",
+       [](T&, T& out, DLTensor**) {
+         out.explicit_strides();
+         out.strides[0] = 5;
+       }},
       {"dtype code", [](T& x, T&, DLTensor**) { x.t.dtype.code = kDLInt; }},
       {"dtype bits", [](T& x, T&, DLTensor**) { x.t.dtype.bits = 64; }},
       {"dtype lanes", [](T&, T& out, DLTensor**) { out.t.dtype.lanes = 2; }},
@@ -169,6 +172,51 @@ TEST(ExactShapeCacheTest, EveryMutatedWordMisses) {
     mutate(x, out, args);
     EXPECT_FALSE(c.matches(args)) << what << ": a mutated call matched";
   }
+}
+
+// Strides enter the full check only as "absent, or row-major for the shape": a slot holds
+// the call's strides or, for a call without, the row-major ones, and a caller's strides
+// are compared only when it has some.
+TEST(ExactShapeCacheTest, StridesAreComparedOnlyWhenTheCallHasSome) {
+  ExactShapeCache c;
+  T x({3, 8}), out({3, 4});
+  DLTensor* args[] = {&x.t, &out.t};
+  c.remember(args);  // no strides: the slots hold [8, 1] and [4, 1]
+  x.explicit_strides();
+  EXPECT_TRUE(c.matches(args)) << "row-major strides given";
+  EXPECT_EQ(c.compare_n<2>(args), ExactShapeCache::Verdict::kEqual);
+  x.strides[1] = 2;
+  EXPECT_FALSE(c.matches(args)) << "other strides given";
+  EXPECT_EQ(c.compare_n<2>(args), ExactShapeCache::Verdict::kDiffers);
+  x.strides[1] = 1;
+  x.strides[0] = 9;
+  EXPECT_FALSE(c.matches(args));
+  EXPECT_EQ(c.compare_n<2>(args), ExactShapeCache::Verdict::kDiffers);
+
+  // Stored with strides the full check accepts that are not the row-major ones (a
+  // dimension of extent 1 may have any stride): the same strides match, the row-major
+  // ones do not (the full check decides them), no strides do.
+  T y({1, 4});
+  y.explicit_strides();
+  y.strides[0] = 7;
+  DLTensor* one[] = {&y.t};
+  c.remember(one);
+  EXPECT_TRUE(c.matches(one));
+  y.strides[0] = 4;
+  EXPECT_FALSE(c.matches(one));
+  EXPECT_EQ(c.compare_n<1>(one), ExactShapeCache::Verdict::kDiffers);
+  y.t.strides = nullptr;
+  EXPECT_TRUE(c.matches(one)) << "strides dropped";
+  EXPECT_EQ(c.compare_n<1>(one), ExactShapeCache::Verdict::kEqual);
+
+  // A zero extent: the row-major strides stored are those strides_row_major accepts.
+  T z({2, 0, 3});
+  DLTensor* empty[] = {&z.t};
+  c.remember(empty);
+  z.explicit_strides();
+  EXPECT_TRUE(detail::strides_row_major(z.t));
+  EXPECT_TRUE(c.matches(empty));
+  EXPECT_EQ(c.compare_n<1>(empty), ExactShapeCache::Verdict::kEqual);
 }
 
 TEST(ExactShapeCacheTest, NullTensorsAreRememberedAsNull) {
@@ -268,11 +316,21 @@ TEST(ExactShapeCacheTest, CompareNAgreesWithMatches) {
     t->t.device.device_id = 1;
     EXPECT_EQ(c.compare_n<3>(args), V::kDiffers);
     t->t.device.device_id = 0;
+    // Strides are compared when the call has some (the slot holds the call's, or the
+    // row-major ones): dropped or row-major, the same tensor for the full check.
     int64_t* st = t->t.strides;
-    t->t.strides = st ? nullptr : t->strides;
-    if (st == nullptr) t->explicit_strides();
-    EXPECT_EQ(c.compare_n<3>(args), V::kDiffers) << "strides given or dropped";
-    EXPECT_FALSE(c.matches(args));
+    if (st != nullptr) {
+      t->t.strides = nullptr;
+      EXPECT_EQ(c.compare_n<3>(args), V::kEqual) << "strides dropped";
+      EXPECT_TRUE(c.matches(args));
+    } else {
+      t->explicit_strides();
+      EXPECT_EQ(c.compare_n<3>(args), V::kEqual) << "row-major strides given";
+      EXPECT_TRUE(c.matches(args));
+      t->strides[0] += 1;  // dimension 0 has an extent above 1 in each of these tensors
+      EXPECT_EQ(c.compare_n<3>(args), V::kDiffers) << "other strides given";
+      EXPECT_FALSE(c.matches(args));
+    }
     t->t.strides = st;
     ASSERT_EQ(c.compare_n<3>(args), V::kEqual);
   }

@@ -129,8 +129,12 @@ struct FastTensor {
 // accepted. accepts_tensors() is a function of the plan and, per tensor, of nothing but
 // its nullness, device word, rank+dtype word, shape and strides (never data or
 // byte_offset), so a call whose words are all equal to an accepted call's is accepted too,
-// without the symbolic check. Anything else falls back to the full check, which stores the
-// new words when it accepts. A seqlock: readers on any number of threads take no lock and
+// without the symbolic check. Strides enter that check only as "absent, or row-major for
+// this shape", so a slot keeps the strides its call had or, for a call without, the
+// row-major strides of its shape: a caller's strides are compared when it has some (equal
+// to accepted ones: accepted), and a call without strides needs only the other words (no
+// strides are always row-major). Anything else falls back to the full check, which stores
+// the new words when it accepts. A seqlock: readers on any number of threads take no lock and
 // retry nothing (a read that overlaps a store is a miss); one writer at a time, others skip
 // storing. Attributes and resources are not cached: a resource may be destroyed any time.
 struct ExactShapeCache {
@@ -138,16 +142,16 @@ struct ExactShapeCache {
   // with a tensor of rank above kMaxRank is not stored, so every stored rank indexes inside
   // the slot.
   struct Slot {
-    // The tensor's rank+dtype word (rank_dtype_word), with bit 31 (ndim's sign) set when it
-    // had strides (then compared too); kNullWord for a null tensor, kEmptyWord before the
-    // first store. A call's word is compared only when 0 <= ndim <= kMaxRank, so none of
-    // these is ever a tensor's word with the other meaning.
+    // The tensor's rank+dtype word (rank_dtype_word); kNullWord for a null tensor,
+    // kEmptyWord before the first store. A call's word is compared only when
+    // 0 <= ndim <= kMaxRank, so neither is ever a tensor's word with the other meaning.
     std::atomic<uint64_t> word{kEmptyWord};
     std::atomic<uint64_t> device{0};
     std::atomic<int64_t> shape[kMaxRank] = {};
+    // The call's strides, or the row-major strides of its shape when it had none (what a
+    // caller's strides are compared with, when it has some).
     std::atomic<int64_t> strides[kMaxRank] = {};
   };
-  static constexpr uint64_t kStridedBit = uint64_t{1} << 31;
   static constexpr uint64_t kNullWord = 0xffffffffu;   // ndim -1
   static constexpr uint64_t kEmptyWord = 0xfffffffeu;  // ndim -2
   // Even: stable; odd: being written; 0: nothing stored yet.
@@ -167,8 +171,8 @@ struct ExactShapeCache {
   template <size_t N>
   Verdict compare_n(DLTensor* const* t) const;
 
-  // Tensor x against slot i: nonzero when a word differs (nullness and strides included) or
-  // x's shape cannot be read (matches()).
+  // Tensor x against slot i: nonzero when a word differs (nullness included; strides when x
+  // has some) or x's shape cannot be read (matches()).
   uint64_t slot_differs(size_t i, const DLTensor* x) const;
   // compare_n's compare of one tensor: 0 when equal, kUnusualBits when compare_n leaves the
   // tensor to matches(), other bits when a word differs (a difference of all ones is taken
@@ -552,8 +556,7 @@ inline uint64_t ExactShapeCache::slot_differs(size_t i, const DLTensor* x) const
   const int64_t* xs = x->shape;
   if (nd > static_cast<uint32_t>(kMaxRank) || (xs == nullptr && nd != 0)) return 1;
   const int64_t* st = x->strides;
-  return ((rank_dtype_word(*x) | (st != nullptr ? kStridedBit : 0)) ^
-          slot.word.load(std::memory_order_relaxed)) |
+  return (rank_dtype_word(*x) ^ slot.word.load(std::memory_order_relaxed)) |
          (device_word(x->device) ^ slot.device.load(std::memory_order_relaxed)) |
          words_differ(xs, slot.shape, nd) |
          (st != nullptr ? words_differ(st, slot.strides, nd) : 0);
@@ -595,20 +598,17 @@ inline bool ExactShapeCache::matches(std::span<DLTensor* const> t) const {
   const Slot& slot = slots[i];
   if (x == nullptr) [[unlikely]]  // an optional tensor left out
     return slot.word.load(std::memory_order_relaxed) ^ kNullWord;
-  const auto nd = static_cast<uint32_t>(x->ndim);
+  const uint64_t w = rank_dtype_word(*x);
   const int64_t* xs = x->shape;
   if (xs == nullptr) [[unlikely]]
     return kUnusualBits;
   // 1 <= nd <= 4 (else kUnusualBits): as many words of the caller's arrays as the full check
   // reads, inside the slot; equal rank+dtype words then say the ranks agree.
-  uint64_t d = (device_word(x->device) ^ slot.device.load(std::memory_order_relaxed)) |
+  const auto nd = static_cast<uint32_t>(w);
+  uint64_t d = (w ^ slot.word.load(std::memory_order_relaxed)) |
+               (device_word(x->device) ^ slot.device.load(std::memory_order_relaxed)) |
                words_differ_1to4(xs, slot.shape, nd);
-  if (const int64_t* st = x->strides; st == nullptr) {
-    d |= rank_dtype_word(*x) ^ slot.word.load(std::memory_order_relaxed);
-  } else {
-    d |= ((rank_dtype_word(*x) | kStridedBit) ^ slot.word.load(std::memory_order_relaxed)) |
-         words_differ_1to4(st, slot.strides, nd);
-  }
+  if (const int64_t* st = x->strides; st != nullptr) d |= words_differ_1to4(st, slot.strides, nd);
   return d;
 }
 
@@ -624,9 +624,8 @@ template <size_t N>
 [[gnu::always_inline]] inline ExactShapeCache::Verdict ExactShapeCache::compare_n(
     DLTensor* const* t) const {
   static_assert(N >= 1, "an empty way is told by kEmptyWord in slot 0");
-  const uint64_t s = seq.load(std::memory_order_acquire);
-  if (s & 1) [[unlikely]]
-    return Verdict::kDiffers;
+  // Odd (a store in progress): s is then below every later value, so the last test fails.
+  const uint64_t s = seq.load(std::memory_order_acquire) & ~uint64_t{1};
   if (const uint64_t d = compare_slots(t, std::make_index_sequence<N>{}); d != 0) {
     return d == kUnusualBits ? Verdict::kUnusual : Verdict::kDiffers;
   }
