@@ -4005,7 +4005,11 @@ void launch(const float* a, const float* b, const float* c, float* x, float* st,
 //   - Reductions: maxima and minima of values >= 0 exactly by two 32-bit redux (hi word,
 //     then lo word among the lanes with the max hi) instead of five double shuffles;
 //     the warps' partials read two at a time (128-bit loads: half the broadcast loads).
-// 7 barriers an iteration (V2: 9).
+//   - Registers: (x, s), (dx, ds) and their second buffer as 16-byte pairs (one load, one
+//     pointer), the lists behind one pointer, beta / the norms / tol in shared memory, and
+//     the one-pass read of A behind a call: 128 registers, no spills (V2: 104 bytes).
+// 7 barriers an iteration (V2: 9); the start point keeps V2's 6, the list build adds 4
+// (once).
 // ---------------------------------------------------------------------------------------
 namespace v3 {
 
