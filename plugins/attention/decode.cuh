@@ -65,34 +65,24 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
-// This split's token range: the table's capacity (max_pages * page_size) cut into
-// num_splits equal ranges rounded up to whole tiles of kTile, so that a block knows its
-// range, and can read its first table entries, before its sequence's length arrives (one
-// dependent round trip fewer at the start); `end` is then clamped to the length by
-// split_end. A sequence shorter than the capacity leaves its last splits empty (they
-// write a partial of weight 0, max -inf); the longest sequence's blocks, the critical
-// path, have as many tokens as with ranges cut from each length.
+// This split's token range [begin, end) of sequence b: a sequence's length (clamped to the
+// table's capacity) cut into num_splits equal ranges rounded up to whole tiles of kTile.
 struct SplitRange {
   int begin, end;
 };
 template <int kTile, typename T>
-__device__ __forceinline__ SplitRange split_range(const DecodeParams<T>& p, int split) {
+__device__ __forceinline__ SplitRange split_range(const DecodeParams<T>& p, int b, int split) {
   const int capacity = p.max_pages * p.page_size;
-  const int per_split = ((capacity + p.num_splits - 1) / p.num_splits + kTile - 1) / kTile * kTile;
-  const int begin = min(capacity, split * per_split);
-  return {begin, min(capacity, begin + per_split)};
-}
-// The range's end for a sequence of `len` tokens (clamped to [0, capacity]); begin when
-// the sequence ends before the range starts.
-__device__ __forceinline__ int split_end(SplitRange r, int len) {
-  return max(r.begin, min(r.end, len));
+  const int len = min(max(p.seq_lens[b], 0), capacity);
+  const int per_split = ((len + p.num_splits - 1) / p.num_splits + kTile - 1) / kTile * kTile;
+  const int begin = min(len, split * per_split);
+  return {begin, min(len, begin + per_split)};
 }
 
 // One block of kMergeThreads per (sequence, query head): the splits' partials combined by
 // log-sum-exp. All splits' (max, sum) are read at once (one per thread) and reduced
-// across the block; kDim / 4 threads take a split's row as float4s and the block takes
-// kRows splits at a time, so the loads of many splits are in flight together (the first
-// kEarly rounds issued with the (max, sum) loads, before the weights are known).
+// across the block; then kDim / 4 threads take a split's row as float4s and the block
+// takes kRows splits at a time, so the loads of many splits are in flight together.
 // Splits that saw no token (max -inf) get weight 0 (their acc is 0).
 template <typename T, int kDim>
 __global__ void __launch_bounds__(kMergeThreads)
@@ -109,21 +99,6 @@ __global__ void __launch_bounds__(kMergeThreads)
   device::pdl_wait();
   const int64_t bh = blockIdx.x;
   const int tid = static_cast<int>(threadIdx.x);
-  const int row = tid / kLanes;
-  const int c = (tid % kLanes) * 4;
-  const float* src = ws_acc + bh * num_splits * kDim + c;
-  // The rows of this thread's first kEarly splits are loaded with the (max, sum) pairs,
-  // before their weights are known: the weights' block reductions then overlap the
-  // loads instead of preceding them (16 splits of D = 128 in one round trip).
-  constexpr int kEarly = 4;
-  float4 early[kEarly];
-#pragma unroll
-  for (int j = 0; j < kEarly; ++j) {
-    const int s = row + j * kRows;
-    early[j] = s < num_splits
-                   ? *reinterpret_cast<const float4*>(src + static_cast<int64_t>(s) * kDim)
-                   : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  }
   const float2 ml = tid < num_splits ? ws_ml[bh * num_splits + tid] : make_float2(-INFINITY, 0.0f);
   const float mx = device::block_row_max(ml.x, scratch[0]);
   const float w = ml.x == -INFINITY ? 0.0f : exp2f(ml.x - mx);
@@ -131,21 +106,18 @@ __global__ void __launch_bounds__(kMergeThreads)
   w_s[tid] = w;
   __syncthreads();
 
+  const int row = tid / kLanes;
+  const int c = (tid % kLanes) * 4;
+  const float* src = ws_acc + bh * num_splits * kDim + c;
   float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  auto add = [&](int s, const float4& v) {
+#pragma unroll 4
+  for (int s = row; s < num_splits; s += kRows) {
     const float ws = w_s[s];
+    const float4 v = *reinterpret_cast<const float4*>(src + static_cast<int64_t>(s) * kDim);
     a.x += ws * v.x;
     a.y += ws * v.y;
     a.z += ws * v.z;
     a.w += ws * v.w;
-  };
-#pragma unroll
-  for (int j = 0; j < kEarly; ++j) {
-    if (row + j * kRows < num_splits) add(row + j * kRows, early[j]);
-  }
-#pragma unroll 4
-  for (int s = row + kEarly * kRows; s < num_splits; s += kRows) {
-    add(s, *reinterpret_cast<const float4*>(src + static_cast<int64_t>(s) * kDim));
   }
   device::pdl_launch_dependents();
   *reinterpret_cast<float4*>(&part[row][c]) = a;

@@ -160,14 +160,11 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) decode_mma_kernel(Dec
   // With PDL: every input may be the previous kernel's output (a cache append, rope on q).
   device::pdl_wait();
 
-  // The range (from the table's capacity) is known before the sequence's length: the
-  // length's load and the first tiles' table reads below are in flight together.
-  const SplitRange range = split_range<kTile>(p, split);
-  const int begin = range.begin, cap_end = range.end;  // begin: a multiple of 16
-  const int len_raw = p.seq_lens[b];
+  const SplitRange range = split_range<kTile>(p, b, split);
+  const int begin = range.begin, end = range.end;  // begin: a multiple of 16
+  const int num_tiles = (end - begin + kTile - 1) / kTile;
+  const int my_tiles = num_tiles > warp ? (num_tiles - warp - 1) / kWarps + 1 : 0;
 
-  int end = begin;    // the sequence's end in this range: set once its length arrives
-  int my_tiles = 0;   // this warp's tiles of [begin, end)
   // This warp's stages: [kStages][K, V][16][kDim].
   const uint32_t wbase = smem_u32(smem) + static_cast<uint32_t>(warp * kStages * 2 * S::kTileBytes);
   const int32_t* table = p.block_table + static_cast<int64_t>(b) * p.max_pages;
@@ -176,8 +173,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) decode_mma_kernel(Dec
   auto tile_tok0 = [&](int i) { return begin + (warp + i * kWarps) * kTile; };
 
   // The table entries a lane needs for a tile: one (the tile's page), or one per row it
-  // copies; -1 past the range (entries past the sequence's end are read, within the
-  // table's row, and never used: issue() masks those rows).
+  // copies; -1 past the end.
   struct Pages {
     int32_t v[kRowPages ? S::kCopies : 1];
   };
@@ -187,10 +183,10 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) decode_mma_kernel(Dec
 #pragma unroll
       for (int j = 0; j < S::kCopies; ++j) {
         const int tok = tok0 + j * S::kRowsPerCopy + rl;
-        pg.v[j] = tok < cap_end ? __ldg(table + p.page_div.div(static_cast<uint32_t>(tok))) : -1;
+        pg.v[j] = tok < end ? __ldg(table + p.page_div.div(static_cast<uint32_t>(tok))) : -1;
       }
     } else {
-      pg.v[0] = tok0 < cap_end ? __ldg(table + p.page_div.div(static_cast<uint32_t>(tok0))) : -1;
+      pg.v[0] = tok0 < end ? __ldg(table + p.page_div.div(static_cast<uint32_t>(tok0))) : -1;
     }
   };
   // The copies of tile i into stage s; returns the tile's row mask (bit r: token r counts).
@@ -225,8 +221,8 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) decode_mma_kernel(Dec
       for (int j = 0; j < S::kCopies; ++j) {
         const int r = j * S::kRowsPerCopy + rl;
         const int tok = tok0 + r;
-        const int32_t page = pg.v[j];  // -1 past the range
-        const bool ok = tok < end && page >= 0 && page < p.num_pages;
+        const int32_t page = pg.v[j];  // -1 past the end
+        const bool ok = page >= 0 && page < p.num_pages;
         const int slot =
             tok - static_cast<int>(p.page_div.div(static_cast<uint32_t>(tok))) * p.page_size;
         const int64_t off =
@@ -247,9 +243,6 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) decode_mma_kernel(Dec
     Pages pre[kStages];
 #pragma unroll
     for (int s = 0; s < kStages; ++s) lookup(s, pre[s]);
-    end = split_end(range, min(max(len_raw, 0), p.max_pages * p.page_size));
-    const int num_tiles = (end - begin + kTile - 1) / kTile;
-    my_tiles = num_tiles > warp ? (num_tiles - warp - 1) / kWarps + 1 : 0;
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
       if (s < my_tiles) masks |= static_cast<uint64_t>(issue(s, s, pre[s])) << (16 * s);
