@@ -3,32 +3,52 @@
 //
 // Launch shape: one block of kThreads threads; everything lives in dynamic shared memory.
 //   1. A (dense f32 in global memory) is read once when 16-byte aligned: chunks of 2048
-//      floats (16 float4 a lane in flight), chunk c to warp c % kWarps; a chunk's nonzeros
-//      are staged (flat index, value) with one shared atomic a chunk, then placed in
-//      row-major order by a scan of the chunk counts: A by rows (CSR). Unaligned, A is read
-//      twice (count per warp range, then compact). A by columns (CSC) is filled from the
-//      CSR and each column sorted by row, so every sum below runs in a fixed order
+//      floats (16 float4 a lane in flight, behind a call so they do not share a register
+//      allocation with the iterations' values), chunk c to warp c % kWarps; a chunk's
+//      nonzeros are staged (flat index, value) with one shared atomic a chunk, then placed
+//      in row-major order by a scan of the chunk counts: A by rows (CSR). Unaligned, A is
+//      read twice (count per warp range, then compact). A by columns (CSC) is filled from
+//      the CSR and each column sorted by row, so every sum below runs in a fixed order
 //      (bitwise deterministic).
 //   2. Rows 0..k-1 that share no column form a diagonal block of A D A'; the other
 //      r = m - k rows are eliminated densely: coupling W (stored transposed, r x k), Schur
 //      complement S (r x r), Cholesky of S by warp 0. For build_lp's LP, k = L experts,
 //      r = G GPUs. Every column has at most one entry in rows < k (its "diagonal row" e(j),
 //      by the definition of k).
-//   3. r <= 8: warp 0 factors and solves entirely in registers (a row a lane, the pivot and
+//   3. S = A_G D A_G' - W' Dinv W without column searches: once per solve (r <= 32, when
+//      they fit in chol's unused tail) two lists per pair (g >= h) of S: the columns where
+//      rows k+g and k+h are both nonzero, with both values, and the rows i < k whose W row
+//      is structurally nonzero at g and at h (W's pattern: a 64-bit mask a row). An S entry
+//      then sums its own short lists, z_g the rows of its diagonal pair; 8 lanes an item.
+//      Otherwise (r > 32, or lists too long) an entry searches a column of row k+h for
+//      each entry of row k+g and sums over all i < k.
+//   4. r <= 8: warp 0 factors and solves entirely in registers (a row a lane, the pivot and
 //      l_j by shuffles, 1 / L_pp by rsqrt kept on the diagonal so the solves multiply);
 //      r = 9..48: a row (two for r > 32) a lane in shared memory, z in registers.
-//   4. The starting point's two solves (b and A c) share one factor and one pass of each
-//      phase. Each iteration: 9 barriers. The time is the latency of the phases between
+//   5. The starting point's two solves (b and A c) share one factor and one pass of each
+//      phase. Each iteration: 7 barriers. The time is the latency of the phases between
 //      them, not flops or bytes, so each phase keeps its serial chain short: rows >= k
-//      (long: a GPU's replicas) are summed by a warp each, rows < k by a thread each; only
-//      the r(r+1)/2 live pairs of S are handed out (half-warps), the predictor's z sums
-//      ride in the same phase; the corrector's z sums are per-warp partials formed with its
-//      right-hand side and summed by warp 0 before its solve; mu_aff comes from three sums
-//      taken in the affine step's reduction; a column's thread recomputes dy of its
-//      diagonal row (the same expression as the row's own: the same bits) instead of
-//      waiting for it.
-// tools/bench/variants/lplb_solve_bench.cu holds the earlier kernels (V0, V1), their
-// per-phase profiles and the check of each against the CPU solve.
+//      (long: a GPU's replicas) are summed by a warp each, rows < k by a thread each.
+//      - The step is folded into the residual phase: x, s and y are double-buffered (the
+//        second buffers in rc's, rd's and rp's regions), the pending step x + ap dx,
+//        s + ad ds, y + ad dy is taken where it is read (explicit fma: the same bits
+//        everywhere) and stored to the other buffer; the pointers swap. (x, s) and (dx, ds)
+//        are 16-byte pairs.
+//      - The factor's rows < k (dinv, W) and the predictor's rhs = rp + A(x + d rd) ride in
+//        the same pass: a row's thread recomputes d_j and rd_j of its columns from the
+//        (pending) iterate, the same expressions as the column's owner.
+//      - rd is recomputed with A' dy in the affine step's column pass (the same sum, the
+//        same bits) and kept in the old x buffer for the corrector; mu_aff comes from three
+//        sums taken in that step's reduction; rc is recomputed where it is used.
+//      - The corrector's rhs = rhs_pred + A((dx ds - sigma mu) / s) in place; warp 0 sums
+//        its z from the lists (or all i < k) itself before its solve.
+//      - A column's thread recomputes dy of its diagonal row (the same expression as the
+//        row's own: the same bits) instead of waiting for it.
+//      - Reductions: maxima and minima of values >= 0 exactly by two 32-bit redux (hi word,
+//        then lo word) instead of five double shuffles; beta, the norms and tol are kept in
+//        shared memory through the iterations (128 registers, no spills).
+// tools/bench/variants/lplb_solve_bench.cu holds the earlier kernels (V0, V1, V2) and this
+// one (V3), their per-phase profiles and the check of each against the CPU solve.
 #include <cuda_runtime.h>
 
 #include <atomic>
@@ -46,7 +66,6 @@ namespace {
 using device::kFullWarpMask;
 constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / device::kWarpSize;
-constexpr int kGroupLanes = 16;
 constexpr int kRedValues = 5;
 constexpr int kUnroll = 8;  // the unaligned path: V1's two passes, 8 loads a lane in flight
 // The aligned path reads A once in chunks of 32 lanes x kReadUnroll float4 (2048 floats),
@@ -71,20 +90,35 @@ constexpr int kMiscNnz = kWarps + 0;
 constexpr int kMiscK = kWarps + 1;
 constexpr int kMiscTooLarge = kWarps + 2;
 constexpr int kMiscStage = kWarps + 3;  // the one-pass read's staging counter
+constexpr int kMiscLists = kWarps + 4;  // the lists fit (1) or not (0)
+constexpr int kGroup = 8;               // lanes a Schur item
+constexpr int kItemsPerWarp = 32 / kGroup;
+constexpr int kListMaxR = 32;  // lists only for r <= 32: W's pattern in a 64-bit mask, short build
+constexpr int kListMaxPairs = kListMaxR * (kListMaxR + 1) / 2;
 
-// Regions reused before they are live (no region added: V2's layout is V1's):
+// Regions reused before they are live (V1's layout, region for region: the same limits):
 //  - the one-pass read stages (flat index, value) of each nonzero in wt (free until the
 //    start point) and keeps its chunk table (staging offset, count, CSR offset) in chol;
-//  - the corrector's per-warp partial sums of z live in coo_row (free after the build);
-//  - the start point's second z in rp (m >= r doubles, free until the first residual).
+//  - during the list build wt holds W's pattern (k uint64) and the two count arrays;
+//  - the lists live in chol past the factor's r * ld doubles: int2 offsets[P + 1], then
+//    list 1's int4 entries and list 2's int rows;
+//  - rc's region is x's second buffer (as (x, s) pairs over rd's and rc's), rp's is y's;
+//    the start point's second z lives in rp's region (free until the first residual);
+//  - beta, the norms' denominators and tol live in coo_row (free after the build).
 static_assert(sizeof(uint32_t) * kMaxNnz + sizeof(float) * kMaxNnz <= sizeof(double) * kMaxCoupling,
               "staging must fit in wt");
 static_assert(sizeof(int) * (3 * kMaxChunks + 1) <= sizeof(double) * kMaxDense * kMaxDense,
               "the chunk table must fit in chol");
-static_assert(sizeof(double) * kWarps * kMaxDense <= sizeof(uint16_t) * kMaxNnz,
-              "z partials must fit in coo_row");
-static_assert(kMaxRows <= 2 * kThreads, "rows < k: at most two a thread in the corrector");
-static_assert(kWarps % 4 == 0, "the reducer's tree");
+static_assert(sizeof(uint64_t) * kMaxRows + 2 * sizeof(int) * kListMaxPairs <=
+                  sizeof(double) * kMaxCoupling,
+              "W's pattern and the counts must fit in wt");
+static_assert(sizeof(double) * kListMaxR * (kListMaxR + 1) + 16 +
+                      2 * sizeof(int) * (kListMaxPairs + 1) <=
+                  sizeof(double) * kMaxDense * kMaxDense,
+              "the offsets must fit in chol's tail");
+static_assert(sizeof(double) * 5 <= sizeof(uint16_t) * kMaxNnz,
+              "the kept values must fit in coo_row");
+static_assert(kWarps == 16, "the reducer's pairwise tree");
 static_assert(kMaxRows * kMaxCols < (1 << 30), "flat indices in 32 bits");
 
 __host__ __device__ inline size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
@@ -120,15 +154,37 @@ __host__ __device__ inline Layout make_layout(int m, int n) {
   return l;
 }
 
+__device__ inline size_t align16(size_t v) { return (v + 15) / 16 * 16; }
+
+// Exact warp maxima / minima of doubles >= 0 (their bit patterns order as the values: +inf
+// above every finite value; a NaN is above +inf, so a max keeps it and a min drops it).
+__device__ inline double warp_max_pos(double v) {
+  const unsigned hi = static_cast<unsigned>(__double2hiint(v));
+  const unsigned lo = static_cast<unsigned>(__double2loint(v));
+  const unsigned mh = __reduce_max_sync(kFullWarpMask, hi);
+  const unsigned ml = __reduce_max_sync(kFullWarpMask, hi == mh ? lo : 0u);
+  return __hiloint2double(static_cast<int>(mh), static_cast<int>(ml));
+}
+__device__ inline double warp_min_pos(double v) {
+  const unsigned hi = static_cast<unsigned>(__double2hiint(v));
+  const unsigned lo = static_cast<unsigned>(__double2loint(v));
+  const unsigned mh = __reduce_min_sync(kFullWarpMask, hi);
+  const unsigned ml = __reduce_min_sync(kFullWarpMask, hi == mh ? lo : 0xffffffffu);
+  return __hiloint2double(static_cast<int>(mh), static_cast<int>(ml));
+}
+
 struct Reducer {
   double* red;
   int half = 0;
 
-  // V1's, with the per-warp values combined by a 4-way tree (chain 7 instead of 15).
-  template <int NS, int NM, int NN>
+  // NS sums, NM maxima, NN minima, every thread gets the block's values. kPos: the maxima
+  // and minima are of values >= 0 (warp_max_pos / warp_min_pos instead of 5 shuffles).
+  // The warps' partials are stored value-major and read as pairs (16-byte loads).
+  template <int NS, int NM, int NN, bool kPos = false>
   __device__ void run(double (&v)[NS + NM + NN]) {
     constexpr int N = NS + NM + NN;
     static_assert(N <= kRedValues);
+    static_assert(kWarps == 16, "the pairwise tree below");
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     double* buf = red + half * kRedValues * kWarps;
     half ^= 1;
@@ -137,28 +193,29 @@ struct Reducer {
     };
 #pragma unroll
     for (int i = 0; i < N; ++i) {
-      for (int off = 16; off > 0; off /= 2)
-        v[i] = op(i, v[i], __shfl_xor_sync(kFullWarpMask, v[i], off));
+      if (kPos && i >= NS) {
+        v[i] = i < NS + NM ? warp_max_pos(v[i]) : warp_min_pos(v[i]);
+      } else {
+        for (int off = 16; off > 0; off /= 2)
+          v[i] = op(i, v[i], __shfl_xor_sync(kFullWarpMask, v[i], off));
+      }
       if (lane == 0) buf[i * kWarps + warp] = v[i];
     }
     __syncthreads();
 #pragma unroll
     for (int i = 0; i < N; ++i) {
-      const double* b = buf + i * kWarps;
-      double a0 = b[0], a1 = b[1], a2 = b[2], a3 = b[3];
+      const double2* b = reinterpret_cast<const double2*>(buf + i * kWarps);
+      double2 q[8];
 #pragma unroll
-      for (int w = 4; w < kWarps; w += 4) {
-        a0 = op(i, a0, b[w]);
-        a1 = op(i, a1, b[w + 1]);
-        a2 = op(i, a2, b[w + 2]);
-        a3 = op(i, a3, b[w + 3]);
-      }
-      v[i] = op(i, op(i, a0, a1), op(i, a2, a3));
+      for (int w = 0; w < 8; ++w) q[w] = b[w];
+      double a[4];
+#pragma unroll
+      for (int w = 0; w < 4; ++w)
+        a[w] = op(i, op(i, q[w].x, q[w].y), op(i, q[w + 4].x, q[w + 4].y));
+      v[i] = op(i, op(i, a[0], a[1]), op(i, a[2], a[3]));
     }
   }
 };
-
-__device__ inline double group_sum(double v) { return device::warp_sum(v, kGroupLanes); }
 
 struct Lp {
   int m, n, k, r, ld;
@@ -204,22 +261,8 @@ __device__ inline double col_sum(const Lp& lp, int j, const double* v, int e, do
   return acc;
 }
 
-// Rows 0..k-1 of the factor: dinv_i = 1 / sum_j d_j a_ij^2 and W'[g][i] = sum_j d_j a_ij a_gj
-// (column j's entries past its first are all in rows >= k).
-__device__ inline void diag_w_row(const Lp& lp, int i, const double* d, double* dinv, double* wt) {
-  const int k = lp.k, r = lp.r;
-  for (int g = 0; g < r; ++g) wt[g * k + i] = 0;
-  double acc = 0;
-  for (int p = lp.row_ptr[i]; p < lp.row_ptr[i + 1]; ++p) {
-    const int j = lp.csr_col[p];
-    const double dav = d[j] * lp.csr_val[p];
-    acc += dav * lp.csr_val[p];
-    for (int q = lp.col_ptr[j] + 1; q < lp.col_ptr[j + 1]; ++q)
-      wt[(lp.csc_row[q] - k) * k + i] += dav * lp.csc_val[q];
-  }
-  dinv[i] = 1.0 / (acc > kTinyDiag ? acc : kSkippedPivot);
-}
-// The same with d = 1 (the starting point): d_j a_ij = a_ij, the same bits.
+// Rows 0..k-1 of the factor at the starting point (d = 1): dinv_i = 1 / sum_j a_ij^2 and
+// W'[g][i] = sum_j a_ij a_gj (column j's entries past its first are all in rows >= k).
 __device__ inline void diag_w_row_unit(const Lp& lp, int i, double* dinv, double* wt) {
   const int k = lp.k, r = lp.r;
   for (int g = 0; g < r; ++g) wt[g * k + i] = 0;
@@ -243,46 +286,90 @@ __device__ inline double dy_row(const Lp& lp, int i, const double* rhs, const do
   return acc * dinv[i];
 }
 
-// Half-warp items: items < P are the pairs (g >= h) of S, the r after them (when with_z)
-// the sums z_g = rhs_g - sum_i W[i][g] rhs_i / diag_i, and r more for rhs2 (into z2) when
-// it is given (the starting point's two solves at once). S is stored in chol[g * ld + h].
-__device__ void schur_and_z(const Lp& lp, const double* d, const double* dinv, const double* wt,
-                            const double* rhs, double* chol, double* z, bool with_s, bool with_z,
+// The Schur lists (see the top: 3.), from one base (the start of chol's tail, 16-byte aligned):
+// int2 off[P + 1] (list 1's and list 2's offsets of pair e), then list 1's entries
+// {a[k+g][j], a[k+h][j], j} (int4, in row k+g's column order), then list 2's rows i < k
+// (int, in order). One pointer and a flag live through the iterations.
+struct Lists {
+  bool on;
+  const int* base;
+  __device__ const int2* off() const { return reinterpret_cast<const int2*>(base); }
+  __device__ static int entries_at(int pairs) { return (2 * (pairs + 1) + 3) / 4 * 4; }
+  __device__ const int4* list1(int pairs) const {
+    return reinterpret_cast<const int4*>(base + entries_at(pairs));
+  }
+  __device__ const int* list2(int pairs) const {
+    return reinterpret_cast<const int*>(list1(pairs) + off()[pairs].x);
+  }
+};
+
+// Pair e = g (g + 1) / 2 + h of S's lower triangle (g >= h).
+__device__ inline void pair_of(int e, int& g, int& h) {
+  g = static_cast<int>((sqrtf(8.0f * e + 1.0f) - 1.0f) * 0.5f);
+  while (g * (g + 1) / 2 > e) --g;
+  while ((g + 1) * (g + 2) / 2 <= e) ++g;
+  h = e - g * (g + 1) / 2;
+}
+
+// Groups of kGroup lanes: items < P the pairs (g >= h) of S, the r after them the sums
+// z_g = rhs_g - sum_i W[i][g] rhs_i / diag_i, and r more for rhs2 (into z2) when given
+// (the starting point's two solves). S goes to chol[g * ld + h]. With lists, an item sums
+// its own; without, an entry searches a column of row k+h for each entry of row k+g, and
+// sums over all i < k.
+__device__ void schur_and_z(const Lp& lp, const Lists& ls, const double* d, const double* dinv,
+                            const double* wt, const double* rhs, double* chol, double* z,
                             const double* rhs2 = nullptr, double* z2 = nullptr) {
   const int tid = threadIdx.x, k = lp.k, r = lp.r;
-  const int warp = tid / 32, half = (tid % 32) / kGroupLanes, glane = tid % kGroupLanes;
-  const int pairs = with_s ? r * (r + 1) / 2 : 0;
-  const int items1 = pairs + (with_z ? r : 0);
+  const int warp = tid / 32, sub = (tid % 32) / kGroup, glane = tid % kGroup;
+  const int pairs = r * (r + 1) / 2;
+  const int items1 = pairs + r;
   const int items = items1 + (rhs2 != nullptr ? r : 0);
-  for (int base = warp * 2; base < items; base += kWarps * 2) {
-    const int item = base + half;
+  for (int base = warp * kItemsPerWarp; base < items; base += kWarps * kItemsPerWarp) {
+    const int item = base + sub;
     double acc = 0;
     int g = 0, h = 0;
     if (item < pairs) {
-      g = static_cast<int>((sqrtf(8.0f * item + 1.0f) - 1.0f) * 0.5f);
-      while (g * (g + 1) / 2 > item) --g;
-      while ((g + 1) * (g + 2) / 2 <= item) ++g;
-      h = item - g * (g + 1) / 2;
-      const int row = k + g;
-      for (int p = lp.row_ptr[row] + glane; p < lp.row_ptr[row + 1]; p += kGroupLanes) {
-        const int j = lp.csr_col[p];
-        acc += d[j] * lp.csr_val[p] * entry(lp, k + h, j);
-      }
-      double corr = 0;
+      pair_of(item, g, h);
       const double* wg = wt + g * k;
       const double* wh = wt + h * k;
-      for (int i = glane; i < k; i += kGroupLanes) corr += wg[i] * wh[i] * dinv[i];
+      double corr = 0;
+      if (ls.on) {
+        const int2 o0 = ls.off()[item], o1 = ls.off()[item + 1];
+        const int4* l1 = ls.list1(pairs);
+        const int* l2 = ls.list2(pairs);
+        for (int t = o0.x + glane; t < o1.x; t += kGroup) {
+          const int4 e = l1[t];
+          acc += d[e.z] * __int_as_float(e.x) * __int_as_float(e.y);
+        }
+        for (int t = o0.y + glane; t < o1.y; t += kGroup) {
+          const int i = l2[t];
+          corr += wg[i] * wh[i] * dinv[i];
+        }
+      } else {
+        const int row = k + g;
+        for (int p = lp.row_ptr[row] + glane; p < lp.row_ptr[row + 1]; p += kGroup) {
+          const int j = lp.csr_col[p];
+          acc += d[j] * lp.csr_val[p] * entry(lp, k + h, j);
+        }
+        for (int i = glane; i < k; i += kGroup) corr += wg[i] * wh[i] * dinv[i];
+      }
       acc -= corr;
-    } else if (item < items1) {
-      g = item - pairs;
-      const double* wg = wt + g * k;
-      for (int i = glane; i < k; i += kGroupLanes) acc += wg[i] * rhs[i] * dinv[i];
     } else if (item < items) {
-      g = item - items1;
+      const double* rr = item < items1 ? rhs : rhs2;
+      g = item < items1 ? item - pairs : item - items1;
       const double* wg = wt + g * k;
-      for (int i = glane; i < k; i += kGroupLanes) acc += wg[i] * rhs2[i] * dinv[i];
+      if (ls.on) {
+        const int e = g * (g + 3) / 2;  // the diagonal pair (g, g)
+        const int* l2 = ls.list2(pairs);
+        for (int t = ls.off()[e].y + glane; t < ls.off()[e + 1].y; t += kGroup) {
+          const int i = l2[t];
+          acc += wg[i] * rr[i] * dinv[i];
+        }
+      } else {
+        for (int i = glane; i < k; i += kGroup) acc += wg[i] * rr[i] * dinv[i];
+      }
     }
-    acc = group_sum(acc);
+    acc = device::warp_sum(acc, kGroup);
     if (glane == 0) {
       if (item < pairs) {
         chol[g * lp.ld + h] = acc;
@@ -293,6 +380,44 @@ __device__ void schur_and_z(const Lp& lp, const double* d, const double* dinv, c
       }
     }
   }
+}
+
+// Warp 0: z_g = rhs_g - sum_i W[i][g] rhs_i / diag_i for g < r (the corrector's), lanes
+// sharing a g (4 for r <= 8, 2 for r <= 16) over its list-2 rows (or all i < k).
+__device__ void z_warp(const Lp& lp, const Lists& ls, const double* dinv, const double* wt,
+                       const double* rhs, double* z) {
+  const int lane = threadIdx.x % 32, k = lp.k, r = lp.r;
+  const int width = r <= 8 ? 4 : r <= 16 ? 2 : 1;
+  const int per_round = 32 / width;
+  for (int g0 = 0; g0 < r; g0 += per_round) {
+    const int g = g0 + lane / width;
+    double acc = 0;
+    if (g < r) {
+      const double* wg = wt + g * k;
+      if (ls.on) {
+        const int e = g * (g + 3) / 2;
+        const int* l2 = ls.list2(r * (r + 1) / 2);
+        for (int t = ls.off()[e].y + lane % width; t < ls.off()[e + 1].y; t += width) {
+          const int i = l2[t];
+          acc += wg[i] * rhs[i] * dinv[i];
+        }
+      } else {
+        for (int i = lane % width; i < k; i += width) acc += wg[i] * rhs[i] * dinv[i];
+      }
+    }
+    acc = device::warp_sum(acc, width);
+    if (g < r && lane % width == 0) z[g] = rhs[k + g] - acc;
+  }
+}
+
+// A row of S's pairs for the list build: whether row `row` has an entry in column j (its
+// value, 0 when not), columns sorted by row so the search stops early.
+__device__ inline float value_at(const Lp& lp, int row, int j) {
+  for (int q = lp.col_ptr[j]; q < lp.col_ptr[j + 1]; ++q) {
+    const int rq = lp.csc_row[q];
+    if (rq >= row) return rq == row ? lp.csc_val[q] : 0.0f;
+  }
+  return 0.0f;
 }
 
 // Warp 0: Cholesky of S in place (lower triangle, row stride ld), rows lane and lane + 32.
@@ -563,10 +688,13 @@ __device__ void compact_a(const float* __restrict__ a, int64_t total, const int*
 // segment reserved with one shared atomic (any order of chunks), in the chunk's flat order
 // (ballots give each lane's rank); the chunk table keeps (segment, count). The last chunk
 // holds the < 4 trailing floats. The CSR offsets come from a scan of the counts in chunk
-// order afterwards, so the compacted order is V1's row-major one.
-__device__ void read_a_once(const float* __restrict__ a, int64_t total, int nmain, int* counter,
-                            uint32_t* stage_idx, float* stage_val, int* chunk_soff,
-                            int* chunk_cnt) {
+// order afterwards, so the compacted order is V1's row-major one. A call, not inlined: its
+// 16 float4 a lane in flight then do not share one register allocation with the values that
+// live through the iterations (inlined, the kernel spilled 52 bytes at 128 registers; as a
+// call, none, and no stack frame).
+__device__ __noinline__ void read_a_once(const float* __restrict__ a, int64_t total, int nmain,
+                                         int* counter, uint32_t* stage_idx, float* stage_val,
+                                         int* chunk_soff, int* chunk_cnt) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const unsigned lt = (1u << lane) - 1u;
   const int64_t vecs = total / 4;
@@ -647,9 +775,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ __align__(16) unsigned char smem[];
   const Layout L = make_layout(m, n);
   auto dv = [&](size_t off) { return reinterpret_cast<double*>(smem + off); };
-  double *x = dv(L.x), *s = dv(L.s), *dx = dv(L.dx), *ds = dv(L.ds), *d = dv(L.d), *rd = dv(L.rd),
-         *rc = dv(L.rc), *cs = dv(L.cs);
-  double *y = dv(L.y), *dy = dv(L.dy), *rp = dv(L.rp), *rhs = dv(L.rhs), *bs = dv(L.bs),
+  // Column data in 16-byte pairs (one load, one pointer): xs[j] = (x_j, s_j) over x's and
+  // s's regions, dxs[j] = (dx_j, ds_j) over dx's and ds's, xs2 the second buffer of xs over
+  // rd's and rc's; y2 is y's second buffer (rp's region). The pending step is stored to the
+  // second buffers, then the pointers swap.
+  double2 *xs = reinterpret_cast<double2*>(smem + L.x),
+          *dxs = reinterpret_cast<double2*>(smem + L.dx),
+          *xs2 = reinterpret_cast<double2*>(smem + L.rd);
+  double *d = dv(L.d), *cs = dv(L.cs);
+  double *y = dv(L.y), *dy = dv(L.dy), *y2 = dv(L.rp), *rhs = dv(L.rhs), *bs = dv(L.bs),
          *dinv = dv(L.dinv);
   double *wt = dv(L.wt), *chol = dv(L.chol), *z = dv(L.z);
   float* csr_val = reinterpret_cast<float*>(smem + L.csr_val);
@@ -667,7 +801,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   int* chunk_soff = reinterpret_cast<int*>(smem + L.chol);
   int* chunk_cnt = chunk_soff + kMaxChunks;
   int* chunk_coff = chunk_cnt + kMaxChunks;  // kMaxChunks + 1
-  double* zpart = dv(L.coo_row);             // kWarps x kMaxDense, after the build
   double* red_buf = dv(L.red);
   Reducer red{red_buf};
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
@@ -858,8 +991,94 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int ld = lp.ld;
   // Rows >= k go to warps from the last one down (rows < k fill the first threads).
   const int wrow0 = kWarps - 1 - warp;
-  // Warps holding rows < k (a thread each: tid and tid + kThreads).
-  const int zwarps = min(kWarps, (k + 31) / 32);
+
+  // Kept in shared memory (coo_row's region, free after the build) rather than in registers
+  // through the iterations: beta (0), the norms' denominators 1 + |b|, 1 + |c| (2, 3), tol (4).
+  double* keep = dv(L.coo_row);
+  if (tid == 0) {
+    keep[0] = beta;
+    keep[4] = tol;
+  }
+
+  // ---- The Schur lists (r <= 32): W's pattern, the counts (a warp a pair, ballots), the
+  // offsets (warp 0's scans), then the lists in order when they fit in chol's tail ----
+  const int pairs = r * (r + 1) / 2;
+  int* lbase = reinterpret_cast<int*>(smem + L.chol + align16(sizeof(double) * r * ld));
+  bool lists_on = false;
+  if (r >= 1 && r <= kListMaxR) {
+    uint64_t* wmask = reinterpret_cast<uint64_t*>(smem + L.wt);  // k, then the counts
+    int* cnt1 = reinterpret_cast<int*>(wmask + k);
+    int* cnt2 = cnt1 + pairs;
+    int2* off = reinterpret_cast<int2*>(lbase);
+    int4* l1 = reinterpret_cast<int4*>(lbase + Lists::entries_at(pairs));
+    for (int i = tid; i < k; i += kThreads) {
+      uint64_t mk = 0;
+      for (int p = row_ptr[i]; p < row_ptr[i + 1]; ++p) {
+        const int j = csr_col[p];
+        for (int q = col_ptr[j] + 1; q < col_ptr[j + 1]; ++q) mk |= 1ull << (csc_row[q] - k);
+      }
+      wmask[i] = mk;
+    }
+    __syncthreads();
+    // Pass 0 counts, pass 1 fills (list 1 in row k+g's order, list 2 in row order).
+    const unsigned lt = (1u << lane) - 1u;
+    for (int pass = 0; pass < 2; ++pass) {
+      int* l2 = pass == 0 ? nullptr : reinterpret_cast<int*>(l1 + off[pairs].x);
+      for (int e = warp; e < pairs; e += kWarps) {
+        int g, h;
+        pair_of(e, g, h);
+        int at1 = pass == 0 ? 0 : off[e].x, at2 = pass == 0 ? 0 : off[e].y;
+        const int end = row_ptr[k + g + 1];
+        for (int p0 = row_ptr[k + g]; p0 < end; p0 += 32) {
+          const int p = p0 + lane;
+          const int j = p < end ? csr_col[p] : 0;
+          const float ah = p < end ? value_at(lp, k + h, j) : 0.0f;
+          const unsigned hit = __ballot_sync(kFullWarpMask, ah != 0.0f);
+          if (pass == 1 && ah != 0.0f) {
+            l1[at1 + __popc(hit & lt)] =
+                make_int4(__float_as_int(csr_val[p]), __float_as_int(ah), j, 0);
+          }
+          at1 += __popc(hit);
+        }
+        const uint64_t both = (1ull << g) | (1ull << h);
+        for (int i0 = 0; i0 < k; i0 += 32) {
+          const int i = i0 + lane;
+          const bool in = i < k && (wmask[i] & both) == both;
+          const unsigned hit = __ballot_sync(kFullWarpMask, in);
+          if (pass == 1 && in) l2[at2 + __popc(hit & lt)] = i;
+          at2 += __popc(hit);
+        }
+        if (pass == 0 && lane == 0) {
+          cnt1[e] = at1;
+          cnt2[e] = at2;
+        }
+      }
+      __syncthreads();
+      if (pass == 0) {
+        if (warp == 0) {
+          int run1 = 0, run2 = 0;
+          for (int e0 = 0; e0 < pairs; e0 += 32) {
+            const int e = e0 + lane;
+            const int c1 = e < pairs ? cnt1[e] : 0, c2 = e < pairs ? cnt2[e] : 0;
+            const int i1 = device::warp_inclusive_scan(c1), i2 = device::warp_inclusive_scan(c2);
+            if (e < pairs) off[e] = make_int2(run1 + i1 - c1, run2 + i2 - c2);
+            run1 += __shfl_sync(kFullWarpMask, i1, 31);
+            run2 += __shfl_sync(kFullWarpMask, i2, 31);
+          }
+          if (lane == 0) {
+            off[pairs] = make_int2(run1, run2);
+            const size_t need = reinterpret_cast<unsigned char*>(l1 + run1) - (smem + L.chol) +
+                                sizeof(int) * static_cast<size_t>(run2);
+            misc[kMiscLists] = need <= sizeof(double) * kMaxDense * kMaxDense ? 1 : 0;
+          }
+        }
+        __syncthreads();
+        lists_on = misc[kMiscLists] != 0;
+        if (!lists_on) break;  // block-uniform
+      }
+    }
+  }
+  const Lists ls{lists_on, lbase};
 
   // ---- Mehrotra's starting point: both solves (b and A c) through one factor ----
   for (int j = tid; j < n; j += kThreads) d[j] = 1.0;
@@ -872,8 +1091,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (lane == 0) rhs[k + g] = v;
   }
   __syncthreads();
-  double* z2 = rp;  // free until the first residual
-  schur_and_z(lp, d, dinv, wt, bs, chol, z, true, true, rhs, z2);
+  double* z2 = y2;  // free until the first residual phase
+  schur_and_z(lp, ls, d, dinv, wt, bs, chol, z, rhs, z2);
   __syncthreads();
   if (warp == 0) dense_solve(chol, r, ld, true, z, dy + k, z2, y + k);
   __syncthreads();
@@ -881,7 +1100,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     dy[i] = dy_row(lp, i, bs, dinv, wt, dy);
     y[i] = dy_row(lp, i, rhs, dinv, wt, y);
   }
-  // max |bs|, max |cs| (the norms), min x, min s.
   double mm[4] = {0, 0, INFINITY, INFINITY};
   for (int i = tid; i < m; i += kThreads) mm[0] = fmax(mm[0], fabs(bs[i]));
   for (int j = tid; j < n; j += kThreads) {
@@ -890,214 +1108,231 @@ __global__ void __launch_bounds__(kThreads, 1)
     const double ye = e >= 0 ? dy_row(lp, e, rhs, dinv, wt, y) : 0.0;
     const double xj = col_sum(lp, j, dy, e, dye);
     const double sj = cs[j] - col_sum(lp, j, y, e, ye);
-    x[j] = xj;
-    s[j] = sj;
+    xs[j] = make_double2(xj, sj);
     mm[1] = fmax(mm[1], fabs(cs[j]));
     mm[2] = fmin(mm[2], xj);
     mm[3] = fmin(mm[3], sj);
   }
-  red.run<0, 2, 2>(mm);
-  const double b_norm = mm[0], c_norm = mm[1];
+  red.run<0, 2, 2>(mm);  // min x, min s may be negative: the general reduction
+  if (tid == 0) {
+    keep[2] = 1 + mm[0];
+    keep[3] = 1 + mm[1];
+  }
+  // No step pending: zeros (the residual phase takes x + 0 * 0 = x, bit for bit).
+  for (int i = tid; i < m; i += kThreads) dy[i] = 0.0;
   if (n > 0) {
-    const double dxs = fmax(-1.5 * mm[2], 0.0), dss = fmax(-1.5 * mm[3], 0.0);
+    const double dxs0 = fmax(-1.5 * mm[2], 0.0), dss0 = fmax(-1.5 * mm[3], 0.0);
     double sums[3] = {0, 0, 0};
     for (int j = tid; j < n; j += kThreads) {
-      x[j] += dxs;
-      s[j] += dss;
-      sums[0] += x[j] * s[j];
-      sums[1] += x[j];
-      sums[2] += s[j];
+      const double xj = xs[j].x + dxs0, sj = xs[j].y + dss0;
+      xs[j] = make_double2(xj, sj);
+      sums[0] += xj * sj;
+      sums[1] += xj;
+      sums[2] += sj;
+      dxs[j] = make_double2(0.0, 0.0);
     }
     red.run<3, 0, 0>(sums);
     const double shift_x = sums[2] > 0 ? 0.5 * sums[0] / sums[2] : 0;
     const double shift_s = sums[1] > 0 ? 0.5 * sums[0] / sums[1] : 0;
     for (int j = tid; j < n; j += kThreads) {
-      x[j] = fmax(x[j] + shift_x, kStartFloor);
-      s[j] = fmax(s[j] + shift_s, kStartFloor);
+      xs[j] =
+          make_double2(fmax(xs[j].x + shift_x, kStartFloor), fmax(xs[j].y + shift_s, kStartFloor));
     }
   }
   __syncthreads();
 
   int reason = kReasonIterationLimit;
   double prel = 0, drel = 0, gap = 0;
+  double ap = 0, ad = 0;  // the pending step's lengths (dx, ds, dy are zero before the first)
   int it = 0;
   for (;; ++it) {
-    // (1) Residuals, objectives; d for the factor.
-    double v[5] = {0, 0, 0, 0, 0};
+    // (1) The pending step, taken where it is read: x + ap dx, s + ad ds, y + ad dy (the
+    // owners store them to the second buffers); residuals, objectives, d; rows < k: dinv,
+    // W, and every row the predictor's rhs = rp + A t, t = x + d rd, with d_j and rd_j of
+    // the row's columns recomputed from the same expressions (the same bits).
+    auto xsn_of = [&](int j) {
+      const double2 v0 = xs[j], dv0 = dxs[j];
+      return make_double2(__fma_rn(ap, dv0.x, v0.x), __fma_rn(ad, dv0.y, v0.y));
+    };
+    auto yn_of = [&](int q) { return __fma_rn(ad, dy[q], y[q]); };
+    double v[5] = {0, 0, 0, 0, 0};  // c'x, b'y, x's; max |rp|, max |rd|
+    for (int j = tid; j < n; j += kThreads) {
+      const double2 xsn = xsn_of(j);
+      double aty = 0;
+      for (int q = col_ptr[j]; q < col_ptr[j + 1]; ++q) aty += csc_val[q] * yn_of(csc_row[q]);
+      const double rdj = cs[j] - aty - xsn.y;
+      xs2[j] = xsn;
+      d[j] = xsn.x / xsn.y;
+      v[0] += cs[j] * xsn.x;
+      v[2] += xsn.x * xsn.y;
+      v[4] = fmax(v[4], fabs(rdj));
+    }
     for (int i = tid; i < k; i += kThreads) {
-      rp[i] = bs[i] - row_sum(lp, i, [&](int j) { return x[j]; });
-      v[1] += bs[i] * y[i];
-      v[3] = fmax(v[3], fabs(rp[i]));
+      const double yi = yn_of(i);
+      y2[i] = yi;
+      v[1] += bs[i] * yi;
+      for (int g = 0; g < r; ++g) wt[g * k + i] = 0;
+      double ax = 0, at = 0, dd = 0;
+      for (int p = row_ptr[i]; p < row_ptr[i + 1]; ++p) {
+        const int j = csr_col[p];
+        const double a = csr_val[p];
+        const double2 xsn = xsn_of(j);
+        const double dj = xsn.x / xsn.y;
+        const double dav = dj * a;
+        // Column j: A' y for rd_j (all its rows, in order) and W[i][g] += d_j a_ij a_gj
+        // (its entries past the first: rows >= k).
+        const int q0 = col_ptr[j];
+        double aty = csc_val[q0] * yn_of(csc_row[q0]);
+        for (int q = q0 + 1; q < col_ptr[j + 1]; ++q) {
+          const int row = csc_row[q];
+          aty += csc_val[q] * yn_of(row);
+          wt[(row - k) * k + i] += dav * csc_val[q];
+        }
+        const double rdj = cs[j] - aty - xsn.y;
+        ax += a * xsn.x;
+        at += a * (xsn.x + dj * rdj);
+        dd += dav * a;
+      }
+      const double rp = bs[i] - ax;
+      rhs[i] = at + rp;
+      dinv[i] = 1.0 / (dd > kTinyDiag ? dd : kSkippedPivot);
+      v[3] = fmax(v[3], fabs(rp));
     }
     for (int g = wrow0; g < r; g += kWarps) {
       const int i = k + g;
-      const double res = bs[i] - row_sum_warp(lp, i, [&](int j) { return x[j]; });
+      double ax = 0, at = 0;
+      for (int p = row_ptr[i] + lane; p < row_ptr[i + 1]; p += 32) {
+        const int j = csr_col[p];
+        const double a = csr_val[p];
+        const double2 xsn = xsn_of(j);
+        double aty = 0;
+        for (int q = col_ptr[j]; q < col_ptr[j + 1]; ++q) aty += csc_val[q] * yn_of(csc_row[q]);
+        const double rdj = cs[j] - aty - xsn.y;
+        ax += a * xsn.x;
+        at += a * (xsn.x + xsn.x / xsn.y * rdj);
+      }
+      ax = device::warp_sum(ax);
+      at = device::warp_sum(at);
       if (lane == 0) {
-        rp[i] = res;
-        v[1] += bs[i] * y[i];
-        v[3] = fmax(v[3], fabs(res));
+        const double yi = yn_of(i);
+        y2[i] = yi;
+        v[1] += bs[i] * yi;
+        const double rp = bs[i] - ax;
+        rhs[i] = at + rp;
+        v[3] = fmax(v[3], fabs(rp));
       }
     }
-    for (int j = tid; j < n; j += kThreads) {
-      const int e = diag_row_of(lp, j);
-      const double rdj = cs[j] - col_sum(lp, j, y, e, e >= 0 ? y[e] : 0.0) - s[j];
-      rd[j] = rdj;
-      v[0] += cs[j] * x[j];
-      v[2] += x[j] * s[j];
-      v[4] = fmax(v[4], fabs(rdj));
-      d[j] = x[j] / s[j];
+    red.run<3, 2, 0, true>(v);
+    {
+      double2* t2 = xs;
+      xs = xs2, xs2 = t2;
+      double* t = y;
+      y = y2, y2 = t;
     }
-    red.run<3, 2, 0>(v);
-    prel = v[3] / (1 + b_norm);
-    drel = v[4] / (1 + c_norm);
+    prel = v[3] / keep[2];
+    drel = v[4] / keep[3];
     gap = fabs(v[0] - v[1]) / (1 + fabs(v[0]));
     if (!isfinite(prel + drel + gap + v[2])) {
       reason = kReasonBreakdown;
       break;
     }
-    if (prel <= tol && drel <= tol && gap <= tol) {
+    const double tol_ = keep[4];
+    if (prel <= tol_ && drel <= tol_ && gap <= tol_) {
       reason = kReasonConverged;
       break;
     }
     if (it == max_iter) break;
     const double mu = v[2] / n;
-    auto t_pred = [&](int j) { return x[j] + d[j] * rd[j]; };
 
-    // (2) Factor rows < k; the predictor's rhs = rp + A t.
-    for (int i = tid; i < k; i += kThreads) {
-      diag_w_row(lp, i, d, dinv, wt);
-      rhs[i] = rp[i] + row_sum(lp, i, t_pred);
-    }
-    for (int g = wrow0; g < r; g += kWarps) {
-      const double sum = row_sum_warp(lp, k + g, t_pred);
-      if (lane == 0) rhs[k + g] = rp[k + g] + sum;
-    }
+    // (2) S and the predictor's z.
+    schur_and_z(lp, ls, d, dinv, wt, rhs, chol, z);
     __syncthreads();
-    // (3) S and the predictor's z.
-    schur_and_z(lp, d, dinv, wt, rhs, chol, z, true, true);
-    __syncthreads();
-    // (4) Cholesky and the predictor's dy_G (warp 0, registers for r <= 8).
+    // (3) Cholesky and the predictor's dy_G (warp 0, registers for r <= 8).
     if (warp == 0) dense_solve(chol, r, ld, true, z, dy + k);
     __syncthreads();
-    // (5) dy_K, ds, dx, the affine step lengths and, in the same reduction, the three sums
-    // that give mu_aff = sum (x + ap dx)(s + ad ds) once ap, ad are known.
+    // (4) dy_K; rd (kept in the old xs buffer for the corrector) and A' dy in one column
+    // pass; ds, dx, the affine step lengths and the three sums that give mu_aff.
+    double* rdv = reinterpret_cast<double*>(xs2);
     for (int i = tid; i < k; i += kThreads) dy[i] = dy_row(lp, i, rhs, dinv, wt, dy);
     double st[5] = {0, 0, 0, INFINITY, INFINITY};
     for (int j = tid; j < n; j += kThreads) {
       const int e = diag_row_of(lp, j);
-      const double dye = e >= 0 ? dy_row(lp, e, rhs, dinv, wt, dy) : 0.0;
-      const double dsj = rd[j] - col_sum(lp, j, dy, e, dye);
-      const double dxj = -x[j] - d[j] * dsj;
-      ds[j] = dsj;
-      dx[j] = dxj;
-      st[0] += dxj * s[j];
-      st[1] += x[j] * dsj;
+      int q = col_ptr[j];
+      double aty = 0, atdy = 0;
+      if (e >= 0) {
+        aty += csc_val[q] * y[e];
+        atdy += csc_val[q] * dy_row(lp, e, rhs, dinv, wt, dy);
+        ++q;
+      }
+      for (; q < col_ptr[j + 1]; ++q) {
+        const int row = csc_row[q];
+        aty += csc_val[q] * y[row];
+        atdy += csc_val[q] * dy[row];
+      }
+      const double2 xsj = xs[j];
+      const double rdj = cs[j] - aty - xsj.y;
+      const double dsj = rdj - atdy;
+      const double dxj = -xsj.x - d[j] * dsj;
+      rdv[j] = rdj;
+      dxs[j] = make_double2(dxj, dsj);
+      st[0] += dxj * xsj.y;
+      st[1] += xsj.x * dsj;
       st[2] += dxj * dsj;
-      if (dxj < 0) st[3] = fmin(st[3], -x[j] / dxj);
-      if (dsj < 0) st[4] = fmin(st[4], -s[j] / dsj);
+      if (dxj < 0) st[3] = fmin(st[3], -xsj.x / dxj);
+      if (dsj < 0) st[4] = fmin(st[4], -xsj.y / dsj);
     }
-    red.run<3, 0, 2>(st);
+    red.run<3, 0, 2, true>(st);
     const double ap_aff = fmin(1.0, st[3]), ad_aff = fmin(1.0, st[4]);
     const double mu_aff = v[2] + ap_aff * st[0] + ad_aff * st[1] + ap_aff * ad_aff * st[2];
     const double ratio = mu_aff / n / mu;
     const double cube = ratio * ratio * ratio;
     const double sigma = cube < 0 ? 0.0 : (1.0 < cube ? 1.0 : cube);
-    // (6) Corrector: rc, rhs = rp + A t (t = -rc / s + d rd where it is used) and each
-    // warp's partial sums of z_g's correction sum_i W[i][g] rhs_i / diag_i (rows < k a
-    // thread: tid and tid + kThreads).
-    auto rc_of = [&](int j) { return sigma * mu - x[j] * s[j] - dx[j] * ds[j]; };
-    auto t_corr = [&](int j) { return -rc_of(j) / s[j] + d[j] * rd[j]; };
-    for (int j = tid; j < n; j += kThreads) rc[j] = rc_of(j);
-    double u0 = 0, u1 = 0;
-    if (tid < k) {
-      const double h = rp[tid] + row_sum(lp, tid, t_corr);
-      rhs[tid] = h;
-      u0 = h * dinv[tid];
-    }
-    if (tid + kThreads < k) {
-      const int i = tid + kThreads;
-      const double h = rp[i] + row_sum(lp, i, t_corr);
-      rhs[i] = h;
-      u1 = h * dinv[i];
-    }
+    const double smu = sigma * mu;
+    // (5) The corrector's rhs = rhs_pred + A u, u = t_corr - t_pred = (dx ds - sigma mu) / s
+    // (affine dx, ds), in place by the row's owner.
+    auto u_of = [&](int j) {
+      const double2 dv0 = dxs[j];
+      return (dv0.x * dv0.y - smu) / xs[j].y;
+    };
+    for (int i = tid; i < k; i += kThreads) rhs[i] += row_sum(lp, i, u_of);
     for (int g = wrow0; g < r; g += kWarps) {
-      const double sum = row_sum_warp(lp, k + g, t_corr);
-      if (lane == 0) rhs[k + g] = rp[k + g] + sum;
-    }
-    if (warp < zwarps) {
-      for (int g0 = 0; g0 < r; g0 += 8) {
-        double acc[8];
-#pragma unroll
-        for (int q = 0; q < 8; ++q) {
-          const int g = g0 + q;
-          double a = 0;
-          if (g < r) {
-            if (tid < k) a += wt[g * k + tid] * u0;
-            if (tid + kThreads < k) a += wt[g * k + tid + kThreads] * u1;
-          }
-          acc[q] = a;
-        }
-#pragma unroll
-        for (int off = 16; off > 0; off /= 2) {
-#pragma unroll
-          for (int q = 0; q < 8; ++q) acc[q] += __shfl_xor_sync(kFullWarpMask, acc[q], off);
-        }
-        if (lane == 0) {
-#pragma unroll
-          for (int q = 0; q < 8; ++q) {
-            if (g0 + q < r) zpart[warp * kMaxDense + g0 + q] = acc[q];
-          }
-        }
-      }
+      const double sum = row_sum_warp(lp, k + g, u_of);
+      if (lane == 0) rhs[k + g] += sum;
     }
     __syncthreads();
-    // (7) Warp 0: z_g = rhs_g - the partials' sum (4-way tree), then the corrector's dy_G.
+    // (6) Warp 0: the corrector's z (its own sums) and dy_G.
     if (warp == 0) {
-      for (int g = lane; g < r; g += 32) {
-        double a0 = 0, a1 = 0, a2 = 0, a3 = 0;
-        int w = 0;
-        for (; w + 4 <= zwarps; w += 4) {
-          a0 += zpart[w * kMaxDense + g];
-          a1 += zpart[(w + 1) * kMaxDense + g];
-          a2 += zpart[(w + 2) * kMaxDense + g];
-          a3 += zpart[(w + 3) * kMaxDense + g];
-        }
-        for (; w < zwarps; ++w) a0 += zpart[w * kMaxDense + g];
-        z[g] = rhs[k + g] - ((a0 + a1) + (a2 + a3));
-      }
+      z_warp(lp, ls, dinv, wt, rhs, z);
       __syncwarp();
       dense_solve(chol, r, ld, false, z, dy + k);
     }
     __syncthreads();
-    // (8) dy_K, ds, dx, the step lengths.
+    // (7) dy_K, ds = rd - A' dy, dx = rc / s - d ds (rc from the affine dx, ds, read before
+    // they are overwritten), the step lengths: the step is taken in (1).
     for (int i = tid; i < k; i += kThreads) dy[i] = dy_row(lp, i, rhs, dinv, wt, dy);
     double steps[2] = {INFINITY, INFINITY};
     for (int j = tid; j < n; j += kThreads) {
       const int e = diag_row_of(lp, j);
       const double dye = e >= 0 ? dy_row(lp, e, rhs, dinv, wt, dy) : 0.0;
-      const double dsj = rd[j] - col_sum(lp, j, dy, e, dye);
-      const double dxj = rc[j] / s[j] - d[j] * dsj;
-      ds[j] = dsj;
-      dx[j] = dxj;
-      if (dxj < 0) steps[0] = fmin(steps[0], -x[j] / dxj);
-      if (dsj < 0) steps[1] = fmin(steps[1], -s[j] / dsj);
+      const double dsj = rdv[j] - col_sum(lp, j, dy, e, dye);
+      const double2 xsj = xs[j], aff = dxs[j];
+      const double rcj = smu - xsj.x * xsj.y - aff.x * aff.y;
+      const double dxj = rcj / xsj.y - d[j] * dsj;
+      dxs[j] = make_double2(dxj, dsj);
+      if (dxj < 0) steps[0] = fmin(steps[0], -xsj.x / dxj);
+      if (dsj < 0) steps[1] = fmin(steps[1], -xsj.y / dsj);
     }
-    red.run<0, 0, 2>(steps);
-    const double ap = fmin(1.0, kStepFactor * steps[0]);
-    const double ad = fmin(1.0, kStepFactor * steps[1]);
-    // (9) The step.
-    for (int j = tid; j < n; j += kThreads) {
-      x[j] += ap * dx[j];
-      s[j] += ad * ds[j];
-    }
-    for (int i = tid; i < m; i += kThreads) y[i] += ad * dy[i];
-    __syncthreads();
+    red.run<0, 0, 2, true>(steps);
+    ap = fmin(1.0, kStepFactor * steps[0]);
+    ad = fmin(1.0, kStepFactor * steps[1]);
   }
 
+  const double beta_out = keep[0];
   double obj[1] = {0};
   for (int j = tid; j < n; j += kThreads) {
-    x_out[j] = static_cast<float>(x[j] * beta);
-    obj[0] += static_cast<double>(c_g[j]) * x[j] * beta;
+    const double xj = xs[j].x;
+    x_out[j] = static_cast<float>(xj * beta_out);
+    obj[0] += static_cast<double>(c_g[j]) * xj * beta_out;
   }
   red.run<1, 0, 0>(obj);
   if (tid == 0) {
