@@ -134,9 +134,7 @@ std::unique_ptr<Impl> make_impl(const KernelSpec& spec) {
     }
   }
   plan.match_shapes = detail::shape_matcher(plan.num_tensors);
-  plan.match_other_ways = detail::other_ways_matcher(plan.num_tensors);
   plan.inline_attrs = plan.num_resources > 0 ? int8_t{-1} : plan.num_attrs;
-  plan.inline_counts = detail::inline_counts_word(plan.inline_attrs, plan.num_tensors);
   // Point string defaults at storage only now: the vector no longer moves.
   for (int i = 0; i < plan.num_attrs; ++i) {
     if (plan.attr_types[i] == KREG_ATTR_STRING) {
@@ -188,25 +186,12 @@ constexpr std::array<ShapeMatchFn, sizeof...(N) + 1> matcher_table(std::index_se
   return {&match_none, &match_ways<N + 1>...};
 }
 constexpr auto kMatchers = matcher_table(std::make_index_sequence<kMaxSpecializedArity>{});
-template <size_t... N>
-constexpr std::array<ShapeMatchFn, sizeof...(N) + 1> other_ways_table(std::index_sequence<N...>) {
-  return {&match_none, &match_other_ways<N + 1>...};
-}
-constexpr auto kOtherWays = other_ways_table(std::make_index_sequence<kMaxSpecializedArity>{});
 
 }  // namespace
 
 ShapeMatchFn shape_matcher(int num_tensors) {
   return num_tensors >= 0 && num_tensors <= kMaxSpecializedArity
              ? kMatchers[static_cast<size_t>(num_tensors)]
-             : &match_shapes_any;
-}
-
-ShapeMatchFn other_ways_matcher(int num_tensors) {
-  // Past the specialized arities, every way (the first one again: a miss costs one compare
-  // more).
-  return num_tensors >= 0 && num_tensors <= kMaxSpecializedArity
-             ? kOtherWays[static_cast<size_t>(num_tensors)]
              : &match_shapes_any;
 }
 

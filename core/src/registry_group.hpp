@@ -59,8 +59,6 @@ std::unique_ptr<Impl> make_impl(const KernelSpec& spec);
 // CheckPlan::match_shapes for a plan of num_tensors tensors: the compare specialized for
 // that arity (check_plan.cpp).
 ShapeMatchFn shape_matcher(int num_tensors);
-// CheckPlan::match_other_ways for a plan of num_tensors tensors.
-ShapeMatchFn other_ways_matcher(int num_tensors);
 // "int", "float", "bool", "str", "Resource" (call_errors.cpp).
 const char* attr_type_name(int32_t type);
 // "cuda:0"

@@ -1,10 +1,8 @@
 // kreg-bench-dispatch: what the registry adds to a kernel call.
 //   BM_DirectCall     the plugin's C entry point through a function pointer, frame prebuilt
-//   BM_HandleCall     the same kernel through a resolved KernelHandle (checks + frame), the
-//                     tensors an array (DLTensor* args[2]: the compare inline, specialized
-//                     for two tensors)
+//   BM_HandleCall     the same kernel through a resolved KernelHandle (checks + frame)
 //   BM_HandleCallSpan the same through a span of a run-time size (as the Python and torch
-//                     bindings call: the plan's matcher through a pointer)
+//                     bindings call)
 //   BM_HandleCallAlternating  two shapes in turn through the handle (two calls per
 //                     iteration; both hit once the fast path's ways hold both shapes)
 //   BM_LookupAndCall  Registry::call by op name (lookup, selection, checks, call)

@@ -8,16 +8,13 @@
 
 #include <unistd.h>
 
-#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstdlib>
 #include <filesystem>
 #include <new>
 #include <random>
-#include <span>
 #include <thread>
-#include <type_traits>
 #include <vector>
 
 #include "kreg/plugin.hpp"
@@ -360,32 +357,6 @@ TEST(ExactShapeCacheTest, CompareNAgreesWithMatches) {
 
 // ---- Through handles: the full check's verdict on every call ----
 
-// KernelHandle::call through its array overload (for 1 to kInlineArity tensors the first
-// way's compare is inline, specialized for the count), else through the span.
-Status call_as_array(const KernelHandle& h, std::span<DLTensor* const> t,
-                     std::span<const kreg_attr> a = {}) {
-  auto as = [&]<size_t N>(std::integral_constant<size_t, N>) {
-    DLTensor* arr[N];
-    std::copy_n(t.begin(), N, arr);
-    return h.call(arr, a);
-  };
-  static_assert(KernelHandle::kInlineArity == 4);
-  switch (t.size()) {
-    case 1:
-      return as(std::integral_constant<size_t, 1>{});
-    case 2:
-      return as(std::integral_constant<size_t, 2>{});
-    case 3:
-      return as(std::integral_constant<size_t, 3>{});
-    case 4:
-      return as(std::integral_constant<size_t, 4>{});
-    case 5:
-      return as(std::integral_constant<size_t, 5>{});  // past kInlineArity: the span path
-    default:
-      return h.call(t, a);
-  }
-}
-
 class FastPathTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -558,14 +529,6 @@ TEST_F(FastPathTest, AgreesWithTheFullCheckOnRandomMutations) {
     ASSERT_EQ(ran, by_handle) << "trial " << trial;
     // Twice: now the mutated call may be the one cached.
     ASSERT_EQ(h->call(call).ok(), full) << "trial " << trial << ", again";
-    // The array overload (its inline compare), with the accepted call in the first way
-    // again, and once more.
-    ASSERT_TRUE(h->call(strided ? base_strided : base).ok());
-    for (int k = 0; k < 2; ++k) {
-      const long runs = g_runs.load();
-      ASSERT_EQ(call_as_array(*h, call).ok(), full) << "trial " << trial << ", array " << k;
-      ASSERT_EQ(g_runs.load() - runs, full ? 1 : 0) << "trial " << trial << ", array " << k;
-    }
     (full ? accepted : refused)++;
   }
   // The mutations reached both verdicts often enough to mean something.
@@ -694,61 +657,11 @@ TEST_F(FastPathTest, EveryArityAgreesWithTheFullCheck) {
       ASSERT_EQ(by_handle, full) << sig << ", trial " << trial;
       ASSERT_EQ(ran, by_handle) << sig << ", trial " << trial;
       ASSERT_EQ(h->call(call).ok(), full) << sig << ", trial " << trial << ", again";
-      ASSERT_TRUE(h->call(base_args).ok()) << sig;
-      for (int k = 0; k < 2; ++k) {
-        const long runs = g_runs.load();
-        ASSERT_EQ(call_as_array(*h, call).ok(), full) << sig << ", trial " << trial << ", array";
-        ASSERT_EQ(g_runs.load() - runs, full ? 1 : 0) << sig << ", trial " << trial << ", array";
-      }
       (full ? accepted : refused)++;
     }
   }
   EXPECT_GT(accepted, 300);
   EXPECT_GT(refused, 2000);
-}
-
-// The array overload's inline compare reads the first way only: calls whose words are in
-// the other ways, or that the compare leaves to matches() (rank 0, rank above 4), go
-// through call_other_ways and still run the kernel exactly once, and what the full check
-// refuses is refused.
-TEST_F(FastPathTest, ArraysReachEveryWayAndUnusualRanks) {
-  ASSERT_TRUE(
-      reg.add(spec("fp.any", "any(Tensor x, Tensor(a!) out) -> ()", Binding{&count_raw, "TT"}))
-          .ok());
-  T r5({1, 2, 1, 2, 3}), r5o({1, 2, 1, 2, 3}), r2({3, 4}), r2o({3, 4}), r0({}), r0o({}),
-      r3({2, 3, 4}), r3o({2, 3, 4});
-  r0.t.shape = r0o.t.shape = nullptr;  // rank 0 needs no shape array
-  r3o.explicit_strides();
-  DLTensor* calls[][2] = {
-      {&r5.t, &r5o.t}, {&r2.t, &r2o.t}, {&r0.t, &r0o.t}, {&r3.t, &r3o.t}, {&r5.t, &r2o.t}};
-  auto h = reg.resolve("fp.any", calls[0]);
-  ASSERT_TRUE(h.ok()) << h.status().message();
-  for (int round = 0; round < 6; ++round) {
-    for (auto& args : calls) {
-      const long before = g_runs.load();
-      const bool full = reg.call("fp.any", args).ok();
-      ASSERT_EQ(g_runs.load() - before, full ? 1 : 0);
-      ASSERT_EQ(h->call(args).ok(), full) << "round " << round;
-      ASSERT_EQ(g_runs.load() - before, full ? 2 : 0) << "round " << round;
-    }
-  }
-  // Five accepted shapes over four ways: every kind of hit and miss happened. Mutations of
-  // each are refused as the full check refuses them.
-  for (auto& args : calls) {
-    ASSERT_TRUE(h->call(args).ok());
-    const DLDevice keep = args[1]->device;
-    args[1]->device.device_id = 3;
-    const long before = g_runs.load();
-    Status st = h->call(args);
-    EXPECT_EQ(st.code(), KREG_INVALID_ARGUMENT) << st.message();
-    EXPECT_EQ(g_runs.load(), before);
-    args[1]->device = keep;
-  }
-  r3o.strides[0] = 5;
-  EXPECT_EQ(h->call(calls[3]).code(), KREG_INVALID_ARGUMENT);
-  r3o.explicit_strides();
-  r2.t.dtype = {kDLBfloat, 16, 1};  // x bf16, out f32: the shared dtype disagrees
-  EXPECT_EQ(h->call(calls[1]).code(), KREG_INVALID_ARGUMENT);
 }
 
 TEST_F(FastPathTest, OptionalTensorsGivenAndOmitted) {

@@ -165,8 +165,8 @@ struct ExactShapeCache {
 
   // matches() for exactly N >= 1 tensors (t[0] .. t[N-1]) of the common kind: no loop,
   // constant slot offsets, few registers (CheckPlan::match_shapes, instantiated in
-  // check_plan.cpp for arities 1 to 8, and KernelHandle::call inline for arrays of 1 to 4
-  // tensors). kUnusual: a tensor has no shape or a rank outside 1..4, and matches() decides.
+  // check_plan.cpp for arities 1 to 8). kUnusual: a tensor has no shape or a rank outside
+  // 1..4, and matches() decides.
   enum class Verdict : uint32_t { kEqual, kDiffers, kUnusual };
   template <size_t N>
   Verdict compare_n(DLTensor* const* t) const;
@@ -182,13 +182,6 @@ struct ExactShapeCache {
   template <size_t... I>
   uint64_t compare_slots(DLTensor* const* t, std::index_sequence<I...>) const;
 };
-
-// CheckPlan::inline_counts: the attribute and tensor counts of a call, one byte each. The
-// attribute count of a resource-taking op (-1) is 0xff, which no call of fewer than 0x80
-// attributes (KernelHandle::call's condition) gives.
-constexpr uint16_t inline_counts_word(int attrs, int tensors) {
-  return static_cast<uint16_t>(static_cast<uint8_t>(attrs) | (static_cast<uint8_t>(tensors) << 8));
-}
 
 struct CheckPlan;
 // CheckPlan::match_shapes: t (num_tensors of them) word for word against the plan's ways.
@@ -209,9 +202,6 @@ struct CheckPlan {
   int8_t inline_attrs = 0;
   int8_t num_tensors = 0;
   int8_t num_attrs = 0;
-  // inline_counts_word(inline_attrs, num_tensors): the two counts of the inline path for
-  // one 16-bit compare (KernelHandle::call of an array of tensors).
-  uint16_t inline_counts = 0;
   int32_t device_type = kDLCPU;
   int32_t attr_types[kMaxAttrs] = {};  // KREG_ATTR_* (the inline path compares given ones)
   DTypeMask shared_dtypes = 0;
@@ -219,9 +209,6 @@ struct CheckPlan {
   int8_t num_symbols = 0;
   uint32_t optional_mask = 0;  // bit i: tensor i may be null ('Tensor?')
   uint32_t host_ok_mask = 0;   // bit i: tensor i may be in host memory ('Tensor@host')
-  // match_shapes without the first way (whose compare KernelHandle::call of an array of
-  // tensors makes inline): ways 1 to kShapeWays - 1, for num_tensors tensors.
-  ShapeMatchFn match_other_ways = &match_shapes_any;
   TensorRule tensors[kMaxTensors];
   kreg_attr defaults[kMaxAttrs] = {};
   // Compiled form for accepts(): the first tensor that takes the shared dtype, the
@@ -746,28 +733,6 @@ class KernelHandle {
     return call_inline(tensors, attrs, CallOptions{stream});
   }
 
-  // The same for an array of tensors (DLTensor* args[] = {&x, &out}; h.call(args)): for 1 to
-  // kInlineArity tensors the first way's compare is inline here, specialized for the count
-  // (the span overloads call the plan's matcher through a pointer); the same checks and
-  // errors.
-  static constexpr size_t kInlineArity = 4;
-  template <size_t N>
-  [[gnu::always_inline]] Status call(DLTensor* const (&tensors)[N],
-                                     std::span<const kreg_attr> attrs,
-                                     const CallOptions& options) const {
-    if constexpr (N >= 1 && N <= kInlineArity) {
-      return call_array<N>(tensors, attrs, options);
-    } else {
-      return call_inline(tensors, attrs, options);
-    }
-  }
-  template <size_t N>
-  [[gnu::always_inline]] Status call(DLTensor* const (&tensors)[N],
-                                     std::span<const kreg_attr> attrs = {},
-                                     void* stream = nullptr) const {
-    return call(tensors, attrs, CallOptions{stream});
-  }
-
   // Builds a positional attribute list from names (unknown names, wrong types and
   // missing required attributes are errors naming them).
   Result<AttrList> attrs(const std::vector<NamedAttr>& named) const;
@@ -786,34 +751,6 @@ class KernelHandle {
                                      options);
     }
     return call_general(tensors, attrs, options.stream, options.services, options.launch_flags);
-  }
-  // call() for an array of N tensors, 1 <= N <= kInlineArity: the counts in one compare,
-  // then the first way's compare inline (no matcher call); a miss there calls the plan's
-  // matcher of the other ways (all of them through matches() when the compare left a
-  // tensor to it), whose hit shares this frame and call.
-  template <size_t N>
-  [[gnu::always_inline]] Status call_array(DLTensor* const* tensors,
-                                           std::span<const kreg_attr> attrs,
-                                           CallOptions options) const {
-    const detail::Impl& impl = *impl_;
-    const detail::CheckPlan& plan = impl.plan;
-    const size_t na = attrs.size();
-    bool inline_ok = na < 0x80 && detail::inline_counts_word(static_cast<int>(na), static_cast<int>(N)) ==
-                                      plan.inline_counts;
-    for (size_t j = 0; inline_ok && j < na; ++j) inline_ok = attrs[j].type == plan.attr_types[j];
-    if (inline_ok) [[likely]] {
-      using Verdict = detail::ExactShapeCache::Verdict;
-      const Verdict v = plan.last[0].compare_n<N>(tensors);
-      if (v == Verdict::kEqual ||
-          (v == Verdict::kDiffers ? plan.match_other_ways : &detail::match_shapes_any)(plan,
-                                                                                     tensors))
-          [[likely]] {
-        return detail::invoke_complete(impl, impl.fn.load(std::memory_order_acquire),
-                                       {tensors, N}, attrs, options);
-      }
-    }
-    return call_general({tensors, N}, attrs, options.stream, options.services,
-                        options.launch_flags);
   }
   // call() off its inline path (check_plan.cpp): the ways again, the full check and
   // remember on a miss, defaults, resources, or the error.
