@@ -86,50 +86,6 @@ __global__ void __launch_bounds__(kMaxThreads)
   }
 }
 
-// Small calls of up to kTableFreqs frequencies: the frequencies computed on the host (the
-// same double exp, so the same bits) and passed in the launch's parameters, so that a
-// thread's latency is the timestep's load and one sincosf.
-constexpr int kTableFreqs = 512;
-struct FreqTable {
-  float f[kTableFreqs];
-};
-
-template <typename T>
-__global__ void __launch_bounds__(kMaxThreads)
-    timestep_embedding_table_kernel(const T* __restrict__ t, float* __restrict__ out,
-                                    int64_t rows, int64_t dim, TimestepEmbedding e,
-                                    const __grid_constant__ FreqTable tab) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const float f = i < e.half ? tab.f[i] : 0.0f;
-  const int64_t sin_col = e.flip ? e.half : 0;
-  const int64_t cos_col = e.flip ? 0 : e.half;
-  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
-    float s, c;
-    sincosf((device::to_float(t[r]) * f) * e.scale, &s, &c);
-    float* row = out + r * dim;
-    if (i < e.half) {
-      row[sin_col + i] = s;
-      row[cos_col + i] = c;
-    }
-    if (e.pad && blockIdx.x == 0 && threadIdx.x == 0) row[dim - 1] = 0.0f;
-  }
-}
-
-// The table of e's frequencies, computed once per thread for the last (half, ln P,
-// denominator) asked.
-const FreqTable& freq_table(const TimestepEmbedding& e) {
-  thread_local FreqTable table{};
-  thread_local int64_t key_half = -1;
-  thread_local float key_log = 0.0f, key_den = 0.0f;
-  if (key_half != e.half || key_log != e.log_max_period || key_den != e.denominator) {
-    for (int64_t i = 0; i < e.half; ++i) table.f[i] = timestep_frequency(e, i);
-    key_half = e.half;
-    key_log = e.log_max_period;
-    key_den = e.denominator;
-  }
-  return table;
-}
-
 template <typename T>
 cudaError_t launch(const DLTensor& t, DLTensor& out, const TimestepEmbedding& e,
                    cudaStream_t stream) {
@@ -143,11 +99,6 @@ cudaError_t launch(const DLTensor& t, DLTensor& out, const TimestepEmbedding& e,
     const int64_t threads = std::min<int64_t>(kMaxThreads, (threads_needed + 31) / 32 * 32);
     const dim3 grid(static_cast<unsigned>((threads_needed + threads - 1) / threads),
                     static_cast<unsigned>(std::min(rows, kMaxRowBlocks)));
-    if (e.half <= kTableFreqs) {
-      timestep_embedding_table_kernel<T><<<grid, static_cast<unsigned>(threads), 0, stream>>>(
-          tp, op, rows, dim, e, freq_table(e));
-      return cudaGetLastError();
-    }
     timestep_embedding_kernel<T, 1, false>
         <<<grid, static_cast<unsigned>(threads), 0, stream>>>(tp, op, rows, dim, e);
     return cudaGetLastError();
