@@ -192,6 +192,7 @@ TEST(ProbeProcess, TheChildIsKregProbeNotAForkOfTheBusyCaller) {
   });
   pid_t child = 0;
   std::string comm;
+  std::vector<std::string> args;
   const auto deadline = std::chrono::steady_clock::now() +
                         std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                             std::chrono::duration<double>(test::budget(5)));
@@ -200,10 +201,14 @@ TEST(ProbeProcess, TheChildIsKregProbeNotAForkOfTheBusyCaller) {
       child = pid;
       comm = name;
     }
-    if (comm == kProbeExecutableName) break;
+    // execve names the task (comm) before it sets up the new image's argument area, so
+    // for a moment the child is kreg-probe with an empty /proc/<pid>/cmdline: wait for both.
+    if (comm == kProbeExecutableName) {
+      args = cmdline(child);
+      if (!args.empty()) break;
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
-  const std::vector<std::string> args = child > 0 ? cmdline(child) : std::vector<std::string>{};
   std::error_code ec;
   const fs::path exe_link = fs::read_symlink("/proc/" + std::to_string(child) + "/exe", ec);
   cancel = true;
