@@ -264,12 +264,13 @@ void ExactShapeCache::remember(std::span<DLTensor* const> t) {
     slot.device.store(device_word(x->device), std::memory_order_relaxed);
     // Without strides: the row-major ones, which the full check accepts for this shape
     // (strides_row_major). The products fit: the full check bounded them (shape_sane).
+    // The full check accepted this call, so the element count fits int64 (kTooLarge):
+    // these products never wrap.
     uint64_t row_major = 1;
     for (int k = x->ndim - 1; k >= 0; --k) {
       slot.shape[k].store(x->shape[k], std::memory_order_relaxed);
-      slot.strides[k].store(
-          x->strides != nullptr ? x->strides[k] : static_cast<int64_t>(row_major),
-          std::memory_order_relaxed);
+      slot.strides[k].store(x->strides != nullptr ? x->strides[k] : static_cast<int64_t>(row_major),
+                            std::memory_order_relaxed);
       row_major *= static_cast<uint64_t>(x->shape[k]);
     }
   }

@@ -4013,20 +4013,20 @@ void launch(const float* a, const float* b, const float* c, float* x, float* st,
 // ---------------------------------------------------------------------------------------
 namespace v3 {
 
-using v2::kThreads;
-using v2::kWarps;
-using v2::kRedValues;
+using v2::col_sum;
+using v2::diag_row_of;
+using v2::dy_row;
+using v2::entry;
 using v2::kChunkVecs;
 using v2::kMaxChunks;
 using v2::kMiscK;
 using v2::kMiscNnz;
 using v2::kMiscStage;
 using v2::kMiscTooLarge;
+using v2::kRedValues;
+using v2::kThreads;
+using v2::kWarps;
 using v2::Lp;
-using v2::col_sum;
-using v2::diag_row_of;
-using v2::dy_row;
-using v2::entry;
 using v2::row_sum;
 using v2::row_sum_warp;
 constexpr int kMiscLists = kWarps + 4;  // the lists fit (1) or not (0)
@@ -4045,7 +4045,8 @@ using v2::make_layout;
 static_assert(sizeof(uint64_t) * kMaxRows + 2 * sizeof(int) * kListMaxPairs <=
                   sizeof(double) * kMaxCoupling,
               "W's pattern and the counts must fit in wt");
-static_assert(sizeof(double) * kListMaxR * (kListMaxR + 1) + 16 + 2 * sizeof(int) * (kListMaxPairs + 1) <=
+static_assert(sizeof(double) * kListMaxR * (kListMaxR + 1) + 16 +
+                      2 * sizeof(int) * (kListMaxPairs + 1) <=
                   sizeof(double) * kMaxDense * kMaxDense,
               "the offsets must fit in chol's tail");
 
@@ -4105,7 +4106,8 @@ struct Reducer {
       for (int w = 0; w < 8; ++w) q[w] = b[w];
       double a[4];
 #pragma unroll
-      for (int w = 0; w < 4; ++w) a[w] = op(i, op(i, q[w].x, q[w].y), op(i, q[w + 4].x, q[w + 4].y));
+      for (int w = 0; w < 4; ++w)
+        a[w] = op(i, op(i, q[w].x, q[w].y), op(i, q[w + 4].x, q[w + 4].y));
       v[i] = op(i, op(i, a[0], a[1]), op(i, a[2], a[3]));
     }
   }
@@ -4268,18 +4270,10 @@ enum Phase : int {
   kPhFinal,
   kPhases
 };
-const char* const kPhaseNames[kPhases] = {"read A (1 pass)",
-                                          "CSR/CSC/k/sort",
-                                          "Schur lists",
-                                          "start point",
-                                          "(1) step,resid,rows",
-                                          "(2) S, z (lists)",
-                                          "(3) chol, tri (reg)",
-                                          "(4) rd,steps+mu_aff",
-                                          "(5) corr rhs",
-                                          "(6) corr z, tri",
-                                          "(7) corr steps",
-                                          "output"};
+const char* const kPhaseNames[kPhases] = {
+    "read A (1 pass)",     "CSR/CSC/k/sort",   "Schur lists",         "start point",
+    "(1) step,resid,rows", "(2) S, z (lists)", "(3) chol, tri (reg)", "(4) rd,steps+mu_aff",
+    "(5) corr rhs",        "(6) corr z, tri",  "(7) corr steps",      "output"};
 
 template <bool kP>
 __global__ void __launch_bounds__(kThreads, 1)
@@ -4294,7 +4288,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   // s's regions, dxs[j] = (dx_j, ds_j) over dx's and ds's, xs2 the second buffer of xs over
   // rd's and rc's; y2 is y's second buffer (rp's region). The pending step is stored to the
   // second buffers, then the pointers swap.
-  double2 *xs = reinterpret_cast<double2*>(smem + L.x), *dxs = reinterpret_cast<double2*>(smem + L.dx),
+  double2 *xs = reinterpret_cast<double2*>(smem + L.x),
+          *dxs = reinterpret_cast<double2*>(smem + L.dx),
           *xs2 = reinterpret_cast<double2*>(smem + L.rd);
   double *d = dv(L.d), *cs = dv(L.cs);
   double *y = dv(L.y), *dy = dv(L.dy), *y2 = dv(L.rp), *rhs = dv(L.rhs), *bs = dv(L.bs),
@@ -4348,8 +4343,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int nmain = static_cast<int>((vecs + kChunkVecs - 1) / kChunkVecs);
   const int nchunks = nmain + 1;
   if (vec4) {
-    read_a_once(a_g, total, nmain, &misc[kMiscStage], stage_idx, stage_val, chunk_soff,
-                chunk_cnt);
+    read_a_once(a_g, total, nmain, &misc[kMiscStage], stage_idx, stage_val, chunk_soff, chunk_cnt);
   } else {
     v2::count_a<1>(a_g, total, misc);
   }
@@ -4548,7 +4542,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           const float ah = p < end ? value_at(lp, k + h, j) : 0.0f;
           const unsigned hit = __ballot_sync(kFullMask, ah != 0.0f);
           if (pass == 1 && ah != 0.0f) {
-            l1[at1 + __popc(hit & lt)] = make_int4(__float_as_int(csr_val[p]), __float_as_int(ah), j, 0);
+            l1[at1 + __popc(hit & lt)] =
+                make_int4(__float_as_int(csr_val[p]), __float_as_int(ah), j, 0);
           }
           at1 += __popc(hit);
         }
@@ -4648,7 +4643,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     const double shift_x = sums[2] > 0 ? 0.5 * sums[0] / sums[2] : 0;
     const double shift_s = sums[1] > 0 ? 0.5 * sums[0] / sums[1] : 0;
     for (int j = tid; j < n; j += kThreads) {
-      xs[j] = make_double2(fmax(xs[j].x + shift_x, kStartFloor), fmax(xs[j].y + shift_s, kStartFloor));
+      xs[j] =
+          make_double2(fmax(xs[j].x + shift_x, kStartFloor), fmax(xs[j].y + shift_s, kStartFloor));
     }
   }
   __syncthreads();
@@ -4889,10 +4885,11 @@ void launch(const float* a, const float* b, const float* c, float* x, float* st,
 }
 
 }  // namespace v3
-#define VARIANTS                                                                   \
-  {                                                                                \
-    {"V0 kreg", v0_launch}, {"V1", v1_launch}, {"V1/256", v1_256_launch}, {"V2", v2_launch}, \
-        {"V3", v3_launch}                                                          \
+#define VARIANTS                                                                               \
+  {                                                                                            \
+    {"V0 kreg", v0_launch}, {"V1", v1_launch}, {"V1/256", v1_256_launch}, {"V2", v2_launch}, { \
+      "V3", v3_launch                                                                          \
+    }                                                                                          \
   }
 // ---------------------------------------------------------------------------------------
 // Harness

@@ -138,16 +138,28 @@ int main() {
       const float* ts = t + set * cs.rows;
       float* o = out + set * out_n;
       switch (v) {
-        case 0: ts_rowblock<0><<<grid, threads, 0, st>>>(ts, o, cs.rows, cs.dim, e, tab, dtab); break;
-        case 1: ts_rowblock<1><<<grid, threads, 0, st>>>(ts, o, cs.rows, cs.dim, e, tab, dtab); break;
-        case 2: ts_rowblock<2><<<grid, threads, 0, st>>>(ts, o, cs.rows, cs.dim, e, tab, dtab); break;
-        case 3: ts_oneblock<<<1, one_threads, 0, st>>>(ts, o, cs.rows, cs.dim, e); break;
-        case 4: ts_rowblock<4><<<grid, threads, 0, st>>>(ts, o, cs.rows, cs.dim, e, tab, dtab); break;
-        default: zero_kernel<<<1, 256, 0, st>>>(o, static_cast<int64_t>(out_n)); break;
+        case 0:
+          ts_rowblock<0><<<grid, threads, 0, st>>>(ts, o, cs.rows, cs.dim, e, tab, dtab);
+          break;
+        case 1:
+          ts_rowblock<1><<<grid, threads, 0, st>>>(ts, o, cs.rows, cs.dim, e, tab, dtab);
+          break;
+        case 2:
+          ts_rowblock<2><<<grid, threads, 0, st>>>(ts, o, cs.rows, cs.dim, e, tab, dtab);
+          break;
+        case 3:
+          ts_oneblock<<<1, one_threads, 0, st>>>(ts, o, cs.rows, cs.dim, e);
+          break;
+        case 4:
+          ts_rowblock<4><<<grid, threads, 0, st>>>(ts, o, cs.rows, cs.dim, e, tab, dtab);
+          break;
+        default:
+          zero_kernel<<<1, 256, 0, st>>>(o, static_cast<int64_t>(out_n));
+          break;
       }
     };
-    const char* names[] = {"V0 plugin (double exp)", "V1 param table", "V2 device table",
-                           "V3 one block", "V4 expf (inexact)", "Z  zero-store floor"};
+    const char* names[] = {"V0 plugin (double exp)", "V1 param table",    "V2 device table",
+                           "V3 one block",           "V4 expf (inexact)", "Z  zero-store floor"};
     // Correctness: every exact variant equals V0 bit for bit on all sets.
     std::vector<float> ref(out_n * kSets), got(out_n * kSets);
     for (int s = 0; s < kSets; ++s) launch(0, s);

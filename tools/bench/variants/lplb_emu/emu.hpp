@@ -1,14 +1,14 @@
-// Minimal CUDA single-block emulator (for lplb_emu/main.cpp): 512 cooperative threads (makecontext + _setjmp/_longjmp),
-// warp-level ops by exchange + warp barrier, __syncthreads as a block barrier.
+// Minimal CUDA single-block emulator (for lplb_emu/main.cpp): 512 cooperative threads (makecontext
+// + _setjmp/_longjmp), warp-level ops by exchange + warp barrier, __syncthreads as a block barrier.
 #pragma once
 #include <setjmp.h>
 #include <ucontext.h>
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <algorithm>
 #include <functional>
 #include <random>
 #include <type_traits>
@@ -22,12 +22,24 @@ using std::isfinite;
 #define __restrict__ __restrict
 #define __launch_bounds__(a, b)
 #define __align__(n) alignas(n)
-struct Dim3 { unsigned x, y, z; };
-struct float4 { float x, y, z, w; };
-struct alignas(8) float2 { float x, y; };
-struct alignas(16) double2 { double x, y; };
-struct alignas(8) int2 { int x, y; };
-struct alignas(16) int4 { int x, y, z, w; };
+struct Dim3 {
+  unsigned x, y, z;
+};
+struct float4 {
+  float x, y, z, w;
+};
+struct alignas(8) float2 {
+  float x, y;
+};
+struct alignas(16) double2 {
+  double x, y;
+};
+struct alignas(8) int2 {
+  int x, y;
+};
+struct alignas(16) int4 {
+  int x, y, z, w;
+};
 inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
 inline float2 make_float2(float a, float b) { return {a, b}; }
 inline double2 make_double2(double a, double b) { return {a, b}; }
@@ -38,7 +50,13 @@ typedef int cudaStream_t;
 namespace emu {
 constexpr int kT = 512;
 enum St { RUN, WWAIT, BWAIT, DONE };
-struct Thr { jmp_buf jb; ucontext_t uc; St st; bool started; std::vector<char> stack; };
+struct Thr {
+  jmp_buf jb;
+  ucontext_t uc;
+  St st;
+  bool started;
+  std::vector<char> stack;
+};
 inline Thr thr[kT];
 inline jmp_buf sched_jb;
 inline ucontext_t sched_uc;
@@ -152,34 +170,78 @@ inline unsigned redux(unsigned v, F f) {
 #define blockDim (Dim3{512u, 1u, 1u})
 inline void __syncthreads() { emu::yield(emu::BWAIT); }
 inline void __syncwarp(unsigned = 0xffffffffu) { emu::yield(emu::WWAIT); }
-template <class T> inline T __shfl_sync(unsigned, T v, int src, int width = 32) {
+template <class T>
+inline T __shfl_sync(unsigned, T v, int src, int width = 32) {
   const int lane = emu::cur % 32;
   return emu::exch(v, (lane / width) * width + (src % width));
 }
-template <class T> inline T __shfl_xor_sync(unsigned, T v, int mask, int width = 32) {
+template <class T>
+inline T __shfl_xor_sync(unsigned, T v, int mask, int width = 32) {
   const int lane = emu::cur % 32;
   int src = lane ^ mask;
   if (src / width != lane / width) src = lane;
   return emu::exch(v, src);
 }
-template <class T> inline T __shfl_up_sync(unsigned, T v, unsigned d, int width = 32) {
+template <class T>
+inline T __shfl_up_sync(unsigned, T v, unsigned d, int width = 32) {
   const int lane = emu::cur % 32;
   const int sub = lane % width;
   return emu::exch(v, sub >= static_cast<int>(d) ? lane - static_cast<int>(d) : lane);
 }
 inline unsigned __ballot_sync(unsigned, bool p) { return emu::gather_bits(p); }
-inline unsigned __reduce_max_sync(unsigned, unsigned v) { return emu::redux(v, [](unsigned a, unsigned b) { return a > b ? a : b; }); }
-inline unsigned __reduce_min_sync(unsigned, unsigned v) { return emu::redux(v, [](unsigned a, unsigned b) { return a < b ? a : b; }); }
+inline unsigned __reduce_max_sync(unsigned, unsigned v) {
+  return emu::redux(v, [](unsigned a, unsigned b) { return a > b ? a : b; });
+}
+inline unsigned __reduce_min_sync(unsigned, unsigned v) {
+  return emu::redux(v, [](unsigned a, unsigned b) { return a < b ? a : b; });
+}
 inline int __popc(unsigned v) { return __builtin_popcount(v); }
-inline int atomicAdd(int* p, int v) { int o = *p; *p += v; return o; }
-inline int atomicMin(int* p, int v) { int o = *p; *p = std::min(o, v); return o; }
+inline int atomicAdd(int* p, int v) {
+  int o = *p;
+  *p += v;
+  return o;
+}
+inline int atomicMin(int* p, int v) {
+  int o = *p;
+  *p = std::min(o, v);
+  return o;
+}
 inline long long clock64() { return 0; }
 inline double rsqrt(double x) { return 1.0 / std::sqrt(x); }
 inline double __fma_rn(double a, double b, double c) { return std::fma(a, b, c); }
-inline int __double2hiint(double d) { uint64_t b; std::memcpy(&b, &d, 8); return static_cast<int>(b >> 32); }
-inline int __double2loint(double d) { uint64_t b; std::memcpy(&b, &d, 8); return static_cast<int>(b & 0xffffffffu); }
-inline double __hiloint2double(int hi, int lo) { uint64_t b = (static_cast<uint64_t>(static_cast<uint32_t>(hi)) << 32) | static_cast<uint32_t>(lo); double d; std::memcpy(&d, &b, 8); return d; }
-inline float __int_as_float(int v) { float f; std::memcpy(&f, &v, 4); return f; }
-inline int __float_as_int(float f) { int v; std::memcpy(&v, &f, 4); return v; }
-template <class A, class B> inline auto min(A a, B b) { using C = std::common_type_t<A, B>; return static_cast<C>(a) < static_cast<C>(b) ? static_cast<C>(a) : static_cast<C>(b); }
-template <class A, class B> inline auto max(A a, B b) { using C = std::common_type_t<A, B>; return static_cast<C>(a) > static_cast<C>(b) ? static_cast<C>(a) : static_cast<C>(b); }
+inline int __double2hiint(double d) {
+  uint64_t b;
+  std::memcpy(&b, &d, 8);
+  return static_cast<int>(b >> 32);
+}
+inline int __double2loint(double d) {
+  uint64_t b;
+  std::memcpy(&b, &d, 8);
+  return static_cast<int>(b & 0xffffffffu);
+}
+inline double __hiloint2double(int hi, int lo) {
+  uint64_t b = (static_cast<uint64_t>(static_cast<uint32_t>(hi)) << 32) | static_cast<uint32_t>(lo);
+  double d;
+  std::memcpy(&d, &b, 8);
+  return d;
+}
+inline float __int_as_float(int v) {
+  float f;
+  std::memcpy(&f, &v, 4);
+  return f;
+}
+inline int __float_as_int(float f) {
+  int v;
+  std::memcpy(&v, &f, 4);
+  return v;
+}
+template <class A, class B>
+inline auto min(A a, B b) {
+  using C = std::common_type_t<A, B>;
+  return static_cast<C>(a) < static_cast<C>(b) ? static_cast<C>(a) : static_cast<C>(b);
+}
+template <class A, class B>
+inline auto max(A a, B b) {
+  using C = std::common_type_t<A, B>;
+  return static_cast<C>(a) > static_cast<C>(b) ? static_cast<C>(a) : static_cast<C>(b);
+}

@@ -4,14 +4,16 @@
 // barriers; each V3 solve also runs with the threads in reverse and shuffled order within
 // every barrier interval, so a missing barrier (a race) shows as a failure.
 //   cd tools/bench/variants/lplb_emu && python3 extract.py ../lplb_solve_bench.cu /tmp/gen.hpp &&
-//   g++ -std=c++20 -O1 -U_FORTIFY_SOURCE -fno-strict-aliasing -w -I/tmp -I. main.cpp -o /tmp/lplb_emu &&
-//   /tmp/lplb_emu 4      (4: the bench's correctness LPs, 213; 1: demo; 2: small/dense; 3: larger)
-#include "gen.hpp"
+//   g++ -std=c++20 -O1 -U_FORTIFY_SOURCE -fno-strict-aliasing -w -I/tmp -I. main.cpp -o
+//   /tmp/lplb_emu && /tmp/lplb_emu 4      (4: the bench's correctness LPs, 213; 1: demo; 2:
+//   small/dense; 3: larger)
 #include <chrono>
 #include <string>
+#include "gen.hpp"
 // Emulated launch: vec4 when A is 16-byte aligned, as the bench's launch.
 template <class K>
-Result emu_run(K kernel, const HostLp& h, int max_iter, double tol, int order, int a_off, bool* ok) {
+Result emu_run(K kernel, const HostLp& h, int max_iter, double tol, int order, int a_off,
+               bool* ok) {
   std::vector<float> abuf(h.A.size() + 8 + a_off);
   float* base = abuf.data();
   while (reinterpret_cast<uintptr_t>(base) & 15) ++base;
@@ -20,15 +22,24 @@ Result emu_run(K kernel, const HostLp& h, int max_iter, double tol, int order, i
   std::vector<float> b = h.b, c = h.c;
   Result r{std::vector<float>(h.n, NAN), std::vector<float>(8, NAN)};
   const bool vec4 = (reinterpret_cast<uintptr_t>(A) & 15) == 0;
-  std::memset(emu::smem_buf, 0xcd, sizeof emu::smem_buf);  // garbage, like uninitialised shared memory
-  *ok = emu::run([&] { kernel(A, b.data(), c.data(), r.x.data(), r.st.data(), h.m, h.n, max_iter, tol, vec4, nullptr); }, order);
+  std::memset(emu::smem_buf, 0xcd,
+              sizeof emu::smem_buf);  // garbage, like uninitialised shared memory
+  *ok = emu::run(
+      [&] {
+        kernel(A, b.data(), c.data(), r.x.data(), r.st.data(), h.m, h.n, max_iter, tol, vec4,
+               nullptr);
+      },
+      order);
   return r;
 }
 int main(int argc, char** argv) {
   const int which = argc > 1 ? std::atoi(argv[1]) : 4;
   std::vector<HostLp> lps;
   std::vector<int> aoff;
-  auto add = [&](HostLp h, int off = 0) { lps.push_back(std::move(h)); aoff.push_back(off); };
+  auto add = [&](HostLp h, int off = 0) {
+    lps.push_back(std::move(h));
+    aoff.push_back(off);
+  };
   if (which == 0 || which == 1) {
     add(demo_lp(1, 256, 8, 32, 4096, 8, 1.0));
     add(demo_lp(2, 256, 8, 32, 4096, 8, 1.0), 1);
@@ -117,20 +128,28 @@ int main(int argc, char** argv) {
           if (v == 2 && order != 0) continue;
           bool ok = false;
           auto t0 = std::chrono::steady_clock::now();
-          const Result g = v == 2 ? emu_run(v2::ipm_kernel<false>, h, mi, 1e-6, order, aoff[i], &ok)
-                                  : emu_run(v3::ipm_kernel<false>, h, mi, 1e-6, order, aoff[i], &ok);
-          const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          const Result g = v == 2
+                               ? emu_run(v2::ipm_kernel<false>, h, mi, 1e-6, order, aoff[i], &ok)
+                               : emu_run(v3::ipm_kernel<false>, h, mi, 1e-6, order, aoff[i], &ok);
+          const double sec =
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
           Agreement a = compare(g, c, nullptr);
           bool good = ok && a.ok;
-          if (a.why == "refused (too large) where V0 is not") good = ok && c.st[kStatusDiagRows] == g.st[kStatusDiagRows];
+          if (a.why == "refused (too large) where V0 is not")
+            good = ok && c.st[kStatusDiagRows] == g.st[kStatusDiagRows];
           double xe = 0, xmax = 0;
           for (float q : c.x) xmax = std::max(xmax, std::fabs(double(q)));
-          for (int j = 0; j < h.n; ++j) xe = std::max(xe, std::fabs(double(g.x[j]) - c.x[j]) / (1 + xmax));
-          if (mi != 30) good = good && g.st[0] == c.st[0] && g.st[4] == c.st[4] && g.st[6] == c.st[6] && g.st[7] == c.st[7] && xe <= 1e-6;
+          for (int j = 0; j < h.n; ++j)
+            xe = std::max(xe, std::fabs(double(g.x[j]) - c.x[j]) / (1 + xmax));
+          if (mi != 30)
+            good = good && g.st[0] == c.st[0] && g.st[4] == c.st[4] && g.st[6] == c.st[6] &&
+                   g.st[7] == c.st[7] && xe <= 1e-6;
           fails += !good;
-          std::printf("V%d ord %d %-28s %4dx%-4d mi %2d: it %g/%g conv %g/%g reason %g/%g k %g/%g dx %.2e %s%s (%.1fs)\n", v, order,
-                      h.name.c_str(), h.m, h.n, mi, g.st[4], c.st[4], g.st[0], c.st[0], g.st[6], c.st[6], g.st[7], c.st[7], xe,
-                      good ? "ok" : "FAIL ", good ? "" : a.why.c_str(), sec);
+          std::printf(
+              "V%d ord %d %-28s %4dx%-4d mi %2d: it %g/%g conv %g/%g reason %g/%g k %g/%g dx %.2e "
+              "%s%s (%.1fs)\n",
+              v, order, h.name.c_str(), h.m, h.n, mi, g.st[4], c.st[4], g.st[0], c.st[0], g.st[6],
+              c.st[6], g.st[7], c.st[7], xe, good ? "ok" : "FAIL ", good ? "" : a.why.c_str(), sec);
           std::fflush(stdout);
         }
       }
