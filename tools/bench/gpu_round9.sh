@@ -57,6 +57,10 @@ if left 70; then
     --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis --section Occupancy \
     $PY tools/bench/ncu_case.py --calls 2 --only "attention.decode B=1 ctx=4096" >"$L/ncu_decode.log" 2>&1
   grep -E "decode_|Duration|DRAM Throughput|Memory Throughput|Warp Cycles|Achieved Occupancy|L2 Hit|Mem Busy|Max Bandwidth|spends" "$L/ncu_decode.log" | head -50
+  # The same kernels with warm caches (as in a graph replay of one buffer set): durations only.
+  left 40 && timeout 30 ncu --clock-control none --cache-control none -k regex:decode --launch-skip 2 --launch-count 2 \
+    --section SpeedOfLight $PY tools/bench/ncu_case.py --calls 2 --only "attention.decode B=1 ctx=4096" 2>&1 |
+    grep -E "decode_|Duration|DRAM Throughput" | sed "s/^/warm: /"
 fi
 left 15 && taskset -c 3 ./build/tests/bench/kreg-bench-dispatch --benchmark_repetitions=3 \
   --benchmark_report_aggregates_only=true --benchmark_filter='Direct|Handle' 2>&1 | grep -E "median"
