@@ -104,24 +104,24 @@ class CudaBackend final : public KernelBackend {
 const CpuBackend kCpu;
 const CudaBackend kCuda;
 
-// CUDA source compiled at resolve time (kreg/jit.hpp): needs a GPU, as CUDA does, and
-// NVRTC, loaded at run time like the driver.
-class JitBackend final : public KernelBackend {
+// A backend that runs on the CUDA devices and needs one more library on top of the driver:
+// available when CUDA is and `require()` finds that library (asked once, lazily).
+class OnCudaBackend : public KernelBackend {
  public:
-  std::string_view name() const override { return "jit"; }
-  DLDeviceType device_type() const override { return kDLCUDA; }
-  bool available() const noexcept override {
+  DLDeviceType device_type() const final { return kDLCUDA; }
+  bool available() const noexcept final {
     probe();
     return ok_;
   }
-  std::string unavailable_reason() const override {
+  std::string unavailable_reason() const final {
     probe();
     return reason_;
   }
-  std::optional<int> sm_of(int device_id) const noexcept override { return kCuda.sm_of(device_id); }
-  std::string_view launch_semantics() const override {
-    return "compiled by NVRTC when resolved; then asynchronous on the given stream";
-  }
+  std::optional<int> sm_of(int device_id) const noexcept final { return kCuda.sm_of(device_id); }
+
+ protected:
+  // Empty when the library is usable, else why not.
+  virtual std::string require() const = 0;
 
  private:
   void probe() const noexcept {
@@ -131,14 +131,10 @@ class JitBackend final : public KernelBackend {
         return;
       }
       try {
-        auto v = jit::nvrtc_version();
-        if (!v) {
-          reason_ = v.status().message();
-          return;
-        }
-        ok_ = true;
+        reason_ = require();
+        ok_ = reason_.empty();
       } catch (const std::exception& e) {
-        reason_ = std::string("NVRTC: ") + e.what();
+        reason_ = std::string("the ") + std::string(name()) + " backend: " + e.what();
       }
     });
   }
@@ -147,59 +143,56 @@ class JitBackend final : public KernelBackend {
   mutable std::string reason_;
 };
 
+// CUDA source compiled at resolve time (kreg/jit.hpp): NVRTC, loaded at run time like the
+// driver.
+class JitBackend final : public OnCudaBackend {
+ public:
+  std::string_view name() const override { return "jit"; }
+  std::string_view launch_semantics() const override {
+    return "compiled by NVRTC when resolved; then asynchronous on the given stream";
+  }
+
+ private:
+  std::string require() const override {
+    auto v = jit::nvrtc_version();
+    if (v) return {};
+    return v.status().message().empty() ? "NVRTC is not usable" : v.status().message();
+  }
+};
+
 const JitBackend kJit;
 
-// Collectives on NCCL (the communication group): CUDA tensors, a GPU, and libnccl.so.2
-// loadable at run time (as the plugin opens it: $KREG_NCCL_LIBRARY, else the system's
-// libnccl.so.2, else the CUDA toolkit's). Only probed; the plugin makes the NCCL calls.
-class NcclBackend final : public KernelBackend {
+// Collectives on NCCL (the communication group): libnccl.so.2 loadable at run time (as the
+// plugin opens it: $KREG_NCCL_LIBRARY, else the system's libnccl.so.2, else the CUDA
+// toolkit's). Only probed; the plugin makes the NCCL calls.
+class NcclBackend final : public OnCudaBackend {
  public:
   std::string_view name() const override { return "nccl"; }
-  DLDeviceType device_type() const override { return kDLCUDA; }
-  bool available() const noexcept override {
-    probe();
-    return ok_;
-  }
-  std::string unavailable_reason() const override {
-    probe();
-    return reason_;
-  }
-  std::optional<int> sm_of(int device_id) const noexcept override { return kCuda.sm_of(device_id); }
   std::string_view launch_semantics() const override {
     return "NCCL collectives and kernels, asynchronous on the given stream";
   }
 
  private:
-  void probe() const noexcept {
-    std::call_once(once_, [this] {
-      if (!kCuda.available()) {
-        reason_ = kCuda.unavailable_reason();
-        return;
+  std::string require() const override {
+    std::vector<std::string> tries;
+    if (const char* env = std::getenv("KREG_NCCL_LIBRARY"); env != nullptr && env[0] != '\0') {
+      tries.emplace_back(env);
+    } else {
+      tries = {"libnccl.so.2", "/usr/local/cuda/lib64/libnccl.so.2"};
+    }
+    std::string why;
+    for (const std::string& lib_name : tries) {
+      try {
+        boost::dll::shared_library lib(lib_name, boost::dll::load_mode::search_system_folders |
+                                                     boost::dll::load_mode::rtld_local);
+        (void)lib.get<int(int*)>("ncclGetVersion");
+        return {};  // unloaded again: the plugin opens its own
+      } catch (const std::exception& e) {
+        why += (why.empty() ? "" : "; ") + lib_name + ": " + e.what();
       }
-      std::vector<std::string> tries;
-      if (const char* env = std::getenv("KREG_NCCL_LIBRARY"); env != nullptr && env[0] != '\0') {
-        tries.emplace_back(env);
-      } else {
-        tries = {"libnccl.so.2", "/usr/local/cuda/lib64/libnccl.so.2"};
-      }
-      std::string why;
-      for (const std::string& name : tries) {
-        try {
-          boost::dll::shared_library lib(name, boost::dll::load_mode::search_system_folders |
-                                                   boost::dll::load_mode::rtld_local);
-          (void)lib.get<int(int*)>("ncclGetVersion");
-          ok_ = true;
-          return;  // unloaded again: the plugin opens its own
-        } catch (const std::exception& e) {
-          why += (why.empty() ? "" : "; ") + name + ": " + e.what();
-        }
-      }
-      reason_ = "no NCCL (" + why + ")";
-    });
+    }
+    return "no NCCL (" + why + ")";
   }
-  mutable std::once_flag once_;
-  mutable bool ok_ = false;
-  mutable std::string reason_;
 };
 
 const NcclBackend kNccl;

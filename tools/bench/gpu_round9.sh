@@ -29,12 +29,12 @@ export PYTHONPATH=$PWD/build/python KREG_PLUGIN_DIR=$PWD/build/plugins KREG_MANI
 timeout ${CTEST_S:-200} ctest --test-dir build -j10 --output-on-failure -R "${CTEST_R:-.}" >"$L/ctest.log" 2>&1
 echo "ctest rc=$?: $(grep -E 'tests passed' "$L/ctest.log") at $SECONDS s"
 grep -E "\((Failed|Timeout|SEGFAULT|Subprocess)|\*\*\*Failed|Failure" "$L/ctest.log" | head -30
-if left 230; then
+if left 140; then
   bash tools/bench/gpu_plugin_ab.sh diffusion 2 '$PY tools/bench/vs_torch.py --reps 30 --no-compile --no-size-copy --only "group_norm_silu,timestep_embedding N=2,timestep_embedding N=16" --out /tmp/dab 2>&1 | grep -E "^diffusion" | cut -c1-150' \
     two_pass=tools/bench/ab/gns_cluster_two_pass.patch table=tools/bench/ab/timestep_param_table.patch 2>&1 | tee "$L/diffusion_ab.log"
   echo "diffusion A/B done at $SECONDS s"
 fi
-if left 150; then
+if left 90; then
   if patch -p1 -s <tools/bench/ab/gns_cluster_two_pass.patch && patch -p1 -s <tools/bench/ab/timestep_param_table.patch &&
      cmake --build build -j16 >>/tmp/build.log 2>&1; then
     timeout 90 ctest --test-dir build -j8 --output-on-failure -R Diffusion >"$L/ctest_diffusion_patched.log" 2>&1
