@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <string>
 
+#include "kreg/text.hpp"
 #include "manifest_yaml.hpp"
 
 namespace kreg::manifest_yaml {
@@ -26,37 +27,6 @@ std::string hex_byte(uint8_t b) {
   char buf[8];
   std::snprintf(buf, sizeof buf, "\\x%02x", b);
   return buf;
-}
-
-// Length of the valid UTF-8 sequence at s[i] (2-4) and its code point; 0 when invalid.
-size_t utf8_sequence(std::string_view s, size_t i, uint32_t* cp_out) {
-  const auto b0 = static_cast<uint8_t>(s[i]);
-  size_t n;
-  uint32_t cp;
-  if ((b0 & 0xe0) == 0xc0) {
-    n = 2;
-    cp = b0 & 0x1f;
-  } else if ((b0 & 0xf0) == 0xe0) {
-    n = 3;
-    cp = b0 & 0x0f;
-  } else if ((b0 & 0xf8) == 0xf0) {
-    n = 4;
-    cp = b0 & 0x07;
-  } else {
-    return 0;
-  }
-  if (i + n > s.size()) return 0;
-  for (size_t k = 1; k < n; ++k) {
-    const auto b = static_cast<uint8_t>(s[i + k]);
-    if ((b & 0xc0) != 0x80) return 0;
-    cp = (cp << 6) | (b & 0x3f);
-  }
-  if ((n == 2 && cp < 0x80) || (n == 3 && cp < 0x800) || (n == 4 && cp < 0x10000) ||
-      (cp >= 0xd800 && cp <= 0xdfff) || cp > 0x10ffff) {
-    return 0;
-  }
-  *cp_out = cp;
-  return n;
 }
 
 // One report per kind of bad byte (the first, with the total), so a file of a million
@@ -141,8 +111,7 @@ bool prescan(std::string_view text, std::vector<LoadError>& errors) {
       continue;
     }
     if (b >= 0x80) {
-      uint32_t cp = 0;
-      const size_t n = utf8_sequence(text, i, &cp);
+      const auto [cp, n] = utf8_decode(text, i);
       if (n == 0) {
         note(bad_utf8, here, "a byte that is not valid UTF-8 (" + hex_byte(b) + ")");
       } else if (cp >= 0x80 && cp <= 0x9f) {
@@ -238,8 +207,7 @@ size_t find_unprintable(std::string_view s, bool text) {
     }
     if (b < 0x20 || b == 0x7f) return i;
     if (b < 0x80) continue;
-    uint32_t cp = 0;
-    const size_t n = utf8_sequence(s, i, &cp);
+    const auto [cp, n] = utf8_decode(s, i);
     if (n == 0 || (cp >= 0x80 && cp <= 0x9f) || cp == 0xfeff) return i;
     i += n - 1;
   }

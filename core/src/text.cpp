@@ -5,16 +5,7 @@
 
 namespace kreg {
 
-namespace {
-
-// One decoded character: its code point and byte length, or n == 0 when the byte at the
-// position does not start a valid UTF-8 sequence.
-struct Char {
-  uint32_t cp = 0;
-  size_t n = 0;
-};
-
-Char decode(std::string_view s, size_t i) {
+Utf8Char utf8_decode(std::string_view s, size_t i) {
   const auto b0 = static_cast<uint8_t>(s[i]);
   size_t n;
   uint32_t cp;
@@ -44,6 +35,8 @@ Char decode(std::string_view s, size_t i) {
   return {cp, n};
 }
 
+namespace {
+
 // Characters that change what a reader sees rather than showing as themselves: C0
 // controls and DEL; C1 controls (U+0080-U+009F, e.g. the 8-bit CSI, which some terminals
 // act on); the bidirectional marks, embeddings, overrides and isolates, which reorder a
@@ -64,7 +57,7 @@ void append_hex_bytes(std::string& out, std::string_view bytes) {
 
 // Appends the character at s[i], escaped for a terminal, and returns how many bytes it used.
 size_t append_escaped(std::string& out, std::string_view s, size_t i, bool escape_backslash) {
-  const Char c = decode(s, i);
+  const Utf8Char c = utf8_decode(s, i);
   if (c.n == 0) {
     append_hex_bytes(out, s.substr(i, 1));
     return 1;
@@ -141,7 +134,7 @@ std::string json_escape(std::string_view s) {
   std::string out;
   out.reserve(s.size() + 2);
   for (size_t i = 0; i < s.size();) {
-    const Char c = decode(s, i);
+    const Utf8Char c = utf8_decode(s, i);
     if (c.n == 0) {
       out += "\\ufffd";
       ++i;

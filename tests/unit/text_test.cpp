@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cctype>
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -51,6 +52,41 @@ bool valid_json_string_body(const std::string& s) {
     }
   }
   return true;
+}
+
+// The one UTF-8 decoder behind the escapes and the manifest's byte pre-scan.
+TEST(Text, Utf8DecodeAcceptsOnlyShortestFormScalarValues) {
+  struct Case {
+    std::string_view bytes;
+    uint32_t cp;
+    size_t n;  // 0: not a valid sequence at position 0
+  };
+  const Case cases[] = {
+      {"A", 'A', 1},
+      {"\x7f", 0x7f, 1},
+      {"\xc3\xa9", 0xe9, 2},              // é
+      {"\xe2\x80\xae", 0x202e, 3},        // RIGHT-TO-LEFT OVERRIDE (valid; escaped elsewhere)
+      {"\xf0\x9f\x98\x80", 0x1f600, 4},   // an emoji
+      {"\xf4\x8f\xbf\xbf", 0x10ffff, 4},  // the last code point
+      {"\xc0\xaf", 0, 0},                 // overlong '/'
+      {"\xe0\x80\xaf", 0, 0},             // overlong, 3 bytes
+      {"\xf0\x80\x80\xaf", 0, 0},         // overlong, 4 bytes
+      {"\xed\xa0\x80", 0, 0},             // a UTF-16 surrogate (U+D800)
+      {"\xf4\x90\x80\x80", 0, 0},         // past U+10FFFF
+      {"\x80", 0, 0},                     // a lone continuation byte
+      {"\xe2\x80", 0, 0},                 // truncated at the end of the text
+      {"\xe2(\xae", 0, 0},                // a continuation byte missing
+      {"\xff", 0, 0},                     // never in UTF-8
+  };
+  for (const Case& c : cases) {
+    const Utf8Char got = utf8_decode(c.bytes, 0);
+    EXPECT_EQ(got.n, c.n) << escape_control(c.bytes);
+    if (c.n != 0) EXPECT_EQ(got.cp, c.cp) << escape_control(c.bytes);
+  }
+  // Decoding starts at the given position and stops at the end of the view.
+  const std::string_view text = "a\xc3\xa9";
+  EXPECT_EQ(utf8_decode(text, 1).n, 2u);
+  EXPECT_EQ(utf8_decode(text.substr(0, 2), 1).n, 0u);
 }
 
 TEST(Text, EveryByteValueIsEscapedOrPrintable) {

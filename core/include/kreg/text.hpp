@@ -12,10 +12,21 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <string_view>
 
 namespace kreg {
+
+// One UTF-8 character of outside text: its code point and byte length (1-4), or n == 0
+// when the bytes at the position are not a valid UTF-8 sequence (a stray continuation
+// byte, a truncated sequence, an overlong form, a surrogate or a value past U+10FFFF).
+struct Utf8Char {
+  uint32_t cp = 0;
+  size_t n = 0;
+};
+// The character starting at s[i] (i < s.size()).
+Utf8Char utf8_decode(std::string_view s, size_t i);
 
 // `s` with every byte that is not printable escaped: \n \r \t \0 as such, other C0/C1
 // controls, DEL, bidirectional overrides, line/paragraph separators and bytes that are not
