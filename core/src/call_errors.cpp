@@ -1,7 +1,7 @@
 // Why a call failed, in words: KernelHandle::explain turns a CheckPlan::diagnose result
 // into a message naming the op, the argument and what was expected; kernel_error turns a
 // kernel's status and message buffer into a Status. Both run only off the fast path. Also
-// KernelHandle::attrs, whose errors are of the same kind.
+// KernelHandle::attrs (named_attrs.cpp fills the slots).
 #include <cstring>
 
 #include "kreg/registry.hpp"
@@ -206,65 +206,19 @@ Status KernelHandle::explain(const detail::CheckResult& r, std::span<DLTensor* c
 }
 
 Result<AttrList> KernelHandle::attrs(const std::vector<NamedAttr>& named) const {
-  const Signature& sig = impl_->spec.signature;
   const CheckPlan& plan = impl_->plan;
   AttrList list;
   list.attrs_.assign(plan.defaults, plan.defaults + plan.num_attrs);
-  std::vector<bool> given(static_cast<size_t>(plan.num_attrs), false);
-  for (const NamedAttr& na : named) {
-    int idx = -1;
-    for (int a = 0; a < sig.num_attrs; ++a) {
-      if (sig.attr(a).name == na.name) idx = a;
-    }
-    if (idx < 0) {
-      std::string names;
-      for (int a = 0; a < sig.num_attrs; ++a) names += (a ? ", " : "") + sig.attr(a).name;
-      return Status(KREG_INVALID_ARGUMENT,
-                    impl_->spec.op + ": unknown attribute '" + excerpt(na.name) +
-                        "' (attributes: " + (names.empty() ? "none" : names) + ")");
-    }
-    kreg_attr& out = list.attrs_[static_cast<size_t>(idx)];
-    const int32_t want = plan.attr_types[idx];
-    out.type = want;
-    bool ok = true;
-    std::visit(
-        [&](const auto& v) {
-          using V = std::decay_t<decltype(v)>;
-          if constexpr (std::is_same_v<V, std::string>) {
-            ok = want == KREG_ATTR_STRING;
-            list.strings_.push_back(std::make_unique<std::string>(v));
-            out.value.s = list.strings_.back()->c_str();
-          } else if constexpr (std::is_same_v<V, double>) {
-            ok = want == KREG_ATTR_FLOAT;
-            out.value.f = v;
-          } else if constexpr (std::is_same_v<V, bool>) {
-            ok = want == KREG_ATTR_BOOL;
-            out.value.i = v ? 1 : 0;
-          } else if constexpr (std::is_same_v<V, ResourceArg>) {
-            ok = want == KREG_ATTR_RESOURCE;
-            out.value.r = v.resource;
-          } else {
-            ok = want == KREG_ATTR_INT || want == KREG_ATTR_FLOAT;
-            if (want == KREG_ATTR_FLOAT) {
-              out.value.f = static_cast<double>(v);
-            } else {
-              out.value.i = v;
-            }
-          }
-        },
-        na.value);
-    if (!ok) {
-      return Status(KREG_INVALID_ARGUMENT, impl_->spec.op + ": attribute '" + na.name +
-                                               "' must be " + attr_type_name(want));
-    }
-    given[static_cast<size_t>(idx)] = true;
-  }
-  for (int a = 0; a < sig.num_attrs; ++a) {
-    if (!given[static_cast<size_t>(a)] && !sig.attr(a).has_default) {
-      return Status(KREG_INVALID_ARGUMENT,
-                    impl_->spec.op + ": missing required attribute '" + sig.attr(a).name + "'");
-    }
-  }
+  const detail::AttrSlots slots{impl_->spec.op,
+                                "attribute",
+                                impl_->spec.signature,
+                                {plan.attr_types, static_cast<size_t>(plan.num_attrs)},
+                                true,
+                                [&list](const std::string& v) {
+                                  list.strings_.push_back(std::make_unique<std::string>(v));
+                                  return list.strings_.back()->c_str();
+                                }};
+  if (Status st = detail::fill_named_attrs(slots, named, list.attrs_); !st.ok()) return st;
   return list;
 }
 

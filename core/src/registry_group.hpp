@@ -1,14 +1,17 @@
 // Private to the core: Registry::Group and the helpers the registry's files share:
 // registry.cpp (lookups, aliases, introspection), registry_loading.cpp (open, loading,
 // publishing, lazy groups), selection.cpp (resolve, call), check_plan.cpp (the compiled
-// argument check), call_errors.cpp (messages) and reload.cpp (hot swapping).
+// argument check), call_errors.cpp (messages), named_attrs.cpp (named values -> slots)
+// and reload.cpp (hot swapping).
 #pragma once
 
 #include <atomic>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -61,6 +64,22 @@ std::unique_ptr<Impl> make_impl(const KernelSpec& spec);
 ShapeMatchFn shape_matcher(int num_tensors);
 // "int", "float", "bool", "str", "Resource" (call_errors.cpp).
 const char* attr_type_name(int32_t type);
+// Where named values go (named_attrs.cpp): the slots of `sig`'s attributes, of kreg_attr
+// types `types`, owned by `owner` (an op or resource type, for messages), called `noun`s
+// ("attribute", "parameter"); `keep` stores a string and returns its stable c_str().
+struct AttrSlots {
+  std::string owner;
+  const char* noun;
+  const Signature& sig;
+  std::span<const int32_t> types;
+  bool resources;  // may a slot take a resource
+  std::function<const char*(const std::string&)> keep;
+};
+// Fills `out` (defaults already there, one slot per attribute of slots.sig) from `named`;
+// an error names the owner and the value (unknown, given twice, wrong type, a NUL byte in
+// a string, a required one missing).
+Status fill_named_attrs(const AttrSlots& slots, const std::vector<NamedAttr>& named,
+                        std::span<kreg_attr> out);
 // "cuda:0"
 std::string device_string(const DLDevice& d);
 // Is `sm` inside one of spec's capability windows; "cuda sm75-sm90 or cuda sm100-sm121".

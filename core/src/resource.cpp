@@ -122,7 +122,7 @@ Result<std::vector<kreg_attr>> positional_params(const ResourceTypeSpec& spec,
   const Signature& sig = spec.params;
   const size_t n = static_cast<size_t>(sig.num_attrs);
   std::vector<kreg_attr> attrs(n);
-  std::vector<bool> given(n, false);
+  std::vector<int32_t> types(n);
   strings->reserve(n + named.size());  // no reallocation: attrs point into it
   for (size_t a = 0; a < n; ++a) {
     const Param& p = sig.attr(static_cast<int>(a));
@@ -131,71 +131,21 @@ Result<std::vector<kreg_attr>> positional_params(const ResourceTypeSpec& spec,
       strings->push_back(p.default_text);
       attrs[a].value.s = strings->back().c_str();
     }
+    types[a] = p.kind == ArgKind::kInt     ? KREG_ATTR_INT
+               : p.kind == ArgKind::kFloat ? KREG_ATTR_FLOAT
+               : p.kind == ArgKind::kBool  ? KREG_ATTR_BOOL
+                                           : KREG_ATTR_STRING;
   }
-  for (const NamedAttr& na : named) {
-    size_t idx = n;
-    for (size_t a = 0; a < n; ++a) {
-      if (sig.attr(static_cast<int>(a)).name == na.name) idx = a;
-    }
-    if (idx == n) {
-      std::string names;
-      for (size_t a = 0; a < n; ++a) names += (a ? ", " : "") + sig.attr(static_cast<int>(a)).name;
-      return Status(KREG_INVALID_ARGUMENT,
-                    spec.type + ": unknown parameter '" + excerpt(na.name) +
-                        "' (parameters: " + (names.empty() ? "none" : names) + ")");
-    }
-    if (given[idx]) {
-      return Status(KREG_INVALID_ARGUMENT,
-                    spec.type + ": parameter '" + na.name + "' is given twice");
-    }
-    const Param& p = sig.attr(static_cast<int>(idx));
-    kreg_attr& out = attrs[idx];
-    const int32_t want = p.kind == ArgKind::kInt     ? KREG_ATTR_INT
-                         : p.kind == ArgKind::kFloat ? KREG_ATTR_FLOAT
-                         : p.kind == ArgKind::kBool  ? KREG_ATTR_BOOL
-                                                     : KREG_ATTR_STRING;
-    out.type = want;
-    bool ok = true;
-    std::visit(
-        [&](const auto& v) {
-          using V = std::decay_t<decltype(v)>;
-          if constexpr (std::is_same_v<V, std::string>) {
-            ok = want == KREG_ATTR_STRING && v.find('\0') == std::string::npos;
-            strings->push_back(v);
-            out.value.s = strings->back().c_str();
-          } else if constexpr (std::is_same_v<V, double>) {
-            ok = want == KREG_ATTR_FLOAT;
-            out.value.f = v;
-          } else if constexpr (std::is_same_v<V, bool>) {
-            ok = want == KREG_ATTR_BOOL;
-            out.value.i = v ? 1 : 0;
-          } else if constexpr (std::is_same_v<V, int64_t>) {
-            ok = want == KREG_ATTR_INT || want == KREG_ATTR_FLOAT;
-            if (want == KREG_ATTR_FLOAT) {
-              out.value.f = static_cast<double>(v);
-            } else {
-              out.value.i = v;
-            }
-          } else {
-            ok = false;  // a resource is not a creation parameter
-          }
-        },
-        na.value);
-    if (!ok) {
-      return Status(KREG_INVALID_ARGUMENT,
-                    spec.type + ": parameter '" + na.name + "' must be " +
-                        detail::attr_type_name(want) +
-                        (want == KREG_ATTR_STRING ? " without NUL bytes" : ""));
-    }
-    given[idx] = true;
-  }
-  for (size_t a = 0; a < n; ++a) {
-    const Param& p = sig.attr(static_cast<int>(a));
-    if (!given[a] && !p.has_default) {
-      return Status(KREG_INVALID_ARGUMENT,
-                    spec.type + ": missing required parameter '" + p.name + "'");
-    }
-  }
+  const detail::AttrSlots slots{spec.type,
+                                "parameter",
+                                sig,
+                                types,
+                                false,  // a resource is not a creation parameter
+                                [strings](const std::string& v) {
+                                  strings->push_back(v);
+                                  return strings->back().c_str();
+                                }};
+  if (Status st = detail::fill_named_attrs(slots, named, attrs); !st.ok()) return st;
   return attrs;
 }
 

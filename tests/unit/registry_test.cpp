@@ -422,6 +422,18 @@ TEST_F(CheckTest, NamedAttributes) {
             std::string::npos);
   auto wrong = h->attrs({{"k", std::string("x")}});
   EXPECT_NE(wrong.status().message().find("attribute 'k' must be int"), std::string::npos);
+  // A name given twice is refused (it used to keep the last value silently), as is a
+  // resource where the signature wants a number.
+  auto twice = h->attrs({{"k", int64_t{5}}, {"k", int64_t{6}}});
+  ASSERT_FALSE(twice.ok());
+  EXPECT_NE(twice.status().message().find("attribute 'k' is given twice"), std::string::npos)
+      << twice.status().message();
+  auto resource = h->attrs({{"k", ResourceArg{}}});
+  ASSERT_FALSE(resource.ok());
+  EXPECT_NE(resource.status().message().find("attribute 'k' must be int"), std::string::npos)
+      << resource.status().message();
+  auto missing = h->attrs({});
+  ASSERT_TRUE(missing.ok()) << "both attributes have defaults: " << missing.status().message();
 }
 
 // ---- call-time shape checks: a caller's DLTensor is not trusted ----
