@@ -14,16 +14,11 @@
 # Compact stdout; a few logs into $OUT (the run returns at most 8 files).
 set -uo pipefail
 L=${OUT:-/tmp/out}; mkdir -p "$L"
-PY=${PY:-/opt/torch/.venv/bin/python3}
 UNTIL=${UNTIL:-570}
 left() { [ $SECONDS -lt $((UNTIL - ${1:-0})) ]; }
-DL=$PWD/.deps/usr/lib/x86_64-linux-gnu/cmake/dlpack; dl=(); [ -d "$DL" ] && dl=(-Ddlpack_DIR=$DL)
+source tools/bench/gpu_common.sh
 (cd tools/bench/variants && nvcc -O3 -arch=sm_90 -std=c++17 ts_small.cu -o /tmp/ts) >/tmp/ts_build.log 2>&1 &
-if [ ! -f build/build.ninja ]; then
-  cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
-    -DPython3_EXECUTABLE=$PY "${dl[@]}" >/tmp/configure.log 2>&1 || { tail -30 /tmp/configure.log; exit 1; }
-fi
-cmake --build build -j16 >/tmp/build.log 2>&1 || { grep -E "error" /tmp/build.log | head -40; exit 1; }
+gpu_build || exit 1
 echo "built at $SECONDS s"
 export PYTHONPATH=$PWD/build/python KREG_PLUGIN_DIR=$PWD/build/plugins KREG_MANIFEST=$PWD/registry.yaml
 timeout ${CTEST_S:-200} ctest --test-dir build -j10 --output-on-failure -R "${CTEST_R:-.}" >"$L/ctest.log" 2>&1
