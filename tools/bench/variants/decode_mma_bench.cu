@@ -48,10 +48,21 @@
 //    V6: V3 with P fed to P V as two bf16 parts (hi = bf16(p), lo = bf16(p - hi); two MMAs a
 //      tile): the diagnostic for the bf16 rounding of P (run 4 of b5309df flagged 6 elements
 //      of case 4 beyond tolerance in every mma variant, max |diff| 7.6e-3), and a candidate.
+//    V7: V5 (8 warps x 2 stages, trans: the shape plugins/attention/decode_mma.cu takes for
+//      page-aligned tiles) without the merge kernel. Each split block writes its partials as
+//      before, then (__threadfence, barrier) counts itself done with an atomicAdd on the
+//      counter of its (sequence, kv head); the block that reads num_splits - 1 is the last,
+//      and after a second __threadfence it merges every split's partials of its heads (read
+//      through L2, ld.global.cg) with the merge kernel's log-sum-exp arithmetic, writes out
+//      in bf16 and sets the counter back to 0. The counters (one int32 a sequence and kv
+//      head, for the largest case) are allocated and zeroed once by main, and every call
+//      leaves them zero for the next call or graph replay. One split writes out directly as
+//      before; the split choice and the launch (no PDL on the split kernel) are V5's.
 //
 // Every variant is checked against a CPU reference (double math from the same bf16 inputs,
 // q ~ N(0, 2^2) and K, V ~ N(0, 1), so that the softmax is not flat) on ragged lengths
-// (one of them 0) with page ids from a random permutation; V1+ also against V0. Then timed:
+// (one of them 0) with page ids from a random permutation; V1+ also against V0; after each
+// case, V7's counters must be zero (after its check and its timed calls). Then timed:
 // CUDA events around each call, all calls enqueued back to back, median of 30, rotating over
 // buffer sets of > 120 MB where a call touches less than the 60 MB L2 (cases 1 and 4); case 1
 // (a few us) as the replay of a CUDA graph of 64 calls, per call. Next to each case, a
@@ -90,6 +101,10 @@ using bf16 = __nv_bfloat16;
 
 inline int g_sms = 132;
 inline cudaStream_t g_stream = nullptr;
+// V7's arrival counters: one int a (sequence, kv head), zeroed once by main and left zero
+// by every call (the last block of each resets its own).
+inline int* g_counters = nullptr;
+inline int64_t g_counter_count = 0;
 
 // ---------------------------------------------------------------------------------------
 // Variant 0 sources: copies of kreg's device helpers (fast_divisor, pdl, reduce, vec) and of
@@ -613,6 +628,7 @@ struct Params {
   bf16* out;
   float* ws_acc;  // [B, Hq, num_splits, D]
   float2* ws_ml;  // [B, Hq, num_splits]
+  int* counters;  // V7: [B, grid.y] split blocks done, 0 between calls
   int64_t num_pages;
   int heads_q;
   int heads_k;
@@ -713,6 +729,101 @@ __host__ __device__ constexpr int smem_bytes() {
   return kWarps * kStages * 2 * kTileElems * 2;
 }
 
+// V7's epilogue, after the block has written its partials (num_splits > 1): the block
+// counts itself done in counters[b, blockIdx.y]; the last of the num_splits blocks of that
+// (sequence, kv head) merges every split's partials of its heads with the merge kernel's
+// log-sum-exp arithmetic, writes out and sets the counter back to 0. The partials are read
+// with ld.global.cg (L2), so no stale L1 line of another block's partials is used.
+template <int kWarps, int kStages>
+__device__ __forceinline__ void merge_in_last_block(const Params& p, unsigned char* smem, int b,
+                                                    int hq0) {
+  constexpr int kThreads = kWarps * 32;
+  constexpr int kCols = kDim / 4;  // float4 columns of a head's row
+  constexpr int kMaxSplits = orig::kMaxSplits;
+  constexpr int kPartFloats = (kThreads > kMaxGroup * kCols ? kThreads : kMaxGroup * kCols) * 4;
+  static_assert(
+      (kMaxGroup * kMaxSplits + kMaxGroup + kPartFloats) * 4 <= smem_bytes<kWarps, kStages>(),
+      "the merge's weights, row sums and column sums fit the pipeline's shared memory");
+  __shared__ int last_s;
+  const int tid = static_cast<int>(threadIdx.x);
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+  const int splits = p.num_splits;
+  const int nh = p.group;
+  int* const counter = p.counters + static_cast<int64_t>(b) * gridDim.y + blockIdx.y;
+
+  __threadfence();  // this thread's partials are visible device-wide before the block counts
+  __syncthreads();  // (also: every thread is done with red_acc, reused below)
+  if (tid == 0) last_s = atomicAdd(counter, 1) == splits - 1;
+  __syncthreads();
+  if (!last_s) return;
+  __threadfence();             // the other blocks' partials are read after their counts were seen
+  if (tid == 0) *counter = 0;  // no other block of this launch touches it again
+
+  float* w_s = reinterpret_cast<float*>(smem);  // [nh][splits] weights
+  float* sum_s = w_s + kMaxGroup * kMaxSplits;  // [nh]
+  float* part = sum_s + kMaxGroup;              // [rows][nh][kDim]
+  // A warp a head: the max of the splits' maxima, the weights, the weighted sum.
+  for (int g = warp; g < nh; g += kWarps) {
+    const float2* ml_row = p.ws_ml + (static_cast<int64_t>(b) * p.heads_q + hq0 + g) * splits;
+    float2 ml[kMaxSplits / 32];
+    float mx = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < kMaxSplits / 32; ++j) {
+      const int s = lane + 32 * j;
+      ml[j] = s < splits ? __ldcg(ml_row + s) : make_float2(-INFINITY, 0.0f);
+      mx = fmaxf(mx, ml[j].x);
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+    float sum = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kMaxSplits / 32; ++j) {
+      const int s = lane + 32 * j;
+      const float w = ml[j].x == -INFINITY ? 0.0f : exp2f(ml[j].x - mx);
+      if (s < splits) w_s[g * splits + s] = w;
+      sum += w * ml[j].y;
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+    if (lane == 0) sum_s[g] = sum;
+  }
+  __syncthreads();
+  // Thread (r, g, c): float4 column c of head g over the splits r, r + rows, ...; rows cut
+  // the splits so that every thread has a column (2 for group 4 with 8 warps).
+  const int items = nh * kCols;
+  const int rows = max(1, kThreads / items);
+  for (int o = tid; o < rows * items; o += kThreads) {
+    const int r = o / items, it = o % items;
+    const int g = it / kCols, c = (it % kCols) * 4;
+    const float* src =
+        p.ws_acc + (static_cast<int64_t>(b) * p.heads_q + hq0 + g) * splits * kDim + c;
+    const float* w = w_s + g * splits;
+    float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 8
+    for (int s = r; s < splits; s += rows) {
+      const float ws = w[s];
+      const float4 v =
+          __ldcg(reinterpret_cast<const float4*>(src + static_cast<int64_t>(s) * kDim));
+      a.x += ws * v.x;
+      a.y += ws * v.y;
+      a.z += ws * v.z;
+      a.w += ws * v.w;
+    }
+    *reinterpret_cast<float4*>(part + (r * nh + g) * kDim + c) = a;
+  }
+  __syncthreads();
+  for (int o = tid; o < nh * kDim; o += kThreads) {
+    const int g = o / kDim;
+    const int d = o % kDim;
+    float t = 0.0f;
+    for (int r = 0; r < rows; ++r) t += part[(r * nh + g) * kDim + d];
+    const float sum = sum_s[g];
+    p.out[(static_cast<int64_t>(b) * p.heads_q + hq0 + g) * kDim + d] =
+        __float2bfloat16_rn(sum > 0.0f ? t / sum : 0.0f);
+  }
+}
+
 // kTrans false: the "rows" form (heads as the MMA's M); true: the "trans" form (tokens,
 // then D, as M). Registers: the trans form at most 128 (launch bounds for 512 threads an
 // SM; 120 used). The rows form at most 168 (384 threads an SM): capped at 128 it spills
@@ -721,7 +832,9 @@ __host__ __device__ constexpr int smem_bytes() {
 // 4 warps an SM anyway (2 stages; 2 blocks with 3 stages, 1 with 4).
 // kSplitP (trans form only): P goes into P V as two bf16 parts, hi = bf16(p) and
 // lo = bf16(p - hi), two MMAs a tile (P to about 2^-17 instead of 2^-9, relative).
-template <int kWarps, int kStages, bool kTrans, bool kSplitP = false>
+// kLastMerge (V7): with num_splits > 1, the last split block of each (sequence, kv head)
+// merges the partials (merge_in_last_block) instead of a merge kernel.
+template <int kWarps, int kStages, bool kTrans, bool kSplitP = false, bool kLastMerge = false>
 __global__ void __launch_bounds__(kWarps * 32, (kTrans ? 16 : 12) / kWarps) split_kernel(Params p) {
   static_assert(kTrans || !kSplitP, "split P: the trans form only");
   static_assert(kWarps * kMaxGroup * kRedStride * 4 <= smem_bytes<kWarps, kStages>(),
@@ -1059,13 +1172,16 @@ __global__ void __launch_bounds__(kWarps * 32, (kTrans ? 16 : 12) / kWarps) spli
       if (d == 0) p.ws_ml[idx] = make_float2(mx, sum);
     }
   }
+  if constexpr (kLastMerge) {
+    if (p.num_splits > 1) merge_in_last_block<kWarps, kStages>(p, smem, b, hq0);
+  }
 }
 
-template <int kWarps, int kStages, bool kTrans, bool kSplitP>
+template <int kWarps, int kStages, bool kTrans, bool kSplitP, bool kLastMerge = false>
 int64_t resident_blocks() {
   static int64_t known = 0;
   if (known > 0) return known;
-  auto fn = split_kernel<kWarps, kStages, kTrans, kSplitP>;
+  auto fn = split_kernel<kWarps, kStages, kTrans, kSplitP, kLastMerge>;
   CK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
                           smem_bytes<kWarps, kStages>()));
   int per_sm = 0;
@@ -1075,32 +1191,41 @@ int64_t resident_blocks() {
   return known;
 }
 
-template <int kWarps, int kStages, bool kTrans, bool kSplitP>
+template <int kWarps, int kStages, bool kTrans, bool kSplitP, bool kLastMerge = false>
 int splits_for(const Params& p, int batch) {
   // A block's rounds are kWarps tiles; at least one round a split.
   return orig::choose_splits(int64_t{batch} * p.heads_k, int64_t{p.max_pages} * p.page_size,
-                             resident_blocks<kWarps, kStages, kTrans, kSplitP>(),
+                             resident_blocks<kWarps, kStages, kTrans, kSplitP, kLastMerge>(),
                              std::max(orig::kMinTokensPerSplit, kWarps * kTile));
 }
 
-template <int kWarps, int kStages, bool kTrans, bool kSplitP>
+template <int kWarps, int kStages, bool kTrans, bool kSplitP, bool kLastMerge = false>
 void launch(Params p, int batch, void* ws, cudaStream_t stream) {
   if (p.group > kMaxGroup || p.page_size % kTile != 0) {
     fprintf(stderr, "tc::launch: needs Hq / Hk <= 8 and page_size %% 16 == 0\n");
     exit(1);
   }
-  p.num_splits = splits_for<kWarps, kStages, kTrans, kSplitP>(p, batch);
+  p.num_splits = splits_for<kWarps, kStages, kTrans, kSplitP, kLastMerge>(p, batch);
   const size_t partials =
       p.num_splits > 1 ? static_cast<size_t>(batch) * p.heads_q * p.num_splits : 0;
   if (p.num_splits > 1) {
     p.ws_acc = static_cast<float*>(ws);
     p.ws_ml = reinterpret_cast<float2*>(static_cast<char*>(ws) + partials * kDim * sizeof(float));
   }
+  if (kLastMerge && p.num_splits > 1) {
+    if (g_counters == nullptr || int64_t{batch} * p.heads_k > g_counter_count) {
+      fprintf(stderr, "tc::launch: the counters hold %lld, need %lld\n",
+              static_cast<long long>(g_counter_count),
+              static_cast<long long>(int64_t{batch} * p.heads_k));
+      exit(1);
+    }
+    p.counters = g_counters;
+  }
   const dim3 grid(static_cast<unsigned>(p.num_splits), static_cast<unsigned>(p.heads_k),
                   static_cast<unsigned>(batch));
-  CK(orig::launch(split_kernel<kWarps, kStages, kTrans, kSplitP>, grid, dim3(kWarps * 32),
-                  smem_bytes<kWarps, kStages>(), stream, false, p));
-  if (p.num_splits > 1) {
+  CK(orig::launch(split_kernel<kWarps, kStages, kTrans, kSplitP, kLastMerge>, grid,
+                  dim3(kWarps * 32), smem_bytes<kWarps, kStages>(), stream, false, p));
+  if (!kLastMerge && p.num_splits > 1) {
     CK(orig::launch(orig::decode_merge_kernel<bf16, kDim>,
                     dim3(static_cast<unsigned>(int64_t{batch} * p.heads_q)),
                     dim3(orig::kMergeThreads), 0, stream, true, static_cast<const float*>(p.ws_acc),
@@ -1407,21 +1532,22 @@ tc::Params tc_params(const Problem& pb, const Set& st, double scale) {
 
 const double kScale = 1.0 / std::sqrt(128.0);
 
-template <int kWarps, int kStages, bool kTrans, bool kSplitP = false>
+template <int kWarps, int kStages, bool kTrans, bool kSplitP = false, bool kLastMerge = false>
 Variant tc_variant(const char* id, const char* name) {
-  return Variant{id,
-                 name,
-                 [](const Problem& pb, const Set& st, void* ws, cudaStream_t s) {
-                   tc::launch<kWarps, kStages, kTrans, kSplitP>(tc_params(pb, st, kScale),
-                                                                pb.cs.batch, ws, s);
-                 },
-                 [](const Problem& pb) {
-                   return tc::splits_for<kWarps, kStages, kTrans, kSplitP>(
-                       tc_params(pb, pb.sets[0], kScale), pb.cs.batch);
-                 },
-                 reinterpret_cast<const void*>(tc::split_kernel<kWarps, kStages, kTrans, kSplitP>),
-                 kWarps * 32,
-                 tc::smem_bytes<kWarps, kStages>()};
+  return Variant{
+      id,
+      name,
+      [](const Problem& pb, const Set& st, void* ws, cudaStream_t s) {
+        tc::launch<kWarps, kStages, kTrans, kSplitP, kLastMerge>(tc_params(pb, st, kScale),
+                                                                 pb.cs.batch, ws, s);
+      },
+      [](const Problem& pb) {
+        return tc::splits_for<kWarps, kStages, kTrans, kSplitP, kLastMerge>(
+            tc_params(pb, pb.sets[0], kScale), pb.cs.batch);
+      },
+      reinterpret_cast<const void*>(tc::split_kernel<kWarps, kStages, kTrans, kSplitP, kLastMerge>),
+      kWarps * 32,
+      tc::smem_bytes<kWarps, kStages>()};
 }
 
 std::vector<Variant> variants() {
@@ -1442,6 +1568,8 @@ std::vector<Variant> variants() {
   v.push_back(tc_variant<8, 2, true>("V5", "mma trans (tokens as M), 8w x 2 st"));
   // Diagnostic for the bf16 rounding of P (and a candidate): V3 with P as hi + lo.
   v.push_back(tc_variant<4, 3, true, true>("V6", "V3 with P as bf16 hi + lo (2 PV MMAs)"));
+  // V5 (the plugin's shape for page-aligned tiles) with the merge in the last split block.
+  v.push_back(tc_variant<8, 2, true, false, true>("V7", "V5, last split block merges (1 launch)"));
   return v;
 }
 
@@ -1578,6 +1706,17 @@ void run_case(const Case& cs, const std::vector<Variant>& vs, void* ws) {
            100.0 * gbps / g_big_copy_gbps, chk);
     fflush(stdout);
   }
+  // V7's counters: every call must leave them zero (the last block of each resets its own).
+  {
+    std::vector<int> cnt(static_cast<size_t>(g_counter_count));
+    CK(cudaMemcpy(cnt.data(), g_counters, cnt.size() * sizeof(int), cudaMemcpyDeviceToHost));
+    const auto nonzero = std::count_if(cnt.begin(), cnt.end(), [](int x) { return x != 0; });
+    if (nonzero != 0) {
+      ++g_failures;
+      printf("FAIL: %lld of V7's counters not zero after the case\n",
+             static_cast<long long>(nonzero));
+    }
+  }
   free_problem(pb);
 }
 
@@ -1632,9 +1771,16 @@ int main() {
   }
   void* ws = nullptr;
   CK(cudaMalloc(&ws, ws_bytes));
+  // V7's counters: one a (sequence, kv head) of the largest case, zeroed once.
+  for (const Case& c : cases) {
+    g_counter_count = std::max<int64_t>(g_counter_count, int64_t{c.batch} * c.hk);
+  }
+  CK(cudaMalloc(&g_counters, g_counter_count * sizeof(int)));
+  CK(cudaMemset(g_counters, 0, g_counter_count * sizeof(int)));
+  CK(cudaDeviceSynchronize());
 
   const std::vector<Variant> vs = variants();
-  printf("kernels (split kernels; the merge is V0's for all):\n");
+  printf("kernels (split kernels; the merge is V0's for all but V7, which has none):\n");
   for (const Variant& v : vs) printf("  %-3s %-46s %s\n", v.id, v.name, kernel_info(v).c_str());
   printf(
       "columns: variant, what, case, splits, median us, GB/s (K/V rows read + q + out), %% of a "
@@ -1642,6 +1788,7 @@ int main() {
       "|ref|/128 and 2e-2 abs) and max |diff| vs V0\n");
   for (const Case& c : cases) run_case(c, vs, ws);
   CK(cudaFree(ws));
+  CK(cudaFree(g_counters));
   CK(cudaDeviceSynchronize());
   printf("\n%s\n", g_failures ? "CHECK FAILURES (see FAIL lines)" : "all checks passed");
   return g_failures ? 1 : 0;
