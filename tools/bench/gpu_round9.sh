@@ -9,6 +9,7 @@
 #     the patches reverted and the plugin rebuilt;
 #  4. the timestep variant bench (ts_small.cu, compiled during 1);
 #  5. vs_torch on the decode cases with the copy of each case's own bytes (% size copy);
+#  5b. decode_mma_bench.cu (V5, the plugin's shape, against V7, whose last split block merges);
 #  6. ncu of attention.decode B=1 ctx 4096 (speed of light, warp states, memory);
 #  7. the dispatch bench.
 # Compact stdout; a few logs into $OUT (the run returns at most 8 files).
@@ -17,7 +18,8 @@ L=${OUT:-/tmp/out}; mkdir -p "$L"
 UNTIL=${UNTIL:-570}
 left() { [ $SECONDS -lt $((UNTIL - ${1:-0})) ]; }
 source tools/bench/gpu_common.sh
-(cd tools/bench/variants && nvcc -O3 -arch=sm_90 -std=c++17 ts_small.cu -o /tmp/ts) >/tmp/ts_build.log 2>&1 &
+(cd tools/bench/variants && nvcc -O3 -arch=sm_90 -std=c++17 ts_small.cu -o /tmp/ts &&
+  nvcc -O3 -arch=sm_90 -std=c++17 decode_mma_bench.cu -o /tmp/dm) >/tmp/ts_build.log 2>&1 &
 gpu_build || exit 1
 echo "built at $SECONDS s"
 export PYTHONPATH=$PWD/build/python KREG_PLUGIN_DIR=$PWD/build/plugins KREG_MANIFEST=$PWD/registry.yaml
@@ -47,6 +49,9 @@ if left 100; then
   timeout 90 $PY tools/bench/vs_torch.py --reps 30 --no-compile --out /tmp/vs2 --only attention.decode >/tmp/vs2.log 2>&1
   grep -E "^attention|copy bandwidth|MISMATCH" /tmp/vs2.log | cut -c35-200
 fi
+# decode_mma_bench: V5 (the plugin's shape, split + merge kernels) against V7 (the last
+# split block merges: one launch).
+left 80 && timeout 70 /tmp/dm 2>&1 | grep -vE "^$" | tail -45
 if left 70; then
   timeout $((UNTIL - SECONDS - 25)) ncu --clock-control none -k regex:decode --launch-skip 2 --launch-count 2 \
     --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis --section Occupancy \
