@@ -263,9 +263,8 @@ void ExactShapeCache::remember(std::span<DLTensor* const> t) {
     slot.word.store(rank_dtype_word(*x), std::memory_order_relaxed);
     slot.device.store(device_word(x->device), std::memory_order_relaxed);
     // Without strides: the row-major ones, which the full check accepts for this shape
-    // (strides_row_major). The products fit: the full check bounded them (shape_sane).
-    // The full check accepted this call, so the element count fits int64 (kTooLarge):
-    // these products never wrap.
+    // (strides_row_major). The products never wrap: the full check accepted this call, so
+    // its element count fits int64 (shape_sane, kTooLarge).
     uint64_t row_major = 1;
     for (int k = x->ndim - 1; k >= 0; --k) {
       slot.shape[k].store(x->shape[k], std::memory_order_relaxed);
