@@ -317,18 +317,20 @@ std::vector<Case> cases(bool gpu) {
     gn.push_back({{1, 3, 1000, 8}, 1});
     gn.push_back({{3, 24, 40, 40}, 3});
     gn.push_back({{1, 2, 512, 512}, 1});
-    // Groups of 1025..16384 16-byte vectors (bf16/f16: 8 elements, f32: 4), where a
-    // cluster two-pass kernel (chunks of ~1024 vectors, tools/bench/ab/
-    // gns_cluster_two_pass.patch) would take over from the resident one on sm_90:
-    // clusters of 2..8 with a short last block (partial warps), chunks that start and end
-    // inside channels, chunks above 1024 vectors (a second, partial batch a thread), and
-    // both sides of each switch (bf16 groups of 1024 and 1032, 16384 and 16392 vectors).
+    // Groups of 1025..16384 16-byte vectors (bf16/f16: 8 elements, f32: 4), which the
+    // cluster two-pass kernel (chunks of ~1024 vectors) takes from the resident one on
+    // sm_90: clusters of 2..8 with a short last block (partial warps), chunks that start
+    // and end inside channels, chunks above 1024 vectors (a second, partial batch a
+    // thread), and both sides of each switch (bf16 groups of 1024 and 1032, 16384 and
+    // 16392 vectors, 32768 and 32769: the resident limit).
     gn.push_back({{1, 1, 8256}, 1});
     gn.push_back({{1, 2, 4096}, 1});
     gn.push_back({{2, 64, 48, 48}, 4});
     gn.push_back({{1, 7, 8000}, 1});
     gn.push_back({{1, 16, 8192}, 1});
     gn.push_back({{1, 1, 131136}, 1});
+    gn.push_back({{1, 1, 262144}, 1});
+    gn.push_back({{1, 1, 262152}, 1});
   }
   for (auto& [shape, g] : gn) out.push_back(group_norm_silu_case(shape, g));
   return out;
