@@ -3,13 +3,13 @@
 # (UNTIL, default 560):
 #  1. Release build; the diffusion GPU tests (group_norm_silu's cluster two-pass kernel, now
 #     the plugin's, and the new shapes at the resident limit);
-#  2. A/B of plugin builds, two rounds: HEAD against tools/bench/ab/gns_max_chunk_4096.patch
+#  2. compute-sanitizer memcheck of the GPU tests that run group_norm_silu;
+#  3. A/B of plugin builds, two rounds: HEAD against tools/bench/ab/gns_max_chunk_4096.patch
 #     (groups of 16385..32768 vectors also take the two-pass kernel, chunks up to 4096) and
 #     gns_chunk_2048.patch (chunks of ~2048 vectors, half the blocks), vs_torch's
 #     group_norm_silu cases (no torch.compile: kreg against kreg);
-#  3. the diffusion GPU tests with each patch applied (so that the winner needs no second
+#  4. the diffusion GPU tests with each patch applied (so that the winner needs no second
 #     call), the tree restored after;
-#  4. compute-sanitizer memcheck of the diffusion GPU tests;
 #  5. vs_torch's diffusion rows with torch.compile (the before/after table's numbers);
 #  6. the whole ctest suite.
 set -uo pipefail
@@ -23,13 +23,20 @@ export PYTHONPATH=$PWD/build/python KREG_PLUGIN_DIR=$PWD/build/plugins KREG_MANI
 timeout 120 ctest --test-dir build -j8 --output-on-failure -R Diffusion >"$L/ctest_diffusion.log" 2>&1
 echo "diffusion ctest rc=$?: $(grep -E 'tests passed' "$L/ctest_diffusion.log") at $SECONDS s"
 grep -E "\((Failed|Timeout|SEGFAULT)|Failure|mismatch" "$L/ctest_diffusion.log" | head -20
-if left 300; then
+# compute-sanitizer memcheck of the GPU tests that run group_norm_silu (the shape sweep and
+# the misaligned views), at most MEMCHECK_S seconds.
+t=$(find build -name diffusion_test -type f -perm -u+x | head -1)
+timeout ${MEMCHECK_S:-150} compute-sanitizer --tool memcheck --error-exitcode 3 "$t" \
+  --gtest_filter='GpuDiffusionKernels.MatchTheCpuReferenceOverAShapeSweep:GpuDiffusionKernels.MisalignedViews' \
+  >"$L/memcheck.log" 2>&1
+echo "memcheck rc=$? at $SECONDS s: $(grep -E 'ERROR SUMMARY|PASSED|FAILED' "$L/memcheck.log" | tail -3 | tr '\n' ' ')"
+if left 150; then
   bash tools/bench/gpu_plugin_ab.sh diffusion 2 '$PY tools/bench/vs_torch.py --reps 30 --no-compile --no-size-copy --only group_norm_silu --out /tmp/gab 2>&1 | grep -E "^diffusion" | cut -c1-110' \
     max4096=tools/bench/ab/gns_max_chunk_4096.patch chunk2048=tools/bench/ab/gns_chunk_2048.patch 2>&1 | tee "$L/gns_ab.log"
   echo "A/B done at $SECONDS s"
 fi
 for p in gns_max_chunk_4096 gns_chunk_2048; do
-  left 200 || break
+  left 110 || break
   if patch -p1 -s <tools/bench/ab/$p.patch && cmake --build build -j16 >>/tmp/build.log 2>&1; then
     timeout 90 ctest --test-dir build -j8 --output-on-failure -R GpuDiffusion >"/tmp/ctest_$p.log" 2>&1
     echo "$p: diffusion ctest rc=$?: $(grep -E 'tests passed' "/tmp/ctest_$p.log") at $SECONDS s"
@@ -40,12 +47,6 @@ for p in gns_max_chunk_4096 gns_chunk_2048; do
   patch -R -p1 -s <tools/bench/ab/$p.patch
   cmake --build build -j16 >>/tmp/build.log 2>&1
 done
-if left 120; then
-  t=$(find build -name diffusion_test -type f -perm -u+x | head -1)
-  timeout $((UNTIL - SECONDS - 100)) compute-sanitizer --tool memcheck --error-exitcode 3 "$t" \
-    --gtest_filter='GpuDiffusion*' >"$L/memcheck.log" 2>&1
-  echo "memcheck rc=$? at $SECONDS s: $(grep -E 'ERROR SUMMARY|PASSED|FAILED' "$L/memcheck.log" | tail -3 | tr '\n' ' ')"
-fi
 if left 60; then
   timeout $((UNTIL - SECONDS - 50)) $PY tools/bench/vs_torch.py --reps 30 --out /tmp/vsd --only group_norm_silu >/tmp/vsd.log 2>&1
   grep -E "^diffusion|copy bandwidth|MISMATCH" /tmp/vsd.log | cut -c1-200
