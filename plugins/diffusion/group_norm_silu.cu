@@ -84,6 +84,27 @@ constexpr int64_t kTwoPassMaxChunk = 2048;  // vectors a block, at most (16 byte
 // benchmark, 2026-12-02).
 __device__ __forceinline__ float silu(float z) { return __fdividef(z, 1.0f + __expf(-z)); }
 
+// The epilogue of the 16-byte paths: vector x of channel c, (x - mean) * (weight[c] * rstd)
+// + bias[c], SiLU, streamed to dst. kAgain converts x with to_float_again (the resident
+// kernel, whose registers hold x across both reductions).
+template <bool kAgain, typename T, int kVec>
+__device__ __forceinline__ void normalize_silu_store(const vec_t<T, kVec>& x, uint32_t c,
+                                                     const T* __restrict__ weight,
+                                                     const T* __restrict__ bias, float mean,
+                                                     float rstd, T* dst) {
+  const float w = device::to_float(__ldg(weight + c)) * rstd;
+  const float b = device::to_float(__ldg(bias + c));
+  vec_t<float, kVec> y;
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) {
+    const float xf = kAgain ? device::to_float_again(x[j]) : device::to_float(x[j]);
+    y[j] = silu((xf - mean) * w + b);
+  }
+  vec_t<T, kVec> raw;
+  raw.cast_from(y);
+  raw.store_stream(dst);
+}
+
 // The sum of v over the block, then over the `split` blocks of the cluster (in
 // rank order, so every block gets the same bits). Every thread must call it.
 __device__ __forceinline__ float group_sum(float v, float* scratch, float* partial,
@@ -161,17 +182,8 @@ __global__ void __launch_bounds__(kResidentThreads, 2)
   for (int k = 0; k < kItems; ++k) {
     const uint32_t v = begin + tid + k * step;
     if (v < end) {
-      const uint32_t c = first_channel + vecs_per_channel.div(v);
-      const float w = device::to_float(__ldg(weight + c)) * rstd;
-      const float b = device::to_float(__ldg(bias + c));
-      vec_t<float, kVec> y;
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) {
-        y[j] = silu((device::to_float_again(held[k][j]) - mean) * w + b);
-      }
-      vec_t<T, kVec> raw;
-      raw.cast_from(y);
-      raw.store_stream(og + static_cast<int64_t>(v) * kVec);
+      normalize_silu_store<true>(held[k], first_channel + vecs_per_channel.div(v), weight, bias,
+                                 mean, rstd, og + static_cast<int64_t>(v) * kVec);
     }
   }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -315,17 +327,8 @@ __global__ void __launch_bounds__(kTwoPassThreads, kTwoPassMinBlocks)
     for (int k = 0; k < kTwoPassItems; ++k) {
       const uint32_t v = v0 + k * kStep;
       if (v < end) {
-        const uint32_t c = first_channel + vecs_per_channel.div(v);
-        const float w = device::to_float(__ldg(weight + c)) * rstd;
-        const float b = device::to_float(__ldg(bias + c));
-        vec_t<float, kVec> y;
-#pragma unroll
-        for (int j = 0; j < kVec; ++j) {
-          y[j] = silu((device::to_float(buf[k][j]) - mean) * w + b);
-        }
-        vec_t<T, kVec> raw;
-        raw.cast_from(y);
-        raw.store_stream(og + static_cast<int64_t>(v) * kVec);
+        normalize_silu_store<false>(buf[k], first_channel + vecs_per_channel.div(v), weight, bias,
+                                    mean, rstd, og + static_cast<int64_t>(v) * kVec);
       }
     }
   }
