@@ -58,6 +58,20 @@
 //      head, for the largest case) are allocated and zeroed once by main, and every call
 //      leaves them zero for the next call or graph replay. One split writes out directly as
 //      before; the split choice and the launch (no PDL on the split kernel) are V5's.
+//    V5p: V5 with its split kernel launched with PDL (programmatic stream serialization),
+//      griddepcontrol.wait at its very start: what plugins/attention/decode_mma.cu does.
+//    V8: V5p whose prologue does the work that cannot depend on the previous kernel before
+//      griddepcontrol.wait: it reads the sequence length and the block-table entries of its
+//      first kStages tiles and issues their cp.async copies when every row of the tile lies
+//      below len - 1 (history; those tiles are a prefix of the warp's tiles). A tile holding
+//      token len - 1 is issued only after the wait, and so is the load of q. The prologue
+//      issues all kStages tiles (V5 issues the last of them at the top of its first
+//      iteration); the rest (math, merge kernel with PDL) is V5's.
+//      Contract of V8: the immediately preceding kernel must not write the block table, the
+//      sequence lengths or any cache row below len - 1 (in a decode step the kernel before
+//      attention writes q and the new token's K/V row, position len - 1; the rest was ready
+//      long before). Kernels before that one are complete when it starts (it is launched
+//      without the attribute or waits itself), so they are not concerned.
 //
 // Every variant is checked against a CPU reference (double math from the same bf16 inputs,
 // q ~ N(0, 2^2) and K, V ~ N(0, 1), so that the softmax is not flat) on ragged lengths
@@ -70,7 +84,26 @@
 // and a 1 GiB copy (bytes read + written). Bytes per call: the K and V rows read
 // (sum(seq_lens) * Hk * D * 2 * 2) plus q and out.
 //
-//   nvcc -O3 -arch=sm_90 -std=c++17 decode_mma_bench.cu -o dm && ./dm
+// Chain mode (after the cases above; what V5p and V8 are for): a decode step's attention
+// runs behind the kernel that wrote q and the new token's K/V row, so its dependent chain
+// (launch, wait, length, table, first K/V bytes) can overlap that kernel only with PDL. A
+// producer kernel stands for it: one block an SM, griddepcontrol.launch_dependents at its
+// start, then a wait of producer_ns (clock64 with __nanosleep, default 2000 ns, the
+// program's optional argument) and only then the writes of q [B, Hq, D] and of the K and V
+// rows of token len - 1 of every sequence into the paged cache, copied from source buffers
+// (so a kernel that reads them early reads them before they are written). A call of the
+// chain = producer, split kernel, merge kernel in one stream; timed as the replay of a CUDA
+// graph of 64 chained calls (the capture keeps the programmatic edges), per call, for V5
+// (split launched without PDL), V5p and V8, next to the producer alone. Cases 1, 4 (as
+// "4+": lengths 1, 16, 17 and 33 forced in, so a new token alone in its tile, last in its
+// tile, first in one after one or two history tiles) and 2. Checked: set 0's q and old rows
+// are put back (the producer, from copies of the old values), then one chained call; the
+// output against the CPU reference on the producer's q and rows. The new K rows are N(0,
+// 3^2) (the new token then carries weight in most heads) and the reference on the old rows
+// with the new q must fail the check, or the case fails: the check would not see a kernel
+// that read the row before it was written.
+//
+//   nvcc -O3 -arch=sm_90 -std=c++17 decode_mma_bench.cu -o dm && ./dm [producer_ns]
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -85,6 +118,7 @@
 #include <string>
 #include <thread>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #define CK(...)                                                                   \
@@ -834,7 +868,10 @@ __device__ __forceinline__ void merge_in_last_block(const Params& p, unsigned ch
 // lo = bf16(p - hi), two MMAs a tile (P to about 2^-17 instead of 2^-9, relative).
 // kLastMerge (V7): with num_splits > 1, the last split block of each (sequence, kv head)
 // merges the partials (merge_in_last_block) instead of a merge kernel.
-template <int kWarps, int kStages, bool kTrans, bool kSplitP = false, bool kLastMerge = false>
+// kEarly (V8): the history tiles of the prologue are issued before griddepcontrol.wait (see
+// the header for the contract on the previous kernel).
+template <int kWarps, int kStages, bool kTrans, bool kSplitP = false, bool kLastMerge = false,
+          bool kEarly = false>
 __global__ void __launch_bounds__(kWarps * 32, (kTrans ? 16 : 12) / kWarps) split_kernel(Params p) {
   static_assert(kTrans || !kSplitP, "split P: the trans form only");
   static_assert(kWarps * kMaxGroup * kRedStride * 4 <= smem_bytes<kWarps, kStages>(),
@@ -857,7 +894,7 @@ __global__ void __launch_bounds__(kWarps * 32, (kTrans ? 16 : 12) / kWarps) spli
   const int gid = lane >> 2;  // the MMA fragments' groupID
   const int tig = lane & 3;   // thread in group
 
-  orig::pdl_wait();
+  if constexpr (!kEarly) orig::pdl_wait();
 
   const int capacity = p.max_pages * p.page_size;
   const int len = min(max(p.seq_lens[b], 0), capacity);
@@ -906,8 +943,8 @@ __global__ void __launch_bounds__(kWarps * 32, (kTrans ? 16 : 12) / kWarps) spli
   };
 
   uint32_t ok_bits = 0;  // bit s: the page of the tile in stage s is in range
-  int32_t next_page;
-  {
+  int32_t next_page = -1;
+  if constexpr (!kEarly) {
     int32_t pages[kStages];
 #pragma unroll
     for (int s = 0; s < kStages; ++s) pages[s] = lookup(s);
@@ -917,6 +954,32 @@ __global__ void __launch_bounds__(kWarps * 32, (kTrans ? 16 : 12) / kWarps) spli
       orig::cp_async_commit();
     }
     next_page = pages[kStages - 1];
+  } else {
+    // Tiles 0..kStages-1, one commit group each and in tile order as the main loop's
+    // wait_group counts them. Tile s is history when its last token is below len - 1: its
+    // rows then all exist (tok0 + 16 <= end, end is len or a multiple of 16) and none is the
+    // new token's. Tokens grow with s, so the history tiles are a prefix; `early` counts them.
+    int32_t pages[kStages];
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) pages[s] = lookup(s);
+    int early = 0;
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) {
+      if (early == s && s < my_tiles && tile_tok0(s) + kTile <= len - 1) {
+        if (issue(s, s, pages[s])) ok_bits |= 1u << s;
+        orig::cp_async_commit();
+        early = s + 1;
+      }
+    }
+    orig::pdl_wait();  // from here the previous kernel's writes (q, row len - 1) are visible
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) {
+      if (s >= early) {
+        if (s < my_tiles && issue(s, s, pages[s])) ok_bits |= 1u << s;
+        orig::cp_async_commit();
+      }
+    }
+    // next_page (tile kStages) is looked up in iteration 0, which issues nothing.
   }
 
   // q of head gid (zero for gid >= group): the rows form's A (a0, a2) and the trans form's
@@ -976,12 +1039,16 @@ __global__ void __launch_bounds__(kWarps * 32, (kTrans ? 16 : 12) / kWarps) spli
   for (int i = 0; i < my_tiles; ++i) {
     const int nxt = i + kStages - 1;
     __syncwarp();  // every lane is done with stage nxt % kStages (read at tile i - 1)
-    if (nxt < my_tiles) {
-      const int s = nxt % kStages;
-      ok_bits &= ~(1u << s);
-      if (issue(nxt, s, next_page)) ok_bits |= 1u << s;
+    // kEarly: tile kStages - 1 went out in the prologue, and its group was committed there
+    // (kStages groups before iteration 0, so wait_group<kStages - 1> still means tile i).
+    if (!kEarly || i > 0) {
+      if (nxt < my_tiles) {
+        const int s = nxt % kStages;
+        ok_bits &= ~(1u << s);
+        if (issue(nxt, s, next_page)) ok_bits |= 1u << s;
+      }
+      orig::cp_async_commit();
     }
-    orig::cp_async_commit();
     if (nxt + 1 < my_tiles) next_page = lookup(nxt + 1);
     orig::cp_async_wait<kStages - 1>();
     __syncwarp();  // the other lanes' copies of tile i are visible
@@ -1177,11 +1244,12 @@ __global__ void __launch_bounds__(kWarps * 32, (kTrans ? 16 : 12) / kWarps) spli
   }
 }
 
-template <int kWarps, int kStages, bool kTrans, bool kSplitP, bool kLastMerge = false>
+template <int kWarps, int kStages, bool kTrans, bool kSplitP, bool kLastMerge = false,
+          bool kEarly = false>
 int64_t resident_blocks() {
   static int64_t known = 0;
   if (known > 0) return known;
-  auto fn = split_kernel<kWarps, kStages, kTrans, kSplitP, kLastMerge>;
+  auto fn = split_kernel<kWarps, kStages, kTrans, kSplitP, kLastMerge, kEarly>;
   CK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
                           smem_bytes<kWarps, kStages>()));
   int per_sm = 0;
@@ -1191,21 +1259,25 @@ int64_t resident_blocks() {
   return known;
 }
 
-template <int kWarps, int kStages, bool kTrans, bool kSplitP, bool kLastMerge = false>
+template <int kWarps, int kStages, bool kTrans, bool kSplitP, bool kLastMerge = false,
+          bool kEarly = false>
 int splits_for(const Params& p, int batch) {
   // A block's rounds are kWarps tiles; at least one round a split.
   return orig::choose_splits(int64_t{batch} * p.heads_k, int64_t{p.max_pages} * p.page_size,
-                             resident_blocks<kWarps, kStages, kTrans, kSplitP, kLastMerge>(),
+                             resident_blocks<kWarps, kStages, kTrans, kSplitP, kLastMerge,
+                                             kEarly>(),
                              std::max(orig::kMinTokensPerSplit, kWarps * kTile));
 }
 
-template <int kWarps, int kStages, bool kTrans, bool kSplitP, bool kLastMerge = false>
-void launch(Params p, int batch, void* ws, cudaStream_t stream) {
+// split_pdl: the split kernel launched with PDL (V5p, V8); the merge kernel always is.
+template <int kWarps, int kStages, bool kTrans, bool kSplitP, bool kLastMerge = false,
+          bool kEarly = false>
+void launch(Params p, int batch, void* ws, cudaStream_t stream, bool split_pdl = false) {
   if (p.group > kMaxGroup || p.page_size % kTile != 0) {
     fprintf(stderr, "tc::launch: needs Hq / Hk <= 8 and page_size %% 16 == 0\n");
     exit(1);
   }
-  p.num_splits = splits_for<kWarps, kStages, kTrans, kSplitP, kLastMerge>(p, batch);
+  p.num_splits = splits_for<kWarps, kStages, kTrans, kSplitP, kLastMerge, kEarly>(p, batch);
   const size_t partials =
       p.num_splits > 1 ? static_cast<size_t>(batch) * p.heads_q * p.num_splits : 0;
   if (p.num_splits > 1) {
@@ -1223,8 +1295,8 @@ void launch(Params p, int batch, void* ws, cudaStream_t stream) {
   }
   const dim3 grid(static_cast<unsigned>(p.num_splits), static_cast<unsigned>(p.heads_k),
                   static_cast<unsigned>(batch));
-  CK(orig::launch(split_kernel<kWarps, kStages, kTrans, kSplitP, kLastMerge>, grid,
-                  dim3(kWarps * 32), smem_bytes<kWarps, kStages>(), stream, false, p));
+  CK(orig::launch(split_kernel<kWarps, kStages, kTrans, kSplitP, kLastMerge, kEarly>, grid,
+                  dim3(kWarps * 32), smem_bytes<kWarps, kStages>(), stream, split_pdl, p));
   if (!kLastMerge && p.num_splits > 1) {
     CK(orig::launch(orig::decode_merge_kernel<bf16, kDim>,
                     dim3(static_cast<unsigned>(int64_t{batch} * p.heads_q)),
@@ -1271,6 +1343,63 @@ __global__ void fill_normal_kernel(bf16* p, int64_t n, uint64_t seed, float sd) 
 }
 void fill_normal(bf16* p, int64_t n, uint64_t seed, float sd) {
   fill_normal_kernel<<<g_sms * 8, 256, 0, g_stream>>>(p, n, seed, sd);
+  CK(cudaGetLastError());
+}
+
+// The chain's producer (see the header): stands for the kernel before attention in a decode
+// step (rope on q, then the cache append of the new token).
+struct ProducerParams {
+  bf16* q;        // [B, Hq, D]
+  bf16* k_cache;  // [num_pages, P, Hk, D]
+  bf16* v_cache;
+  const int32_t* block_table;
+  const int32_t* seq_lens;
+  const bf16* q_src;  // [B, Hq, D]
+  const bf16* k_src;  // [B, Hk, D]: the K rows of token len - 1
+  const bf16* v_src;
+  int batch, heads_q, heads_k, max_pages;
+  long long wait_cycles;
+};
+constexpr int kProducerThreads = 128;
+// One block an SM (g_sms blocks) and few registers (at most 32: 4 K of an SM's 64 K, what
+// two V5 blocks of 120 leave), so the dependent split kernel's blocks fit beside it.
+// launch_dependents first: the dependent grid may launch at once. The wait sleeps rather
+// than spins, so the co-resident split blocks keep the issue slots; the writes come last,
+// so that a dependent which reads q or the new rows before its griddepcontrol.wait reads
+// the values from before this call.
+__global__ void __launch_bounds__(kProducerThreads, 16) producer_kernel(ProducerParams pp) {
+  orig::pdl_launch_dependents();
+  if (pp.wait_cycles > 0) {
+    const long long t0 = clock64();
+    while (clock64() - t0 < pp.wait_cycles) __nanosleep(64);
+  }
+  constexpr int kWords = kDim / 8;  // 16-byte words a row
+  const int64_t q_words = int64_t{pp.batch} * pp.heads_q * kWords;
+  const int64_t row_words = int64_t{pp.batch} * pp.heads_k * kWords;
+  const int capacity = pp.max_pages * kPage;
+  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
+  for (int64_t w = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       w < q_words + 2 * row_words; w += stride) {
+    if (w < q_words) {
+      reinterpret_cast<uint4*>(pp.q)[w] = reinterpret_cast<const uint4*>(pp.q_src)[w];
+      continue;
+    }
+    const bool is_v = w - q_words >= row_words;
+    const int64_t rw = w - q_words - (is_v ? row_words : 0);  // word of [B, Hk, D / 8]
+    const int b = static_cast<int>(rw / (int64_t{pp.heads_k} * kWords));
+    const int kh = static_cast<int>(rw / kWords % pp.heads_k);
+    const int c = static_cast<int>(rw % kWords);
+    const int len = min(pp.seq_lens[b], capacity);
+    if (len <= 0) continue;  // no new token
+    const int tok = len - 1;
+    const int64_t page = pp.block_table[static_cast<int64_t>(b) * pp.max_pages + tok / kPage];
+    const int64_t dst = ((page * kPage + tok % kPage) * pp.heads_k + kh) * kDim + c * 8;
+    *reinterpret_cast<uint4*>((is_v ? pp.v_cache : pp.k_cache) + dst) =
+        reinterpret_cast<const uint4*>(is_v ? pp.v_src : pp.k_src)[rw];
+  }
+}
+void launch_producer(const ProducerParams& pp, cudaStream_t st) {
+  producer_kernel<<<g_sms, kProducerThreads, 0, st>>>(pp);
   CK(cudaGetLastError());
 }
 
@@ -1339,6 +1468,13 @@ inline float bf2f(uint16_t h) {
   std::memcpy(&f, &u, 4);
   return f;
 }
+inline uint16_t f2bf(float f) {  // round to nearest even
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fff;
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
 
 struct Case {
   const char* name;
@@ -1347,6 +1483,7 @@ struct Case {
   int zero_seq;  // this sequence gets length 0 (-1: none)
   bool graph;    // time as graph replays
   uint64_t seed;
+  std::vector<std::pair<int, int>> fixed_lens = {};  // (sequence, length) set after the above
 };
 
 struct Set {
@@ -1375,6 +1512,9 @@ void build(Problem& pb, int nsets) {
     for (auto& x : pb.lens) x = 1 + rng.below(c.ctx);
   }
   if (c.zero_seq >= 0 && c.zero_seq < c.batch) pb.lens[c.zero_seq] = 0;
+  for (const auto& [seq, len] : c.fixed_lens) {
+    if (seq >= 0 && seq < c.batch) pb.lens[seq] = std::clamp(len, 0, c.ctx);
+  }
   int64_t need = 0, tokens = 0;
   for (int x : pb.lens) {
     need += (x + kPage - 1) / kPage;
@@ -1532,20 +1672,22 @@ tc::Params tc_params(const Problem& pb, const Set& st, double scale) {
 
 const double kScale = 1.0 / std::sqrt(128.0);
 
-template <int kWarps, int kStages, bool kTrans, bool kSplitP = false, bool kLastMerge = false>
-Variant tc_variant(const char* id, const char* name) {
+template <int kWarps, int kStages, bool kTrans, bool kSplitP = false, bool kLastMerge = false,
+          bool kEarly = false>
+Variant tc_variant(const char* id, const char* name, bool split_pdl = false) {
   return Variant{
       id,
       name,
-      [](const Problem& pb, const Set& st, void* ws, cudaStream_t s) {
-        tc::launch<kWarps, kStages, kTrans, kSplitP, kLastMerge>(tc_params(pb, st, kScale),
-                                                                 pb.cs.batch, ws, s);
+      [split_pdl](const Problem& pb, const Set& st, void* ws, cudaStream_t s) {
+        tc::launch<kWarps, kStages, kTrans, kSplitP, kLastMerge, kEarly>(
+            tc_params(pb, st, kScale), pb.cs.batch, ws, s, split_pdl);
       },
       [](const Problem& pb) {
-        return tc::splits_for<kWarps, kStages, kTrans, kSplitP, kLastMerge>(
+        return tc::splits_for<kWarps, kStages, kTrans, kSplitP, kLastMerge, kEarly>(
             tc_params(pb, pb.sets[0], kScale), pb.cs.batch);
       },
-      reinterpret_cast<const void*>(tc::split_kernel<kWarps, kStages, kTrans, kSplitP, kLastMerge>),
+      reinterpret_cast<const void*>(
+          tc::split_kernel<kWarps, kStages, kTrans, kSplitP, kLastMerge, kEarly>),
       kWarps * 32,
       tc::smem_bytes<kWarps, kStages>()};
 }
@@ -1570,6 +1712,12 @@ std::vector<Variant> variants() {
   v.push_back(tc_variant<4, 3, true, true>("V6", "V3 with P as bf16 hi + lo (2 PV MMAs)"));
   // V5 (the plugin's shape for page-aligned tiles) with the merge in the last split block.
   v.push_back(tc_variant<8, 2, true, false, true>("V7", "V5, last split block merges (1 launch)"));
+  // PDL on the split kernel: V5 as the plugin launches it, and V8 (history before the wait).
+  // Alone, their predecessor is the previous call's merge (or split) kernel; the chain mode
+  // puts a producer of q and the new rows before them.
+  v.push_back(tc_variant<8, 2, true>("V5p", "V5, split launched with PDL", true));
+  v.push_back(tc_variant<8, 2, true, false, false, true>(
+      "V8", "V5p, history cp.async before griddep wait", true));
   return v;
 }
 
@@ -1629,17 +1777,39 @@ double max_abs_between(const std::vector<uint16_t>& a, const std::vector<uint16_
 double g_big_copy_gbps = 0;
 int g_failures = 0;
 
+// Buffer sets: enough that the calls of a rotation touch > 120 MB (L2: 60 MB).
+int sets_for(const Case& cs) {
+  // The bytes a call touches, estimated from the case's expected lengths.
+  const double mean_len = cs.ragged ? 0.5 * (cs.ctx + 1) : cs.ctx;
+  const double call_bytes = cs.batch * mean_len * cs.hk * kDim * 4.0;
+  return std::clamp(static_cast<int>(std::ceil(120e6 / call_bytes)), 1, 16);
+}
+
+// The check's summary as run_case prints it: ok / FAIL, max |diff|, tolerance, worst element.
+std::string check_text(const Problem& pb, const std::vector<uint16_t>& got, bool* ok_out) {
+  const Case& cs = pb.cs;
+  const Diff d = compare(pb, got);
+  char chk[360];
+  const bool ok = d.bad == 0 && d.zero_bad == 0;
+  int n = snprintf(chk, sizeof chk, "%s max|d| %.2e (%.2f of tol)", ok ? "ok  " : "FAIL",
+                   d.max_abs, d.max_tol);
+  if (!ok) {
+    const int64_t w = d.worst;
+    const int wb = static_cast<int>(w / (int64_t{cs.hq} * kDim));
+    snprintf(chk + n, sizeof chk - n,
+             " %lld bad, %lld nonzero for len 0; worst b %d h %d d %d (len %d) ref %.5f got %.5f",
+             static_cast<long long>(d.bad), static_cast<long long>(d.zero_bad), wb,
+             static_cast<int>(w / kDim % cs.hq), static_cast<int>(w % kDim), pb.lens[wb],
+             pb.ref[w], bf2f(got[w]));
+  }
+  *ok_out = ok;
+  return chk;
+}
+
 void run_case(const Case& cs, const std::vector<Variant>& vs, void* ws) {
   Problem pb;
   pb.cs = cs;
-  // Buffer sets: enough that the calls of a rotation touch > 120 MB (L2: 60 MB).
-  int nsets = 1;
-  {
-    // The bytes a call touches, estimated from the case's expected lengths.
-    const double mean_len = cs.ragged ? 0.5 * (cs.ctx + 1) : cs.ctx;
-    const double call_bytes = cs.batch * mean_len * cs.hk * kDim * 4.0;
-    nsets = std::clamp(static_cast<int>(std::ceil(120e6 / call_bytes)), 1, 16);
-  }
+  const int nsets = sets_for(cs);
   build(pb, nsets);
   reference(pb, kScale);
   printf("\n== %s: B=%d ctx<=%d Hq=%d Hk=%d, %.2f MB a call, %d buffer set(s), %s\n", cs.name,
@@ -1720,7 +1890,168 @@ void run_case(const Case& cs, const std::vector<Variant>& vs, void* ws) {
   free_problem(pb);
 }
 
-int main() {
+// The chain mode (see the header): producer, then the variant's split and merge kernels.
+void run_chain(const Case& cs, const std::vector<Variant>& vs, void* ws, int producer_ns,
+               int clock_khz) {
+  Problem pb;
+  pb.cs = cs;
+  const int nsets = sets_for(cs);
+  build(pb, nsets);
+  const int64_t q_elems = int64_t{cs.batch} * cs.hq * kDim;
+  const int64_t row_elems = int64_t{cs.batch} * cs.hk * kDim;
+  const long long wait_cycles = static_cast<long long>(producer_ns) * clock_khz / 1000000;
+  // The check's producer waits 20 us or more: a dependent that reads q or a new row before
+  // its griddepcontrol.wait does so long before the producer writes it.
+  const long long check_cycles =
+      static_cast<long long>(std::max(producer_ns, 20000)) * clock_khz / 1000000;
+
+  // The producer's sources: the new q and rows (every set gets the same), and set 0's old q
+  // and rows of token len - 1 (to put set 0 back before each check).
+  bf16 *q_new, *k_new, *v_new, *q_old, *k_old, *v_old;
+  CK(cudaMalloc(&q_new, q_elems * 2));
+  CK(cudaMalloc(&q_old, q_elems * 2));
+  CK(cudaMalloc(&k_new, row_elems * 2));
+  CK(cudaMalloc(&v_new, row_elems * 2));
+  CK(cudaMalloc(&k_old, row_elems * 2));
+  CK(cudaMalloc(&v_old, row_elems * 2));
+  // New K rows N(0, 3^2): the new token's score has a spread of 6 (q ~ N(0, 2^2)) instead
+  // of 2, so it carries weight in most heads and its row shows in the output.
+  fill_normal(q_new, q_elems, cs.seed * 16 + 1001, 2.0f);
+  fill_normal(k_new, row_elems, cs.seed * 16 + 1002, 3.0f);
+  fill_normal(v_new, row_elems, cs.seed * 16 + 1003, 1.0f);
+  CK(cudaStreamSynchronize(g_stream));
+  std::vector<uint16_t> q_new_h(q_elems), k_new_h(row_elems), v_new_h(row_elems);
+  CK(cudaMemcpy(q_new_h.data(), q_new, q_elems * 2, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(k_new_h.data(), k_new, row_elems * 2, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(v_new_h.data(), v_new, row_elems * 2, cudaMemcpyDeviceToHost));
+  // Element offset of (sequence b, kv head kh)'s row of token len - 1 in the cache.
+  auto new_row = [&](int b, int kh) -> int64_t {
+    const int tok = pb.lens[b] - 1;
+    const int64_t page = pb.table[static_cast<size_t>(b) * pb.max_pages + tok / kPage];
+    return ((page * kPage + tok % kPage) * cs.hk + kh) * kDim;
+  };
+  std::vector<uint16_t> k_old_h(row_elems, 0), v_old_h(row_elems, 0);
+  for (int b = 0; b < cs.batch; ++b) {
+    if (pb.lens[b] <= 0) continue;
+    for (int kh = 0; kh < cs.hk; ++kh) {
+      const int64_t src = new_row(b, kh), dst = (int64_t{b} * cs.hk + kh) * kDim;
+      std::copy_n(pb.k.begin() + src, kDim, k_old_h.begin() + dst);
+      std::copy_n(pb.v.begin() + src, kDim, v_old_h.begin() + dst);
+    }
+  }
+  CK(cudaMemcpy(q_old, pb.q.data(), q_elems * 2, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(k_old, k_old_h.data(), row_elems * 2, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(v_old, v_old_h.data(), row_elems * 2, cudaMemcpyHostToDevice));
+  CK(cudaDeviceSynchronize());  // legacy-stream copies; g_stream does not wait for them
+
+  // References: on the new q with the old rows (what a too early read of a row would see),
+  // then on the new q and rows (set 0 after a chained call).
+  pb.q = q_new_h;
+  reference(pb, kScale);
+  const std::vector<float> stale = pb.ref;
+  for (int b = 0; b < cs.batch; ++b) {
+    if (pb.lens[b] <= 0) continue;
+    for (int kh = 0; kh < cs.hk; ++kh) {
+      const int64_t dst = new_row(b, kh), src = (int64_t{b} * cs.hk + kh) * kDim;
+      std::copy_n(k_new_h.begin() + src, kDim, pb.k.begin() + dst);
+      std::copy_n(v_new_h.begin() + src, kDim, pb.v.begin() + dst);
+    }
+  }
+  reference(pb, kScale);
+
+  printf("\n== chain %s: B=%d ctx<=%d Hq=%d Hk=%d, producer (%d ns wait) + split + merge a call, "
+         "%d buffer set(s), graph of 64 chained calls\n",
+         cs.name, cs.batch, cs.ctx, cs.hq, cs.hk, producer_ns, nsets);
+  // The check must see a read of an old row: the stale reference, in bf16, has to fail it.
+  {
+    std::vector<uint16_t> stale_bf(stale.size());
+    for (size_t i = 0; i < stale.size(); ++i) stale_bf[i] = f2bf(stale[i]);
+    const Diff d = compare(pb, stale_bf);
+    const int64_t per_seq = int64_t{cs.hq} * kDim;
+    int seen = 0, nonempty = 0;
+    for (int b = 0; b < cs.batch; ++b) {
+      if (pb.lens[b] <= 0) continue;
+      ++nonempty;
+      for (int64_t i = b * per_seq; i < (b + 1) * per_seq; ++i) {
+        const double e = std::fabs(static_cast<double>(bf2f(stale_bf[i])) - pb.ref[i]);
+        if (!(e / (1e-3 + std::fabs(pb.ref[i]) / 128.0) <= 1.0) || e > 2e-2) {  // compare()'s
+          ++seen;
+          break;
+        }
+      }
+    }
+    const bool ok = d.bad > 0;
+    if (!ok) ++g_failures;
+    printf("-- %s: output on the old len-1 rows fails the check at %lld elements, in %d of the "
+           "%d non-empty sequences\n",
+           ok ? "check sees a stale row" : "FAIL: check blind to a stale row",
+           static_cast<long long>(d.bad), seen, nonempty);
+  }
+
+  auto producer = [&](const Set& st, bool fresh, long long cycles) {
+    ProducerParams pp{};
+    pp.q = st.q;
+    pp.k_cache = st.k;
+    pp.v_cache = st.v;
+    pp.block_table = st.table;
+    pp.seq_lens = st.lens;
+    pp.q_src = fresh ? q_new : q_old;
+    pp.k_src = fresh ? k_new : k_old;
+    pp.v_src = fresh ? v_new : v_old;
+    pp.batch = cs.batch;
+    pp.heads_q = cs.hq;
+    pp.heads_k = cs.hk;
+    pp.max_pages = pb.max_pages;
+    pp.wait_cycles = cycles;
+    launch_producer(pp, g_stream);
+  };
+  const float prod_us =
+      time_us([&](int s) { producer(pb.sets[s], true, wait_cycles); }, nsets, true);
+  printf("-- producer alone: %.2f us\n", prod_us);
+
+  const size_t out_elems = static_cast<size_t>(q_elems);
+  float base_us = 0;
+  for (const char* id : {"V5", "V5p", "V8"}) {
+    const auto it = std::find_if(vs.begin(), vs.end(),
+                                 [&](const Variant& v) { return std::strcmp(v.id, id) == 0; });
+    if (it == vs.end()) continue;
+    const Variant& v = *it;
+    // Set 0 back to its old q and rows (a stale read would see them), out poisoned; then
+    // one chained call from an idle GPU, checked.
+    const Set& st = pb.sets[0];
+    producer(st, false, 0);
+    CK(cudaMemsetAsync(st.out, 0xff, out_elems * 2, g_stream));
+    CK(cudaStreamSynchronize(g_stream));
+    producer(st, true, check_cycles);
+    v.launch(pb, st, ws, g_stream);
+    CK(cudaStreamSynchronize(g_stream));
+    std::vector<uint16_t> got(out_elems);
+    CK(cudaMemcpy(got.data(), st.out, out_elems * 2, cudaMemcpyDeviceToHost));
+    bool ok = false;
+    const std::string chk = check_text(pb, got, &ok);
+    if (!ok) ++g_failures;
+    const float us = time_us(
+        [&](int s) {
+          producer(pb.sets[s], true, wait_cycles);
+          v.launch(pb, pb.sets[s], ws, g_stream);
+        },
+        nsets, true);
+    if (base_us == 0) base_us = us;  // V5's chain, the first
+    printf("%-3s %-46s %-10s splits %3d %8.2f us a chain, %+6.2f us vs V5's, %6.2f us over the "
+           "producer  %s\n",
+           v.id, v.name, cs.name, v.splits(pb), us, us - base_us, us - prod_us, chk.c_str());
+    fflush(stdout);
+  }
+  CK(cudaFree(q_new));
+  CK(cudaFree(q_old));
+  CK(cudaFree(k_new));
+  CK(cudaFree(v_new));
+  CK(cudaFree(k_old));
+  CK(cudaFree(v_old));
+  free_problem(pb);
+}
+
+int main(int argc, char** argv) {
   int count = 0;
   const cudaError_t e = cudaGetDeviceCount(&count);
   if (e != cudaSuccess || count == 0) {
@@ -1740,6 +2071,9 @@ int main() {
     return 2;
   }
   CK(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking));
+  const int producer_ns = argc > 1 ? std::max(0, atoi(argv[1])) : 2000;
+  int clock_khz = 0;
+  CK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, dev));
   {
     const int64_t words = (int64_t{1} << 30) / 16;
     void *a, *b;
@@ -1787,6 +2121,23 @@ int main() {
       "copy of the same bytes, %% of the 1 GiB copy, check vs the CPU reference (tol: 1e-3 + "
       "|ref|/128 and 2e-2 abs) and max |diff| vs V0\n");
   for (const Case& c : cases) run_case(c, vs, ws);
+
+  // The chain mode: cases 1, 4 (lengths 1, 16, 17, 33 forced in besides the 0) and 2.
+  {
+    cudaFuncAttributes a{};
+    CK(cudaFuncGetAttributes(&a, producer_kernel));
+    printf("\nchain: producer, split, merge a call (split without PDL for V5, with for V5p and "
+           "V8); producer %d blocks x %d threads, regs %d, spill %zu B, wait %d ns (%d kHz "
+           "clock); columns: variant, what, case, splits, median us a chained call, its "
+           "difference to V5's chain, the chain less the producer alone, check of the output "
+           "vs the CPU reference on the producer's q and rows\n",
+           g_sms, kProducerThreads, a.numRegs, static_cast<size_t>(a.localSizeBytes), producer_ns,
+           clock_khz);
+    Case c4 = cases[3];  // its lengths differ from case 4's: named apart
+    c4.name = "4+:b16rag";
+    c4.fixed_lens = {{9, 1}, {10, 16}, {11, 17}, {12, 33}};
+    for (const Case& c : {cases[0], c4, cases[1]}) run_chain(c, vs, ws, producer_ns, clock_khz);
+  }
   CK(cudaFree(ws));
   CK(cudaFree(g_counters));
   CK(cudaDeviceSynchronize());
