@@ -10,13 +10,15 @@
 #     group_norm_silu cases (no torch.compile: kreg against kreg);
 #  4. the diffusion GPU tests with each patch applied (so that the winner needs no second
 #     call), the tree restored after;
-#  5. vs_torch's diffusion rows with torch.compile (the before/after table's numbers);
-#  6. the whole ctest suite.
+#  5. decode_mma_bench.cu: V5p/V8 and the chain timing behind a producer kernel (PDL);
+#  6. vs_torch's diffusion rows with torch.compile (the before/after table's numbers);
+#  7. the whole ctest suite.
 set -uo pipefail
 L=${OUT:-/tmp/out}; mkdir -p "$L"
 UNTIL=${UNTIL:-560}
 left() { [ $SECONDS -lt $((UNTIL - ${1:-0})) ]; }
 source tools/bench/gpu_common.sh
+(cd tools/bench/variants && nvcc -O3 -arch=sm_90 -std=c++17 decode_mma_bench.cu -o /tmp/dm) >/tmp/dm_build.log 2>&1 &
 gpu_build || exit 1
 echo "built at $SECONDS s"
 export PYTHONPATH=$PWD/build/python KREG_PLUGIN_DIR=$PWD/build/plugins KREG_MANIFEST=$PWD/registry.yaml
@@ -47,6 +49,14 @@ for p in gns_max_chunk_4096 gns_chunk_2048; do
   patch -R -p1 -s <tools/bench/ab/$p.patch
   cmake --build build -j16 >>/tmp/build.log 2>&1
 done
+# decode_mma_bench: every variant (V5p and V8 included) and the chain timing (a producer
+# kernel, then split + merge: V5 without PDL, V5p, V8 with the history prefetched before
+# griddepcontrol.wait).
+if left 80; then
+  wait
+  timeout 75 /tmp/dm 2>&1 | grep -E "^(V5|V8|==|--)|chain|FAIL|ALL OK|CHECK" | cut -c1-190 | tail -60
+  echo "decode bench done at $SECONDS s"
+fi
 if left 60; then
   timeout $((UNTIL - SECONDS - 50)) $PY tools/bench/vs_torch.py --reps 30 --out /tmp/vsd --only group_norm_silu >/tmp/vsd.log 2>&1
   grep -E "^diffusion|copy bandwidth|MISMATCH" /tmp/vsd.log | cut -c1-200
