@@ -430,12 +430,13 @@ cudaError_t launch(const GroupArgs& a, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-template <typename T, int kVec, int kItems>
-cudaError_t launch_resident(const GroupArgs& a, uint32_t group_vecs, uint32_t split,
-                            uint32_t chunk_vecs, cudaStream_t stream) {
+// A kernel of the split paths (both take the same parameters): `split` blocks a group of
+// `group_vecs` vectors, each owning `chunk_vecs`, forming a cluster when split > 1.
+template <typename T, typename Kernel>
+cudaError_t launch_split(Kernel kernel, unsigned threads, const GroupArgs& a, int vec_elems,
+                         uint32_t group_vecs, uint32_t split, uint32_t chunk_vecs,
+                         cudaStream_t stream) {
   const int64_t cpg = a.shape.channels / a.shape.groups;
-  const auto threads = static_cast<unsigned>(
-      std::max<int64_t>(32, (int64_t{chunk_vecs} + kItems - 1) / kItems + 31) / 32 * 32);
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(static_cast<unsigned>(a.shape.batch * a.shape.groups * split));
   config.blockDim = dim3(threads);
@@ -450,36 +451,27 @@ cudaError_t launch_resident(const GroupArgs& a, uint32_t group_vecs, uint32_t sp
     config.attrs = cluster;
     config.numAttrs = 1;
   }
-  return cudaLaunchKernelEx(&config, group_norm_silu_resident_kernel<T, kVec, kItems>,
-                            static_cast<const T*>(a.x), static_cast<const T*>(a.weight),
-                            static_cast<const T*>(a.bias), static_cast<T*>(a.out),
-                            static_cast<uint32_t>(a.shape.groups), static_cast<uint32_t>(cpg),
-                            FastDivisor(static_cast<uint32_t>(a.shape.spatial / kVec)), group_vecs,
-                            chunk_vecs, split, a.eps);
+  return cudaLaunchKernelEx(
+      &config, kernel, static_cast<const T*>(a.x), static_cast<const T*>(a.weight),
+      static_cast<const T*>(a.bias), static_cast<T*>(a.out), static_cast<uint32_t>(a.shape.groups),
+      static_cast<uint32_t>(cpg), FastDivisor(static_cast<uint32_t>(a.shape.spatial / vec_elems)),
+      group_vecs, chunk_vecs, split, a.eps);
+}
+
+template <typename T, int kVec, int kItems>
+cudaError_t launch_resident(const GroupArgs& a, uint32_t group_vecs, uint32_t split,
+                            uint32_t chunk_vecs, cudaStream_t stream) {
+  const auto threads = static_cast<unsigned>(
+      std::max<int64_t>(32, (int64_t{chunk_vecs} + kItems - 1) / kItems + 31) / 32 * 32);
+  return launch_split<T>(group_norm_silu_resident_kernel<T, kVec, kItems>, threads, a, kVec,
+                         group_vecs, split, chunk_vecs, stream);
 }
 
 template <typename T, int kVec>
 cudaError_t launch_cluster_two_pass(const GroupArgs& a, uint32_t group_vecs, uint32_t split,
                                     uint32_t chunk_vecs, cudaStream_t stream) {
-  const int64_t cpg = a.shape.channels / a.shape.groups;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(a.shape.batch * a.shape.groups * split));
-  config.blockDim = dim3(kTwoPassThreads);
-  config.dynamicSmemBytes = 0;
-  config.stream = stream;
-  cudaLaunchAttribute cluster[1];
-  cluster[0].id = cudaLaunchAttributeClusterDimension;
-  cluster[0].val.clusterDim.x = split;
-  cluster[0].val.clusterDim.y = 1;
-  cluster[0].val.clusterDim.z = 1;
-  config.attrs = cluster;
-  config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, group_norm_silu_cluster_kernel<T, kVec>,
-                            static_cast<const T*>(a.x), static_cast<const T*>(a.weight),
-                            static_cast<const T*>(a.bias), static_cast<T*>(a.out),
-                            static_cast<uint32_t>(a.shape.groups), static_cast<uint32_t>(cpg),
-                            FastDivisor(static_cast<uint32_t>(a.shape.spatial / kVec)), group_vecs,
-                            chunk_vecs, split, a.eps);
+  return launch_split<T>(group_norm_silu_cluster_kernel<T, kVec>, kTwoPassThreads, a, kVec,
+                         group_vecs, split, chunk_vecs, stream);
 }
 
 // The cluster two-pass path or the resident path when the group fits (see the
