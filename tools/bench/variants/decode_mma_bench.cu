@@ -1263,10 +1263,10 @@ template <int kWarps, int kStages, bool kTrans, bool kSplitP, bool kLastMerge = 
           bool kEarly = false>
 int splits_for(const Params& p, int batch) {
   // A block's rounds are kWarps tiles; at least one round a split.
-  return orig::choose_splits(int64_t{batch} * p.heads_k, int64_t{p.max_pages} * p.page_size,
-                             resident_blocks<kWarps, kStages, kTrans, kSplitP, kLastMerge,
-                                             kEarly>(),
-                             std::max(orig::kMinTokensPerSplit, kWarps * kTile));
+  return orig::choose_splits(
+      int64_t{batch} * p.heads_k, int64_t{p.max_pages} * p.page_size,
+      resident_blocks<kWarps, kStages, kTrans, kSplitP, kLastMerge, kEarly>(),
+      std::max(orig::kMinTokensPerSplit, kWarps * kTile));
 }
 
 // split_pdl: the split kernel launched with PDL (V5p, V8); the merge kernel always is.
@@ -1675,21 +1675,20 @@ const double kScale = 1.0 / std::sqrt(128.0);
 template <int kWarps, int kStages, bool kTrans, bool kSplitP = false, bool kLastMerge = false,
           bool kEarly = false>
 Variant tc_variant(const char* id, const char* name, bool split_pdl = false) {
-  return Variant{
-      id,
-      name,
-      [split_pdl](const Problem& pb, const Set& st, void* ws, cudaStream_t s) {
-        tc::launch<kWarps, kStages, kTrans, kSplitP, kLastMerge, kEarly>(
-            tc_params(pb, st, kScale), pb.cs.batch, ws, s, split_pdl);
-      },
-      [](const Problem& pb) {
-        return tc::splits_for<kWarps, kStages, kTrans, kSplitP, kLastMerge, kEarly>(
-            tc_params(pb, pb.sets[0], kScale), pb.cs.batch);
-      },
-      reinterpret_cast<const void*>(
-          tc::split_kernel<kWarps, kStages, kTrans, kSplitP, kLastMerge, kEarly>),
-      kWarps * 32,
-      tc::smem_bytes<kWarps, kStages>()};
+  return Variant{id,
+                 name,
+                 [split_pdl](const Problem& pb, const Set& st, void* ws, cudaStream_t s) {
+                   tc::launch<kWarps, kStages, kTrans, kSplitP, kLastMerge, kEarly>(
+                       tc_params(pb, st, kScale), pb.cs.batch, ws, s, split_pdl);
+                 },
+                 [](const Problem& pb) {
+                   return tc::splits_for<kWarps, kStages, kTrans, kSplitP, kLastMerge, kEarly>(
+                       tc_params(pb, pb.sets[0], kScale), pb.cs.batch);
+                 },
+                 reinterpret_cast<const void*>(
+                     tc::split_kernel<kWarps, kStages, kTrans, kSplitP, kLastMerge, kEarly>),
+                 kWarps * 32,
+                 tc::smem_bytes<kWarps, kStages>()};
 }
 
 std::vector<Variant> variants() {
@@ -1791,16 +1790,16 @@ std::string check_text(const Problem& pb, const std::vector<uint16_t>& got, bool
   const Diff d = compare(pb, got);
   char chk[360];
   const bool ok = d.bad == 0 && d.zero_bad == 0;
-  int n = snprintf(chk, sizeof chk, "%s max|d| %.2e (%.2f of tol)", ok ? "ok  " : "FAIL",
-                   d.max_abs, d.max_tol);
+  int n = snprintf(chk, sizeof chk, "%s max|d| %.2e (%.2f of tol)", ok ? "ok  " : "FAIL", d.max_abs,
+                   d.max_tol);
   if (!ok) {
     const int64_t w = d.worst;
     const int wb = static_cast<int>(w / (int64_t{cs.hq} * kDim));
     snprintf(chk + n, sizeof chk - n,
              " %lld bad, %lld nonzero for len 0; worst b %d h %d d %d (len %d) ref %.5f got %.5f",
              static_cast<long long>(d.bad), static_cast<long long>(d.zero_bad), wb,
-             static_cast<int>(w / kDim % cs.hq), static_cast<int>(w % kDim), pb.lens[wb],
-             pb.ref[w], bf2f(got[w]));
+             static_cast<int>(w / kDim % cs.hq), static_cast<int>(w % kDim), pb.lens[wb], pb.ref[w],
+             bf2f(got[w]));
   }
   *ok_out = ok;
   return chk;
@@ -1847,33 +1846,22 @@ void run_case(const Case& cs, const std::vector<Variant>& vs, void* ws) {
     CK(cudaStreamSynchronize(g_stream));
     std::vector<uint16_t> got(out_elems);
     CK(cudaMemcpy(got.data(), st.out, out_elems * 2, cudaMemcpyDeviceToHost));
-    const Diff d = compare(pb, got);
-    char chk[360];
-    const bool ok = d.bad == 0 && d.zero_bad == 0;
-    int n = snprintf(chk, sizeof chk, "%s max|d| %.2e (%.2f of tol)", ok ? "ok  " : "FAIL",
-                     d.max_abs, d.max_tol);
-    if (!ok) {
-      ++g_failures;
-      const int64_t w = d.worst;
-      const int wb = static_cast<int>(w / (int64_t{cs.hq} * kDim));
-      n += snprintf(chk + n, sizeof chk - n,
-                    " %lld bad, %lld nonzero for len 0; worst b %d h %d d %d (len %d) ref %.5f "
-                    "got %.5f",
-                    static_cast<long long>(d.bad), static_cast<long long>(d.zero_bad), wb,
-                    static_cast<int>(w / kDim % cs.hq), static_cast<int>(w % kDim), pb.lens[wb],
-                    pb.ref[w], bf2f(got[w]));
-    }
+    bool ok = false;
+    std::string chk = check_text(pb, got, &ok);
+    if (!ok) ++g_failures;
     if (v0_out.empty()) {
       v0_out = got;
     } else {
-      snprintf(chk + n, sizeof chk - n, ", vs V0 %.2e", max_abs_between(got, v0_out));
+      char vs0[40];
+      snprintf(vs0, sizeof vs0, ", vs V0 %.2e", max_abs_between(got, v0_out));
+      chk += vs0;
     }
     const float us =
         time_us([&](int s) { v.launch(pb, pb.sets[s], ws, g_stream); }, nsets, cs.graph);
     const double gbps = pb.bytes / us * 1e-3;
     printf("%-3s %-46s %-10s splits %3d %8.2f us %6.0f GB/s %6.1f%% copy %6.1f%% 1GiB  %s\n", v.id,
            v.name, cs.name, v.splits(pb), us, gbps, 100.0 * gbps / copy_gbps,
-           100.0 * gbps / g_big_copy_gbps, chk);
+           100.0 * gbps / g_big_copy_gbps, chk.c_str());
     fflush(stdout);
   }
   // V7's counters: every call must leave them zero (the last block of each resets its own).
@@ -1959,9 +1947,10 @@ void run_chain(const Case& cs, const std::vector<Variant>& vs, void* ws, int pro
   }
   reference(pb, kScale);
 
-  printf("\n== chain %s: B=%d ctx<=%d Hq=%d Hk=%d, producer (%d ns wait) + split + merge a call, "
-         "%d buffer set(s), graph of 64 chained calls\n",
-         cs.name, cs.batch, cs.ctx, cs.hq, cs.hk, producer_ns, nsets);
+  printf(
+      "\n== chain %s: B=%d ctx<=%d Hq=%d Hk=%d, producer (%d ns wait) + split + merge a call, "
+      "%d buffer set(s), graph of 64 chained calls\n",
+      cs.name, cs.batch, cs.ctx, cs.hq, cs.hk, producer_ns, nsets);
   // The check must see a read of an old row: the stale reference, in bf16, has to fail it.
   {
     std::vector<uint16_t> stale_bf(stale.size());
@@ -1982,10 +1971,11 @@ void run_chain(const Case& cs, const std::vector<Variant>& vs, void* ws, int pro
     }
     const bool ok = d.bad > 0;
     if (!ok) ++g_failures;
-    printf("-- %s: output on the old len-1 rows fails the check at %lld elements, in %d of the "
-           "%d non-empty sequences\n",
-           ok ? "check sees a stale row" : "FAIL: check blind to a stale row",
-           static_cast<long long>(d.bad), seen, nonempty);
+    printf(
+        "-- %s: output on the old len-1 rows fails the check at %lld elements, in %d of the "
+        "%d non-empty sequences\n",
+        ok ? "check sees a stale row" : "FAIL: check blind to a stale row",
+        static_cast<long long>(d.bad), seen, nonempty);
   }
 
   auto producer = [&](const Set& st, bool fresh, long long cycles) {
@@ -2037,9 +2027,10 @@ void run_chain(const Case& cs, const std::vector<Variant>& vs, void* ws, int pro
         },
         nsets, true);
     if (base_us == 0) base_us = us;  // V5's chain, the first
-    printf("%-3s %-46s %-10s splits %3d %8.2f us a chain, %+6.2f us vs V5's, %6.2f us over the "
-           "producer  %s\n",
-           v.id, v.name, cs.name, v.splits(pb), us, us - base_us, us - prod_us, chk.c_str());
+    printf(
+        "%-3s %-46s %-10s splits %3d %8.2f us a chain, %+6.2f us vs V5's, %6.2f us over the "
+        "producer  %s\n",
+        v.id, v.name, cs.name, v.splits(pb), us, us - base_us, us - prod_us, chk.c_str());
     fflush(stdout);
   }
   CK(cudaFree(q_new));
@@ -2126,13 +2117,14 @@ int main(int argc, char** argv) {
   {
     cudaFuncAttributes a{};
     CK(cudaFuncGetAttributes(&a, producer_kernel));
-    printf("\nchain: producer, split, merge a call (split without PDL for V5, with for V5p and "
-           "V8); producer %d blocks x %d threads, regs %d, spill %zu B, wait %d ns (%d kHz "
-           "clock); columns: variant, what, case, splits, median us a chained call, its "
-           "difference to V5's chain, the chain less the producer alone, check of the output "
-           "vs the CPU reference on the producer's q and rows\n",
-           g_sms, kProducerThreads, a.numRegs, static_cast<size_t>(a.localSizeBytes), producer_ns,
-           clock_khz);
+    printf(
+        "\nchain: producer, split, merge a call (split without PDL for V5, with for V5p and "
+        "V8); producer %d blocks x %d threads, regs %d, spill %zu B, wait %d ns (%d kHz "
+        "clock); columns: variant, what, case, splits, median us a chained call, its "
+        "difference to V5's chain, the chain less the producer alone, check of the output "
+        "vs the CPU reference on the producer's q and rows\n",
+        g_sms, kProducerThreads, a.numRegs, static_cast<size_t>(a.localSizeBytes), producer_ns,
+        clock_khz);
     Case c4 = cases[3];  // its lengths differ from case 4's: named apart
     c4.name = "4+:b16rag";
     c4.fixed_lens = {{9, 1}, {10, 16}, {11, 17}, {12, 33}};
