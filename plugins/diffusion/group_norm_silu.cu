@@ -262,6 +262,17 @@ __device__ __forceinline__ void cluster_exit_wait(uint32_t split) {
 // One group per `split` consecutive blocks (a cluster): block part p owns
 // vectors [p * chunk_vecs, min((p + 1) * chunk_vecs, group_vecs)), streamed in
 // batches of kTwoPassItems vectors a thread, twice.
+// A thread's batch: vectors v0, v0 + kStep, ... (kTwoPassItems of them, those below end).
+template <uint32_t kStep, typename T, int kVec>
+__device__ __forceinline__ void load_batch(vec_t<T, kVec> (&buf)[kTwoPassItems], const T* xg,
+                                           uint32_t v0, uint32_t end, uint64_t policy) {
+#pragma unroll
+  for (int k = 0; k < kTwoPassItems; ++k) {
+    const uint32_t v = v0 + k * kStep;
+    if (v < end) load_l2_hint(buf[k], xg + static_cast<int64_t>(v) * kVec, policy);
+  }
+}
+
 template <typename T, int kVec>
 __global__ void __launch_bounds__(kTwoPassThreads, kTwoPassMinBlocks)
     group_norm_silu_cluster_kernel(const T* __restrict__ x, const T* __restrict__ weight,
@@ -290,11 +301,7 @@ __global__ void __launch_bounds__(kTwoPassThreads, kTwoPassMinBlocks)
   float sums[2] = {0.0f, 0.0f};  // sum of (x - x0), sum of (x - x0)^2
   for (uint32_t v0 = begin + tid; v0 < end; v0 += kBatchVecs) {
     vec_t<T, kVec> buf[kTwoPassItems];
-#pragma unroll
-    for (int k = 0; k < kTwoPassItems; ++k) {
-      const uint32_t v = v0 + k * kStep;
-      if (v < end) load_l2_hint(buf[k], xg + static_cast<int64_t>(v) * kVec, keep);
-    }
+    load_batch<kStep>(buf, xg, v0, end, keep);
 #pragma unroll
     for (int k = 0; k < kTwoPassItems; ++k) {
       if (v0 + k * kStep < end) {
@@ -318,11 +325,7 @@ __global__ void __launch_bounds__(kTwoPassThreads, kTwoPassMinBlocks)
   const uint32_t first_channel = (group % groups) * channels_per_group;
   for (uint32_t v0 = begin + tid; v0 < end; v0 += kBatchVecs) {
     vec_t<T, kVec> buf[kTwoPassItems];
-#pragma unroll
-    for (int k = 0; k < kTwoPassItems; ++k) {
-      const uint32_t v = v0 + k * kStep;
-      if (v < end) load_l2_hint(buf[k], xg + static_cast<int64_t>(v) * kVec, drop);
-    }
+    load_batch<kStep>(buf, xg, v0, end, drop);
 #pragma unroll
     for (int k = 0; k < kTwoPassItems; ++k) {
       const uint32_t v = v0 + k * kStep;
