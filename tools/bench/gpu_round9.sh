@@ -13,6 +13,8 @@
 #  6. ncu of attention.decode B=1 ctx 4096 (speed of light, warp states, memory);
 #  7. the dispatch bench.
 # Compact stdout; a few logs into $OUT (the run returns at most 8 files).
+# Ran once, at e1ba032 (docs/performance.md, tenth round); since then its two-pass patch is
+# in the plugin (its step 2 and 3 need that tree: git worktree add /tmp/r9 e1ba032).
 set -uo pipefail
 L=${OUT:-/tmp/out}; mkdir -p "$L"
 UNTIL=${UNTIL:-570}
