@@ -4,10 +4,10 @@
 // A group (sample n, channels g*C/G .. (g+1)*C/G - 1, all spatial positions) is
 // one contiguous run of C/G * L elements.
 //
-// Cluster two-pass path (sm_90, 16-byte vectors, groups of 1025 .. 8 * 2048
+// Cluster two-pass path (sm_90, 16-byte vectors, groups of 2049 .. 8 * 4096
 // vectors; tools/bench/variants/gns_bench.cu's v4): a group is split over
-// `split` = ceil(group_vecs / 1024) <= 8 blocks of 256 threads that form a
-// thread block cluster, each with a contiguous chunk of <= 2048 vectors (a
+// `split` = ceil(group_vecs / 2048) <= 8 blocks of 256 threads that form a
+// thread block cluster, each with a contiguous chunk of <= 4096 vectors (a
 // multiple of 32, the last one shorter). Nothing is held across the reduction
 // (<= 40 registers, 6 blocks per SM): pass 1 streams the chunk in batches of 4
 // vectors a thread with an L2 evict_last hint and sums x - x0 and (x - x0)^2
@@ -15,14 +15,16 @@
 // partials add and the one-pass variance does not cancel); one block + cluster
 // reduction (partials read through distributed shared memory in rank order:
 // every block gets the same bits); pass 2 re-reads the chunk (an L2 hit: at most
-// 32 KB a block, ~25 MB in flight on 132 SMs, evict_first) and streams the
+// 64 KB a block, at most ~50 MB in flight on 132 SMs, evict_first) and streams the
 // result out. A block arrives at a cluster barrier as soon as it has read the
 // partials and waits on it only before exiting. Many small blocks in different
 // phases keep DRAM busy while others compute (the resident kernel's blocks load,
 // reduce, then compute, all together). SD shape N=16, C=512, 64x64, G=32 bf16:
-// groups of 8192 vectors, split 8 -> 4096 blocks of 256 threads, 1024 vectors
-// each (4 a thread); in gns_bench.cu on the H200 51.9 us against the resident
-// kernel's 53.9 with the same SiLU (there v4 used an FMA-folded affine).
+// groups of 8192 vectors, split 4 -> 2048 blocks of 256 threads, 2048 vectors
+// each (8 a thread). Chunks of ~2048 rather than ~1024 vectors (H100, plugin
+// A/B, docs/performance.md's eleventh round): 60.3 -> 57.6 us at that shape;
+// N=2, C=128, 256x256 (groups of 32768 vectors, split 8, chunks of 4096) moved
+// here from the resident path: 43.4 -> 39.5 us.
 //
 // Resident path (16-byte vectors, groups of up to 8 * 4096 vectors not taken by
 // the cluster two-pass path): every element is read from DRAM once. A group is
@@ -35,9 +37,7 @@
 // then each block normalizes its registers, applies the channel's affine and
 // SiLU and streams the result out. The split is the smallest that fits the
 // group, doubled while the grid has fewer than two blocks per SM. Shapes: groups
-// of <= 1024 vectors on sm_90 (one block), groups above 16384 vectors on sm_90
-// (N=2, C=128, 256x256: groups of 32768 vectors, split 8 -> 512 blocks), and
-// groups of <= 4096 vectors on older GPUs.
+// of <= 2048 vectors on sm_90 and groups of <= 4096 vectors on older GPUs.
 //
 // Both paths use the same epilogue: (x - mean) * (weight[c] * rstd) + bias[c],
 // then SiLU with __expf and __fdividef.
@@ -73,8 +73,8 @@ constexpr int kMaxSplit = 8;           // the portable cluster size limit
 
 constexpr int kTwoPassThreads = 256;        // per block of the cluster two-pass kernel
 constexpr int kTwoPassMinBlocks = 6;        // blocks per SM: <= 40 registers
-constexpr int64_t kTwoPassChunk = 1024;     // vectors a block, the target
-constexpr int64_t kTwoPassMaxChunk = 2048;  // vectors a block, at most (16 bytes each)
+constexpr int64_t kTwoPassChunk = 2048;     // vectors a block, the target
+constexpr int64_t kTwoPassMaxChunk = 4096;  // vectors a block, at most (16 bytes each)
 
 // SiLU of the fp32 pre-activation: z / (1 + e^-z). __expf (ex2.approx of z * log2 e, about
 // 2 ulp) and __fdividef (a reciprocal and a multiply, 2 ulp): far below a 16-bit output's
@@ -491,7 +491,7 @@ bool try_split(const GroupArgs& a, cudaStream_t stream, cudaError_t& err) {
     return false;  // the two-pass kernel needs no device facts
   }
   const int64_t max_split = major >= 9 ? kMaxSplit : 1;
-  // Cluster two-pass: chunks of ~1024 (<= 2048) vectors, at least two a group.
+  // Cluster two-pass: chunks of ~2048 (<= 4096) vectors, at least two a group.
   if (major >= 9 && group_vecs > kTwoPassChunk && group_vecs <= kMaxSplit * kTwoPassMaxChunk) {
     const int64_t split =
         std::min<int64_t>((group_vecs + kTwoPassChunk - 1) / kTwoPassChunk, kMaxSplit);

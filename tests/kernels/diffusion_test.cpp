@@ -310,21 +310,25 @@ std::vector<Case> cases(bool gpu) {
     gn.push_back({{3, 320, 32, 32}, 32});
     gn.push_back({{1, 8, 3, 1001}, 1});
     gn.push_back({{4, 128, 1}, 32});
-    // Resident path: a cluster of 8 per group (64 groups of 256K elements), a group split
-    // unevenly over 2 blocks, 4 vectors a thread; the two-pass fallback for groups above
-    // the resident limit (512K elements).
+    // The resident path on older GPUs (a cluster of 8 per group on sm_90 before the cluster
+    // two-pass kernel took those groups: 64 groups of 256K elements), a group split unevenly
+    // over 2 blocks, 4 vectors a thread; the two-pass fallback for groups above the resident
+    // limit (512K elements).
     gn.push_back({{2, 128, 256, 256}, 32});
     gn.push_back({{1, 3, 1000, 8}, 1});
     gn.push_back({{3, 24, 40, 40}, 3});
     gn.push_back({{1, 2, 512, 512}, 1});
-    // Groups of 1025..16384 16-byte vectors (bf16/f16: 8 elements, f32: 4), which the
-    // cluster two-pass kernel (chunks of ~1024 vectors) takes from the resident one on
+    // Groups of 2049..32768 16-byte vectors (bf16/f16: 8 elements, f32: 4), which the
+    // cluster two-pass kernel (chunks of ~2048 vectors) takes from the resident one on
     // sm_90: clusters of 2..8 with a short last block (partial warps), chunks that start
-    // and end inside channels, chunks above 1024 vectors (a second, partial batch a
-    // thread), and both sides of each switch (bf16 groups of 1024 and 1032, 16384 and
-    // 16392 vectors, 32768 and 32769: the resident limit).
+    // and end inside channels, chunks above 1024 vectors (more than one batch a thread),
+    // and both sides of each switch (bf16 groups of 1024 and 1032, 2048 (one group: a
+    // resident cluster of 2) and 2049, 16384 and 16392, 32768 and 32769 vectors: the
+    // resident limit).
     gn.push_back({{1, 1, 8256}, 1});
     gn.push_back({{1, 2, 4096}, 1});
+    gn.push_back({{1, 1, 16384}, 1});
+    gn.push_back({{1, 1, 16392}, 1});
     gn.push_back({{2, 64, 48, 48}, 4});
     gn.push_back({{1, 7, 8000}, 1});
     gn.push_back({{1, 16, 8192}, 1});
