@@ -777,6 +777,101 @@ TEST_F(AttentionGpu, PdlChainsReadWhatTheKernelBeforeWrote) {
   test::expect_pdl_chain_matches_plain(run_chain, 5);
 }
 
+// KREG_LAUNCH_STABLE_INPUTS with PDL: decode reads the lengths and the table, and issues its
+// first tiles of history, before waiting for the previous kernel; only q and each sequence's
+// newest row (token len - 1) may be that kernel's output. Here the previous kernel is a
+// large rope over q and over a run of cache rows whose last pages hold the newest tokens
+// (lengths are 1 modulo the page size, so a newest token is alone in its page and rope
+// writes no history row); decode's q is rope's last B tokens. An early read of q or of a
+// newest row would see the rows before rotation. Bit for bit what the chain gives with
+// plain launches, which differs from decode before the last rope (what rope writes counts).
+// Pages of 16 (a tile a page) and of 5 (a page per row).
+TEST_F(AttentionGpu, StableInputsChainsReadOnlyHistoryEarly) {
+  const int64_t hq = 32, hk = 8, dim = 128;
+  auto rope = handle("attention.rope", "cuda");
+  auto dec = handle("attention.decode", "cuda");
+  for (const int64_t page : {int64_t{16}, int64_t{5}}) {
+    SCOPED_TRACE("page " + std::to_string(page));
+    std::mt19937_64 rng(static_cast<uint64_t>(17 + page));
+    std::vector<int64_t> lens;
+    for (int64_t l : {256, 0, 0, 5, 19, 128, 2, 63}) lens.push_back(l == 0 ? 0 : l * page + 1);
+    const auto batch = static_cast<int64_t>(lens.size());
+    const int64_t max_pages = 257;      // the longest: 256 pages of history + the newest
+    const int64_t spare = 8192 / page;  // pages rope rotates that nobody reads
+    // Pages: [0, spare) rope's filler, spare + b the newest page of sequence b, then the
+    // history pages, shuffled over the sequences.
+    int64_t history = 0;
+    for (int64_t l : lens) history += l > 0 ? (l - 1) / page : 0;
+    const int64_t num_pages = spare + batch + history;
+    std::vector<double> hist_ids(at(history));
+    std::iota(hist_ids.begin(), hist_ids.end(), static_cast<double>(spare + batch));
+    std::shuffle(hist_ids.begin(), hist_ids.end(), rng);
+    std::vector<double> table(at(batch * max_pages), 0.0), len_values(lens.begin(), lens.end());
+    size_t next = 0;
+    for (int64_t b = 0; b < batch; ++b) {
+      if (lens[at(b)] == 0) continue;
+      const int64_t newest = (lens[at(b)] - 1) / page;
+      for (int64_t j = 0; j < newest; ++j) table[at(b * max_pages + j)] = hist_ids[next++];
+      table[at(b * max_pages + newest)] = static_cast<double>(spare + b);
+    }
+    const int64_t tokens = (spare + batch) * page;  // rope's rows: pages [0, spare + batch)
+    Call host;
+    host.buffers.push_back(random_buffer(DType::kBF16, {tokens, hq, dim}, rng));  // rope's q
+    host.buffers.push_back(random_buffer(DType::kBF16, {num_pages, page, hk, dim}, rng));
+    host.buffers.push_back(random_buffer(DType::kBF16, {num_pages, page, hk, dim}, rng));
+    host.buffers.push_back(values_buffer(DType::kI32, {batch, max_pages}, table));
+    host.buffers.push_back(values_buffer(DType::kI32, {batch}, len_values));
+    host.buffers.push_back(poisoned_buffer(DType::kBF16, {batch, hq, dim}));
+    host.buffers.push_back(cos_sin_cache(257, dim));
+    host.buffers.push_back(
+        values_buffer(DType::kI64, {tokens}, random_positions(tokens, 257, rng)));
+    DeviceCall start = to_device(host, 0);
+    auto attrs = dec.attrs({{"scale", 1.0 / std::sqrt(static_cast<double>(dim))}});
+    ASSERT_TRUE(attrs.ok()) << attrs.status().message();
+    auto copy = [](const Buffer& b) {
+      auto d = Buffer::make(kGpu, b.dtype(), b.shape());
+      EXPECT_TRUE(d.ok());
+      EXPECT_TRUE(d->copy_from(b).ok());
+      return std::move(d).value();
+    };
+    // rope, rope again (PDL: the producer), decode; four times. `last_rope`: whether the
+    // final round's second rope runs (without it decode sees the rows of the round before).
+    auto run_chain = [&](uint64_t flags, bool last_rope) {
+      Buffer q = copy(start.storage[0]), kc = copy(start.storage[1]);
+      Buffer out = copy(start.storage[5]);
+      DLTensor rq = start.views[0], rk = start.views[1], dout = start.views[5];
+      DLTensor dq = start.views[0], dk = start.views[1];
+      int64_t rk_shape[3] = {tokens, hk, dim}, dq_shape[3] = {batch, hq, dim};
+      rq.data = q.tensor()->data;
+      rk.data = kc.tensor()->data;  // cache rows [0, tokens) as [T, Hk, D]
+      rk.ndim = 3;
+      rk.shape = rk_shape;
+      rk.strides = nullptr;
+      dq.data = q.tensor()->data;  // decode's q: rope's last B tokens
+      dq.shape = dq_shape;
+      dq.strides = nullptr;
+      dq.byte_offset = static_cast<uint64_t>((tokens - batch) * hq * dim) * 2;
+      dk.data = kc.tensor()->data;
+      dout.data = out.tensor()->data;
+      const CallOptions plain{nullptr, nullptr, 0};
+      const CallOptions pdl{nullptr, nullptr, flags};
+      DLTensor* r[] = {&rq, &rk, &start.views[6], &start.views[7]};
+      DLTensor* d[] = {&dq, &dk, &start.views[2], &start.views[3], &start.views[4], &dout};
+      for (int i = 0; i < 4; ++i) {
+        EXPECT_TRUE(rope.call(r, {}, plain).ok());
+        if (i < 3 || last_rope) EXPECT_TRUE(rope.call(r, {}, pdl).ok());
+        EXPECT_TRUE(dec.call(d, attrs->view(), pdl).ok());
+      }
+      EXPECT_TRUE(harness::device_synchronize().ok());
+      return std::vector<std::vector<uint8_t>>{test::bytes_of(out)};
+    };
+    EXPECT_TRUE(run_chain(0, true) != run_chain(0, false))
+        << "the rows rope writes do not change decode's output: the test could not fail";
+    test::expect_pdl_chain_matches_plain([&](uint64_t flags) { return run_chain(flags, true); }, 5,
+                                         uint64_t{KREG_LAUNCH_PDL | KREG_LAUNCH_STABLE_INPUTS});
+  }
+}
+
 TEST_F(AttentionGpu, CpuTensorsToTheCudaPathAreRefused) {
   std::mt19937_64 rng(13);
   Call call = concat_call(DType::kBF16, 2, 4, rng);

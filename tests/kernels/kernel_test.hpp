@@ -109,11 +109,13 @@ class GpuTest : public ::testing::Test {
 // A chain of launches run once plainly, then `reps` times with programmatic dependent
 // launch (run_chain(flags) returns the bytes of every result): each PDL run must give
 // the plain run's bytes, result for result.
+// `flags`: the launch flags of the PDL runs (KREG_LAUNCH_STABLE_INPUTS may join).
 template <typename Chain>
-void expect_pdl_chain_matches_plain(Chain&& run_chain, int reps) {
+void expect_pdl_chain_matches_plain(Chain&& run_chain, int reps,
+                                    uint64_t flags = uint64_t{KREG_LAUNCH_PDL}) {
   const std::vector<std::vector<uint8_t>> want = run_chain(uint64_t{0});
   for (int rep = 0; rep < reps; ++rep) {
-    const std::vector<std::vector<uint8_t>> got = run_chain(uint64_t{KREG_LAUNCH_PDL});
+    const std::vector<std::vector<uint8_t>> got = run_chain(flags);
     ASSERT_EQ(got.size(), want.size());
     for (size_t i = 0; i < got.size(); ++i) {
       EXPECT_TRUE(got[i] == want[i])

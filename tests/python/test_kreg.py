@@ -646,3 +646,19 @@ def test_align_block_size_without_torch_needs_no_allocator(reg):
         assert (expert_ids[pos // 4 : (pos + seg) // 4] == e).all()
         pos += seg
     assert total[0] == pos
+
+
+def test_set_pdl_sets_the_launch_flags_every_cuda_call_carries():
+    # KREG_LAUNCH_PDL = 1, KREG_LAUNCH_STABLE_INPUTS = 2 (abi.h); stable inputs mean
+    # nothing without PDL, so asking for them alone is an error that changes nothing.
+    try:
+        kreg.set_pdl(True)
+        assert kreg.pdl() and kreg._kreg.launch_flags() == 1
+        kreg.set_pdl(True, stable_inputs=True)
+        assert kreg.pdl() and kreg._kreg.launch_flags() == 3
+        with pytest.raises(ValueError, match="stable_inputs needs enabled=True"):
+            kreg.set_pdl(False, stable_inputs=True)
+        assert kreg._kreg.launch_flags() == 3
+    finally:
+        kreg.set_pdl(False)
+    assert not kreg.pdl() and kreg._kreg.launch_flags() == 0

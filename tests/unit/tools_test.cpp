@@ -171,6 +171,12 @@ TEST(Tools, RunRefusesEveryBadNumberNamingTheArgument) {
   EXPECT_EQ(reps.exit_code, 2) << reps.output;
   EXPECT_NE(reps.output.find("--reps: '0' is out of range [1, 1000000]"), std::string::npos)
       << reps.output;
+  // Stable inputs are a promise about what the previous kernel of a PDL chain writes:
+  // meaningless without --pdl, so refused as a usage error.
+  Outcome stable = run(kCli + " bench layernorm.rmsnorm --shape T=3,H=8 --stable-inputs");
+  EXPECT_EQ(stable.exit_code, 2) << stable.output;
+  EXPECT_NE(stable.output.find("--stable-inputs requires --pdl"), std::string::npos)
+      << stable.output;
 }
 
 // FP8 outputs are compared as their values: the harness read every e4m3 code as NaN

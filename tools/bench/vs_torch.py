@@ -445,8 +445,15 @@ def main():
                         help="kreg writes into make()'s output buffers instead of fresh ones each call")
     parser.add_argument("--no-size-copy", action="store_true",
                         help="skip the copy of each case's byte count (the %% size copy column)")
+    parser.add_argument("--pdl", action="store_true",
+                        help="kreg's CUDA calls ask for programmatic dependent launch (kreg.set_pdl)")
+    parser.add_argument("--stable-inputs", action="store_true",
+                        help="with --pdl: vouch for each op's stable inputs (kreg.set_pdl(True, "
+                        "stable_inputs=True)): kernels may read them before the previous kernel ends")
     parser.add_argument("--list", action="store_true", help="list the cases and exit")
     args = parser.parse_args()
+    if args.stable_inputs and not args.pdl:
+        parser.error("--stable-inputs needs --pdl")
     only = [s.strip() for s in args.only.split(",") if s.strip()]
 
     failures = []
@@ -470,6 +477,7 @@ def main():
 
     t0 = time.time()
     reg = kreg.open(args.manifest)
+    kreg.set_pdl(args.pdl, stable_inputs=args.stable_inputs)
     device = torch.cuda.get_device_name()
     baselines = Baselines(max(args.reps, 20))
     copy_gbps = baselines.device

@@ -236,8 +236,8 @@ int cmd_info(const std::string& manifest, const std::string& op, bool json) {
   out << "  signature  " << sig.text << "\n";
   for (const auto& p : sig.params) {
     out << "    " << kreg::arg_kind_name(p.kind)
-        << (p.kind == kreg::ArgKind::kResource ? "<" + p.resource_type + ">" : std::string())
-        << " " << p.name;
+        << (p.kind == kreg::ArgKind::kResource ? "<" + p.resource_type + ">" : std::string()) << " "
+        << p.name;
     if (p.is_tensor()) {
       out << " " << sig.shape_name(p);
       if (p.dtypes) out << " " << kreg::dtype_set_name(p.dtypes);
@@ -425,8 +425,10 @@ struct RunArgs {
   std::string seed_text = "1", reps_text = "100";
   uint64_t seed = 1;
   int reps = 100;
-  bool bench = false;  // size checks for timing on the device instead of the reference run
-  bool pdl = false;    // bench: ask for programmatic dependent launch (KREG_LAUNCH_PDL)
+  bool bench = false;   // size checks for timing on the device instead of the reference run
+  bool pdl = false;     // bench: ask for programmatic dependent launch (KREG_LAUNCH_PDL)
+  bool stable = false;  // bench, with pdl: vouch for the op's stable inputs
+                        // (KREG_LAUNCH_STABLE_INPUTS)
 };
 
 constexpr int kMaxReps = 1000000;
@@ -533,7 +535,8 @@ int prepare(const std::string& manifest, const RunArgs& a, Opened* o, kreg::Kern
     const kreg::Param* p = h->spec().signature.find(name);
     if (p && p->kind == kreg::ArgKind::kResource) {
       return fail(kExitUsage, "kreg: --attr ", kreg::excerpt(name, 60), ": a resource (",
-                  p->resource_type, ") cannot be given on the command line; run and bench "
+                  p->resource_type,
+                  ") cannot be given on the command line; run and bench "
                   "create a default one");
     }
     kreg::NamedAttr na{name, value};
@@ -660,8 +663,9 @@ int cmd_bench(const std::string& manifest, const RunArgs& a) {
   for (const auto& [name, v] : check_symbols) checked += " " + name + "=" + std::to_string(v);
   auto copy = kreg::harness::copy_bandwidth_gbps(size_t{1} << 30);
   if (!copy) return fail(kExitFailed, "kreg: ", message(copy.status().message()));
-  auto t = kreg::harness::time_on_gpu(h, symbols, dtype, attrs, a.reps, a.seed,
-                                      a.pdl ? KREG_LAUNCH_PDL : 0);
+  const uint64_t flags = (a.pdl ? uint64_t{KREG_LAUNCH_PDL} : 0) |
+                         (a.stable ? uint64_t{KREG_LAUNCH_STABLE_INPUTS} : 0);
+  auto t = kreg::harness::time_on_gpu(h, symbols, dtype, attrs, a.reps, a.seed, flags);
   if (!t) return fail(kExitFailed, "kreg: ", message(t.status().message()));
   out << h.op() << " [" << h.backend() << "] " << a.shape << " " << kreg::dtype_name(dtype)
       << " on " << kreg::harness::gpu_name() << "\n";
@@ -669,7 +673,8 @@ int cmd_bench(const std::string& manifest, const RunArgs& a) {
       << t->bytes << " bytes, " << num("%.0f", t->gbps)
       << " GB/s = " << num("%.1f", 100.0 * t->gbps / *copy) << "% of copy " << num("%.0f", *copy)
       << " GB/s [" << t->buffer_sets << " buffer sets" << (t->graph ? ", CUDA graph" : "") << ", "
-      << a.reps << " reps" << (a.pdl ? ", PDL" : "") << "]\n";
+      << a.reps << " reps" << (a.pdl ? ", PDL" : "") << (a.stable ? ", stable inputs" : "")
+      << "]\n";
   print_absent(h.spec());
   out << "  " << checked << ": OK\n";
   return kExitOk;
@@ -935,8 +940,13 @@ int main(int argc, char** argv) {
       app.add_subcommand("bench", "time an op on the GPU (CUDA events) against a D2D copy");
   add_run_options(bench);
   bench->add_option("--reps", ra.reps_text, "timed repetitions (median reported), in [1, 1000000]");
-  bench->add_flag("--pdl", ra.pdl,
-                  "launch with programmatic dependent launch (sm90+; kernels that honour it)");
+  auto* pdl_flag = bench->add_flag(
+      "--pdl", ra.pdl, "launch with programmatic dependent launch (sm90+; kernels that honour it)");
+  bench
+      ->add_flag("--stable-inputs", ra.stable,
+                 "with --pdl: vouch that the op's stable inputs (docs/kernels.md) are not the "
+                 "previous kernel's output, so kernels may read them before waiting for it")
+      ->needs(pdl_flag);
 
   JitArgs ja;
   auto* jit =

@@ -273,12 +273,23 @@ PYBIND11_MODULE(_kreg, m) {
       });
 
   m.def(
-      "set_pdl", [](bool on) { set_launch_flags(on ? KREG_LAUNCH_PDL : 0); }, py::arg("enabled"),
+      "set_pdl",
+      [](bool on, bool stable) {
+        if (stable && !on) throw py::value_error("kreg.set_pdl: stable_inputs needs enabled=True");
+        set_launch_flags((on ? KREG_LAUNCH_PDL : 0) | (stable ? KREG_LAUNCH_STABLE_INPUTS : 0));
+      },
+      py::arg("enabled"), py::arg("stable_inputs") = false,
       "Programmatic dependent launch for every CUDA call from Python (sm90+, kernels that "
-      "honour it): a kernel may start while the one before it on the stream finishes.");
+      "honour it): a kernel may start while the one before it on the stream finishes. "
+      "stable_inputs=True also vouches that each op's stable inputs (docs/kernels.md: "
+      "weights, tables, lengths, a cache's older rows) are never the previous kernel's "
+      "output, so kernels may read them before waiting for it.");
   m.def(
       "pdl", [] { return (launch_flags() & KREG_LAUNCH_PDL) != 0; },
       "Whether CUDA calls ask for programmatic dependent launch (kreg.set_pdl).");
+  m.def(
+      "launch_flags", [] { return launch_flags(); },
+      "The KREG_LAUNCH_* bits every CUDA call from Python carries (kreg.set_pdl sets them).");
   m.def("open", &open_registry, py::arg("manifest") = "registry.yaml",
         py::arg("plugin_dir") = py::none(), py::arg("load_lazy") = false,
         py::arg("precheck") = false,

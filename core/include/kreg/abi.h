@@ -169,7 +169,13 @@ enum {
   /* The caller asks for programmatic dependent launch (sm90+): the kernel may start
    * before the previous kernel on the stream finishes and must wait for it
    * (griddepcontrol.wait) before reading its outputs. */
-  KREG_LAUNCH_PDL = 1u << 0
+  KREG_LAUNCH_PDL = 1u << 0,
+  /* With KREG_LAUNCH_PDL (ABI 1.4; ignored without it): the inputs an op documents as
+   * stable (weights, tables, sequence lengths, a cache's older rows) were written before
+   * the previous kernel on the stream started, so the kernel may read them before
+   * griddepcontrol.wait and overlap those reads with the previous kernel's tail. The
+   * caller promises it; a kernel that reads nothing early ignores the flag. */
+  KREG_LAUNCH_STABLE_INPUTS = 1u << 1
 };
 
 /* One call. Tensors and attributes appear in the order of the signature; every

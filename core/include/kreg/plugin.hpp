@@ -115,6 +115,9 @@ class Context {
   uint64_t launch_flags() const { return launch_flags_; }
   // The caller asks for programmatic dependent launch (KREG_LAUNCH_PDL).
   bool pdl() const { return (launch_flags_ & KREG_LAUNCH_PDL) != 0; }
+  // With PDL, the caller vouches for the op's documented stable inputs
+  // (KREG_LAUNCH_STABLE_INPUTS): they may be read before the wait for the previous kernel.
+  bool stable_inputs() const { return pdl() && (launch_flags_ & KREG_LAUNCH_STABLE_INPUTS) != 0; }
   const kreg_host_services* services() const { return services_; }
   // A "jit" implementation's compiled kernel for this call (a CUkernel; abi.h); null for
   // other backends and from a core older than ABI 1.3.

@@ -21,15 +21,20 @@ __all__ = [
 ]
 
 
-def set_pdl(enabled):
+def set_pdl(enabled, stable_inputs=False):
     """Programmatic dependent launch (sm90+) for every CUDA call of this process, from
     kreg.Op and from kreg.torch's torch ops: a kernel that honours it may start while the
     kernel before it on the stream finishes (it waits before reading that kernel's
-    output), which hides launch latency at decode sizes. Off by default."""
-    _kreg.set_pdl(bool(enabled))
+    output), which hides launch latency at decode sizes. Off by default.
+
+    stable_inputs=True (with enabled=True) also vouches that each op's stable inputs
+    (docs/kernels.md: weights, tables, sequence lengths, a cache's older rows) were
+    written before the previous kernel on the stream started, so kernels may read them
+    before waiting for it (attention.decode issues its first history tiles early)."""
+    _kreg.set_pdl(bool(enabled), bool(stable_inputs))
     kt = sys.modules.get("kreg.torch")
     if kt is not None:
-        kt._native.set_launch_flags(1 if enabled else 0)
+        kt._native.set_launch_flags(_kreg.launch_flags())
 
 
 class _Group:

@@ -46,7 +46,7 @@ def _version(text):
 
 
 TORCH_VERSION = _version(torch.__version__)
-_native.set_launch_flags(1 if _kreg.pdl() else 0)  # kreg.set_pdl before this import
+_native.set_launch_flags(_kreg.launch_flags())  # kreg.set_pdl before this import
 if _version(_native.torch_version) != TORCH_VERSION:
     raise ImportError(
         f"kreg.torch: kreg._torch was built against torch {_native.torch_version}, this is "
