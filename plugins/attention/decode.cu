@@ -50,7 +50,6 @@ KernelStatus run(Context& ctx, const char* op, const DLTensor& q, const DLTensor
   p.page_div = FastDivisor(static_cast<uint32_t>(p.page_size));
   p.max_pages = static_cast<int>(block_table.shape[1]);
   p.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
-  p.early = ctx.stable_inputs();
   if (!device::aligned16(p.q) || !device::aligned16(p.k_cache) || !device::aligned16(p.v_cache)) {
     return ctx.fail(KREG_INVALID_ARGUMENT,
                     "%s: arguments 'q', 'k_cache' and 'v_cache' must be 16-byte aligned", op);

@@ -48,10 +48,6 @@ struct DecodeParams {
   int max_pages;
   int num_splits;
   float scale_log2;  // scale * log2(e)
-  // KREG_LAUNCH_STABLE_INPUTS with PDL: the lengths, the table and every cache row but each
-  // sequence's last (token seq_lens[b] - 1) are not the previous kernel's output, so the
-  // split kernel reads them, and issues its first tiles of history, before the wait.
-  bool early;
 };
 
 __device__ __forceinline__ void cp_async_16(uint32_t smem, const void* gmem, bool pred) {
@@ -72,7 +68,7 @@ __device__ __forceinline__ void cp_async_wait() {
 // This split's token range [begin, end) of sequence b: a sequence's length (clamped to the
 // table's capacity) cut into num_splits equal ranges rounded up to whole tiles of kTile.
 struct SplitRange {
-  int begin, end, len;
+  int begin, end;
 };
 template <int kTile, typename T>
 __device__ __forceinline__ SplitRange split_range(const DecodeParams<T>& p, int b, int split) {
@@ -80,7 +76,7 @@ __device__ __forceinline__ SplitRange split_range(const DecodeParams<T>& p, int 
   const int len = min(max(p.seq_lens[b], 0), capacity);
   const int per_split = ((len + p.num_splits - 1) / p.num_splits + kTile - 1) / kTile * kTile;
   const int begin = min(len, split * per_split);
-  return {begin, min(len, begin + per_split), len};
+  return {begin, min(len, begin + per_split)};
 }
 
 // One block of kMergeThreads per (sequence, query head): the splits' partials combined by

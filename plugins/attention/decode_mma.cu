@@ -157,10 +157,8 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) decode_mma_kernel(Dec
   const int gid = lane >> 2;  // the MMA fragments' groupID
   const int tig = lane & 3;   // thread in group
 
-  // With PDL: every input may be the previous kernel's output (a cache append, rope on q),
-  // unless the caller vouches for the stable ones (p.early: see the prologue).
-  const bool early = p.early;
-  if (!early) device::pdl_wait();
+  // With PDL: every input may be the previous kernel's output (a cache append, rope on q).
+  device::pdl_wait();
 
   const SplitRange range = split_range<kTile>(p, b, split);
   const int begin = range.begin, end = range.end;  // begin: a multiple of 16
@@ -241,36 +239,16 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) decode_mma_kernel(Dec
 
   uint64_t masks = 0;  // bits [16 s, 16 s + 16): the row mask of the tile in stage s
   Pages next_pages;
-  // The prologue issues tiles 0 .. kStages - 2 (kStages - 1 with p.early: iteration 0 then
-  // issues nothing), one commit group each, in tile order, as the main loop's wait_group
-  // counts them. With p.early the tiles of history (every row below len - 1: none is the
-  // newest token's, which the previous kernel may be writing) go out before the wait, the
-  // rest after it. Tokens grow with the tile, so the history tiles are a prefix.
-  const int prologue = early ? kStages : kStages - 1;
   {
     Pages pre[kStages];
 #pragma unroll
     for (int s = 0; s < kStages; ++s) lookup(s, pre[s]);
-    int issued = 0;
-    if (early) {
 #pragma unroll
-      for (int s = 0; s < kStages; ++s) {
-        if (issued == s && s < my_tiles && tile_tok0(s) + kTile <= range.len - 1) {
-          masks |= static_cast<uint64_t>(issue(s, s, pre[s])) << (16 * s);
-          cp_async_commit();
-          issued = s + 1;
-        }
-      }
-      device::pdl_wait();  // from here q and the newest rows are visible
+    for (int s = 0; s < kStages - 1; ++s) {
+      if (s < my_tiles) masks |= static_cast<uint64_t>(issue(s, s, pre[s])) << (16 * s);
+      cp_async_commit();
     }
-#pragma unroll
-    for (int s = 0; s < kStages; ++s) {
-      if (s >= issued && s < prologue) {
-        if (s < my_tiles) masks |= static_cast<uint64_t>(issue(s, s, pre[s])) << (16 * s);
-        cp_async_commit();
-      }
-    }
-    next_pages = pre[kStages - 1];  // iteration 0's tile without p.early
+    next_pages = pre[kStages - 1];
   }
 
   // q of head gid (zero past the block's heads) as the B operand of S^T = K Q^T:
@@ -307,15 +285,13 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) decode_mma_kernel(Dec
 
   for (int i = 0; i < my_tiles; ++i) {
     const int nxt = i + kStages - 1;
-    __syncwarp();           // every lane is done with stage nxt % kStages (read at tile i - 1)
-    if (nxt >= prologue) {  // tile nxt was not issued by the prologue
-      if (nxt < my_tiles) {
-        const int s = nxt % kStages;
-        masks = (masks & ~(uint64_t{0xffff} << (16 * s))) |
-                (static_cast<uint64_t>(issue(nxt, s, next_pages)) << (16 * s));
-      }
-      cp_async_commit();
+    __syncwarp();  // every lane is done with stage nxt % kStages (read at tile i - 1)
+    if (nxt < my_tiles) {
+      const int s = nxt % kStages;
+      masks = (masks & ~(uint64_t{0xffff} << (16 * s))) |
+              (static_cast<uint64_t>(issue(nxt, s, next_pages)) << (16 * s));
     }
+    cp_async_commit();
     if (nxt + 1 < my_tiles) lookup(nxt + 1, next_pages);
     cp_async_wait<kStages - 1>();
     __syncwarp();  // the other lanes' copies of tile i are visible

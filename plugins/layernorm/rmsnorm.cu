@@ -45,7 +45,7 @@ constexpr int kMinBlocksPerSm = (kItems * kRows <= (kFusedAdd || sizeof(T) == 4 
 template <typename T, int kVec, int kItems, int kRows, bool kFusedAdd, bool kGemma>
 __global__ void __launch_bounds__(kMaxThreadsPerRow, (kMinBlocksPerSm<T, kItems, kRows, kFusedAdd>))
     rmsnorm_kernel(const T* in, T* residual, const T* __restrict__ weight, T* out, int64_t rows,
-                   int vecs_per_row, float eps) {
+                   int vecs_per_row, float eps, bool weight_early) {
   __shared__ float scratch[kRows * device::kWarpSize];
   // Plain rmsnorm keeps x in its storage type (exact, and half the registers); the fused
   // form must keep the unrounded fp32 sum x + residual.
@@ -89,6 +89,18 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow, (kMinBlocksPerSm<T, kItems,
 
   vec_t<Held, kVec> held[kRows][kItems];
   float sum_sq[kRows];
+  // With stable inputs (KREG_LAUNCH_STABLE_INPUTS) the weight is not the previous kernel's
+  // output: its lines are prefetched into L1 before the wait, so that the second pass's
+  // weight loads hit there instead of waiting on L2/DRAM after the reduction. No registers.
+  if (weight_early) {
+#pragma unroll
+    for (int k = 0; k < kItems; ++k) {
+      const int v = tid + k * step;
+      if (v < vecs_per_row) {
+        asm volatile("prefetch.global.L1 [%0];" ::"l"(weight + v * kVec));
+      }
+    }
+  }
   // With PDL: x and residual may be the previous kernel's output.
   device::pdl_wait();
 #pragma unroll
@@ -155,7 +167,8 @@ struct NormArgs {
   int64_t rows;
   int64_t hidden;
   float eps;
-  bool pdl = false;  // programmatic dependent launch (the caller's KREG_LAUNCH_PDL)
+  bool pdl = false;     // programmatic dependent launch (the caller's KREG_LAUNCH_PDL)
+  bool stable = false;  // with pdl: the weight is not the previous kernel's output
 };
 
 template <typename T, int kVec, int kItems, int kRows, bool kFusedAdd, bool kGemma>
@@ -167,7 +180,7 @@ void launch(const NormArgs& a, dim3 block, cudaStream_t stream) {
   device::launch(rmsnorm_kernel<T, kVec, kItems, kRows, kFusedAdd, kGemma>, grid, block, 0, stream,
                  a.pdl, static_cast<const T*>(a.in), static_cast<T*>(a.residual),
                  static_cast<const T*>(a.weight), static_cast<T*>(a.out), a.rows,
-                 static_cast<int>(a.hidden / kVec), a.eps);
+                 static_cast<int>(a.hidden / kVec), a.eps, a.stable);
 }
 
 int round_up(int n, int m) { return (n + m - 1) / m * m; }
@@ -223,6 +236,7 @@ void launch_typed(const NormArgs& a, cudaStream_t stream) {
 template <bool kFusedAdd, bool kGemma>
 KernelStatus run(Context& ctx, const char* op, const DLTensor& x, NormArgs a) {
   a.pdl = ctx.pdl();
+  a.stable = ctx.stable_inputs();
   if (a.rows == 0 || a.hidden == 0) return kOk;
   if (a.hidden > INT32_MAX) {
     return ctx.fail(KREG_INVALID_ARGUMENT, "%s: hidden size %lld is too large", op,

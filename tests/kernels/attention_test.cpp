@@ -777,15 +777,16 @@ TEST_F(AttentionGpu, PdlChainsReadWhatTheKernelBeforeWrote) {
   test::expect_pdl_chain_matches_plain(run_chain, 5);
 }
 
-// KREG_LAUNCH_STABLE_INPUTS with PDL: decode reads the lengths and the table, and issues its
-// first tiles of history, before waiting for the previous kernel; only q and each sequence's
-// newest row (token len - 1) may be that kernel's output. Here the previous kernel is a
-// large rope over q and over a run of cache rows whose last pages hold the newest tokens
-// (lengths are 1 modulo the page size, so a newest token is alone in its page and rope
-// writes no history row); decode's q is rope's last B tokens. An early read of q or of a
-// newest row would see the rows before rotation. Bit for bit what the chain gives with
-// plain launches, which differs from decode before the last rope (what rope writes counts).
-// Pages of 16 (a tile a page) and of 5 (a page per row).
+// KREG_LAUNCH_STABLE_INPUTS with PDL: decode's stable inputs are the lengths, the table and
+// every cache row but each sequence's newest (token len - 1); only q and the newest rows may
+// be the previous kernel's output (docs/kernels.md; decode reads nothing early today, see
+// tools/bench/ab/decode_stable_inputs.patch). Here the previous kernel is a large rope over
+// q and over a run of cache rows whose last pages hold the newest tokens (lengths are 1
+// modulo the page size, so a newest token is alone in its page and rope writes no history
+// row); decode's q is rope's last B tokens. An early read of q or of a newest row would see
+// the rows before rotation. Bit for bit what the chain gives with plain launches, which
+// differs from decode before the last rope (what rope writes counts). Pages of 16 (a tile a
+// page) and of 5 (a page per row).
 TEST_F(AttentionGpu, StableInputsChainsReadOnlyHistoryEarly) {
   const int64_t hq = 32, hk = 8, dim = 128;
   auto rope = handle("attention.rope", "cuda");

@@ -304,6 +304,10 @@ TEST_F(GpuKernels, PdlChainsReadWhatTheKernelBeforeWrote) {
                                              test::bytes_of(res)};
   };
   test::expect_pdl_chain_matches_plain(run_chain, 5);
+  // KREG_LAUNCH_STABLE_INPUTS: the weight, which no link writes, may be read (rmsnorm:
+  // prefetched into L1) before the wait; x and the residual still come after it.
+  test::expect_pdl_chain_matches_plain(run_chain, 5,
+                                       uint64_t{KREG_LAUNCH_PDL | KREG_LAUNCH_STABLE_INPUTS});
 }
 
 TEST_F(GpuKernels, CpuTensorsToTheCudaPathAreRefused) {
