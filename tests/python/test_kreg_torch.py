@@ -90,7 +90,11 @@ def copies(args):
 
 def written(reg, op, args, sample):
     """The tensors a call wrote: its (a!) arguments, and what kvcache.transfer_layers
-    writes through the raw addresses it is given (Sample.keep)."""
+    writes through the raw addresses it is given (Sample.keep). A CUDA kernel may write
+    pinned host memory (kvcache.transfer's offloads) asynchronously on its stream, and the
+    host reads such a tensor without any stream ordering: wait for the device first."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
     out = [a for p, a in zip(tensor_params(reg, op), args) if p["written"]]
     return out + [k for k in sample.keep if isinstance(k, torch.Tensor)]
 
