@@ -322,6 +322,53 @@ TEST(Harness, AlignBlockSizeExamplesAreRoutingIds) {
   for (double v : random_ids) EXPECT_LT(v, 16.0);
 }
 
+KernelStatus decode_stub(Context&, const DLTensor&, const DLTensor&, const DLTensor&,
+                         const DLTensor&, const DLTensor&, DLTensor&, double) {
+  return kOk;
+}
+
+// kreg run / bench inputs for attention.decode are a decode step's: each sequence's pages
+// distinct and scattered over the cache, every sequence as long as its table (M * P), not
+// the random fill's lengths and page ids in [0, 16).
+TEST(Harness, DecodeExamplesAreFullSequencesOnScatteredPages) {
+  kreg_kernel_desc d{};
+  d.struct_size = sizeof d;
+  d.op = "attention.decode";
+  d.backend = "cpu";
+  d.caps = kCpu;
+  d.num_caps = 1;
+  d.signature =
+      "decode(Tensor[B,Hq,D] q, Tensor[N,P,Hk,D] k_cache, Tensor[N,P,Hk,D] v_cache, "
+      "Tensor<i32>[B,M] block_table, Tensor<i32>[B] seq_lens, Tensor(a!)[B,Hq,D] out, float "
+      "scale) -> ()";
+  d.dtypes = "f32";
+  const Binding b = bind<&decode_stub>;
+  d.arg_kinds = b.arg_kinds;
+  d.description = "test";
+  d.source_file = "harness_test.cpp";
+  d.fn = b.fn;
+  auto spec = make_kernel_spec(d, Provenance{"attention", "0.1.0", "", ""});
+  ASSERT_TRUE(spec.ok()) << spec.status().message();
+  const int64_t B = 3, M = 40, N = 128, P = 16;
+  const harness::SymbolMap sizes = {{"B", B}, {"Hq", 4}, {"D", 8}, {"N", N},
+                                    {"P", P}, {"Hk", 2}, {"M", M}};
+  auto ex = harness::make_example(*spec, sizes, DType::kF32, kCpuDev, 5);
+  ASSERT_TRUE(ex.ok()) << ex.status().message();
+  const std::vector<double> table = *ex->buffer(3)->to_doubles();
+  const std::vector<double> lens = *ex->buffer(4)->to_doubles();
+  for (double l : lens) EXPECT_EQ(l, static_cast<double>(M * P));
+  std::vector<double> all = table;
+  std::sort(all.begin(), all.end());
+  EXPECT_EQ(std::adjacent_find(all.begin(), all.end()), all.end()) << "B * M <= N: all distinct";
+  EXPECT_GE(all.front(), 0.0);
+  EXPECT_LT(all.back(), static_cast<double>(N));
+  EXPECT_GT(all.back(), 16.0) << "pages spread over the cache, not the random fill's [0, 16)";
+  // The same seed gives the same table.
+  auto again = harness::make_example(*spec, sizes, DType::kF32, kCpuDev, 5);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(*again->buffer(3)->to_doubles(), table);
+}
+
 // Routing ids over 2^31 experts take O(K) memory a row (a dense pool would be 16 GiB),
 // stay distinct per row and inside int32.
 TEST(Harness, RoutingIdsOverHugeExpertCountsNeedNoPool) {

@@ -1,6 +1,7 @@
 #include "example_values.hpp"
 
 #include <algorithm>
+#include <climits>
 #include <numeric>
 #include <string>
 #include <unordered_map>
@@ -18,11 +19,45 @@ Status routing_ids_over_num_experts(const ExampleSetting& s, Buffer& buf, std::m
   return fill_routing_ids(buf, *experts, rng);
 }
 
+// A size from the example's --shape, nullopt when absent or past what an int32 index (the
+// table's and the lengths' type) can hold: the generator then keeps the random fill.
+std::optional<int64_t> int32_size(const ExampleSetting& s, const char* name) {
+  const auto it = s.symbols.find(name);
+  if (it == s.symbols.end() || it->second < 1 || it->second > INT32_MAX) return std::nullopt;
+  return it->second;
+}
+
+// attention.decode's block_table[B, M]: a random permutation of the N pages dealt out row
+// by row, so a sequence's pages are distinct (N >= M) and scattered over the cache.
+Status decode_scattered_pages(const ExampleSetting& s, Buffer& buf, std::mt19937_64& rng) {
+  const std::optional<int64_t> pages = int32_size(s, "N");
+  if (!pages || buf.shape().size() != 2) return OkStatus();
+  std::vector<int64_t> perm(static_cast<size_t>(*pages));
+  std::iota(perm.begin(), perm.end(), int64_t{0});
+  std::shuffle(perm.begin(), perm.end(), rng);
+  std::vector<double> v(static_cast<size_t>(buf.numel()));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<double>(perm[i % perm.size()]);
+  return buf.from_doubles(v);
+}
+
+// attention.decode's seq_lens[B]: every sequence as long as its table holds (M * P tokens),
+// the context the --shape describes.
+Status decode_full_lengths(const ExampleSetting& s, Buffer& buf, std::mt19937_64&) {
+  const std::optional<int64_t> m = int32_size(s, "M"), p = int32_size(s, "P");
+  if (!m || !p || *m * *p > INT32_MAX) return OkStatus();
+  return buf.from_doubles(
+      std::vector<double>(static_cast<size_t>(buf.numel()), static_cast<double>(*m * *p)));
+}
+
 // The table. Add a row per (op, tensor) whose values must look like a model's.
 constexpr ExampleValues kTable[] = {
     {"moe.align_block_size", "topk_ids",
      "routing ids: each row's K experts distinct, uniform over num_experts",
      routing_ids_over_num_experts},
+    {"attention.decode", "block_table",
+     "each sequence's M pages distinct, a random permutation of the N pages",
+     decode_scattered_pages},
+    {"attention.decode", "seq_lens", "every sequence full: M * P tokens", decode_full_lengths},
 };
 
 }  // namespace

@@ -834,12 +834,15 @@ double median(std::vector<double> v) {
 #endif
 
 Result<Timing> time_on_gpu(const KernelHandle& handle, const SymbolMap& symbols, DType dtype,
-                           const AttrList& attrs, int reps, uint64_t seed, uint64_t launch_flags) {
+                           const AttrList& attrs, int reps, uint64_t seed, uint64_t launch_flags,
+                           const Producer* before) {
 #if defined(KREG_HAVE_CUDA)
   const KernelSpec& spec = handle.spec();
-  if (spec.device_type() != kDLCUDA) {
-    return Status(KREG_INVALID_ARGUMENT, "bench times CUDA implementations; " + spec.op +
-                                             " resolved to backend " + spec.backend);
+  for (const KernelSpec* s : {&spec, before != nullptr ? &before->handle->spec() : nullptr}) {
+    if (s != nullptr && s->device_type() != kDLCUDA) {
+      return Status(KREG_INVALID_ARGUMENT, "bench times CUDA implementations; " + s->op +
+                                               " resolved to backend " + s->backend);
+    }
   }
   int l2 = 0;
   cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0);
@@ -863,12 +866,33 @@ Result<Timing> time_on_gpu(const KernelHandle& handle, const SymbolMap& symbols,
     all.push_back(std::move(a).value());
   }
   t.buffer_sets = sets;
+  // The producer's sets, one per op set (copies: distinct memory, same values).
+  std::vector<ExampleArgs> pre;
+  if (before != nullptr) {
+    auto p0 = make_example_for(before->handle->spec(), before->symbols, before->attrs->view(),
+                               before->dtype, DLDevice{kDLCUDA, 0}, seed + 1);
+    if (!p0) return p0.status();
+    pre.push_back(std::move(p0).value());
+    for (int s = 1; s < sets; ++s) {
+      auto a = copy_example(pre.front(), DLDevice{kDLCUDA, 0});
+      if (!a) return a.status();
+      pre.push_back(std::move(a).value());
+    }
+  }
   cudaStream_t stream = nullptr;
   if (Status st = cuda_status(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
       !st.ok()) {
     return st;
   }
   auto run = [&](int i) {
+    if (before != nullptr) {
+      if (Status st = before->handle->call(
+              pre[static_cast<size_t>(i % sets)].tensors, before->attrs->view(),
+              CallOptions{stream, nullptr, launch_flags & KREG_LAUNCH_PDL});
+          !st.ok()) {
+        return st;
+      }
+    }
     return handle.call(all[static_cast<size_t>(i % sets)].tensors, attrs.view(),
                        CallOptions{stream, nullptr, launch_flags});
   };
@@ -882,7 +906,8 @@ Result<Timing> time_on_gpu(const KernelHandle& handle, const SymbolMap& symbols,
   if (Status st = cuda_status(cudaStreamSynchronize(stream), "warm-up"); !st.ok()) return st;
   const double warm_us = ev.ms() * 1000.0 / sets;
   std::vector<double> samples;
-  if (warm_us < 20.0 && spec.graph_safe()) {
+  if (warm_us < 20.0 && spec.graph_safe() &&
+      (before == nullptr || before->handle->spec().graph_safe())) {
     // Graph of `batch` calls rotating over the sets; time replays.
     t.graph = true;
     const int batch = std::max(sets, 64);
@@ -923,7 +948,8 @@ Result<Timing> time_on_gpu(const KernelHandle& handle, const SymbolMap& symbols,
   t.gbps = static_cast<double>(t.bytes) / (t.median_us * 1e3);
   return t;
 #else
-  (void)handle, (void)symbols, (void)dtype, (void)attrs, (void)reps, (void)seed, (void)launch_flags;
+  (void)handle, (void)symbols, (void)dtype, (void)attrs, (void)reps, (void)seed, (void)launch_flags,
+      (void)before;
   return no_cuda();
 #endif
 }

@@ -144,9 +144,20 @@ struct Timing {
 // as CUDA-graph replays of many calls back to back, each behind the one before it as in a
 // model step. `launch_flags` go into every call (KREG_LAUNCH_PDL: programmatic dependent
 // launch, for kernels that honour it).
+// The kernel a timed op follows in a chain (kreg bench --after): each timed call is the
+// producer's call, then the op's, both on the timing stream, as a model step runs them.
+// Its inputs are built from its own signature and `symbols` and rotate with the op's sets;
+// it gets the chain's KREG_LAUNCH_PDL bit (not the op's other flags).
+struct Producer {
+  const KernelHandle* handle = nullptr;
+  SymbolMap symbols;
+  DType dtype = DType::kBF16;
+  const AttrList* attrs = nullptr;
+};
+
 Result<Timing> time_on_gpu(const KernelHandle& handle, const SymbolMap& symbols, DType dtype,
                            const AttrList& attrs, int reps, uint64_t seed,
-                           uint64_t launch_flags = 0);
+                           uint64_t launch_flags = 0, const Producer* before = nullptr);
 
 // Device-to-device copy bandwidth (bytes read + written per second), cudaMemcpyAsync of
 // `bytes`, median of several runs.

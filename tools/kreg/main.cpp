@@ -429,6 +429,8 @@ struct RunArgs {
   bool pdl = false;     // bench: ask for programmatic dependent launch (KREG_LAUNCH_PDL)
   bool stable = false;  // bench, with pdl: vouch for the op's stable inputs
                         // (KREG_LAUNCH_STABLE_INPUTS)
+  // bench: each timed call follows a call of this op (--after), built from --after-shape
+  std::string after, after_shape;
 };
 
 constexpr int kMaxReps = 1000000;
@@ -638,6 +640,25 @@ int cmd_bench(const std::string& manifest, const RunArgs& a) {
   kreg::DType dtype;
   kreg::AttrList attrs;
   if (int rc = prepare(manifest, ra, &o, &h, &symbols, &dtype, &attrs)) return rc;
+  // --after: the producer, with its own shape and default attributes, checked like the op
+  // (on the CPU reference where there is no GPU).
+  Opened po;
+  kreg::KernelHandle ph;
+  kreg::harness::Producer producer;
+  kreg::AttrList pattrs;
+  if (!a.after.empty()) {
+    RunArgs pa;
+    pa.op = a.after;
+    pa.shape = a.after_shape;
+    pa.dtype = a.dtype;
+    pa.backend = ra.backend;
+    pa.bench = true;
+    if (int rc = prepare(manifest, pa, &po, &ph, &producer.symbols, &producer.dtype, &pattrs)) {
+      return rc;
+    }
+    producer.handle = &ph;
+    producer.attrs = &pattrs;
+  }
   if (!gpu) {
     return fail(kExitFailed,
                 "kreg bench: no CUDA device here (bench times GPU kernels with CUDA events)");
@@ -665,8 +686,28 @@ int cmd_bench(const std::string& manifest, const RunArgs& a) {
   if (!copy) return fail(kExitFailed, "kreg: ", message(copy.status().message()));
   const uint64_t flags = (a.pdl ? uint64_t{KREG_LAUNCH_PDL} : 0) |
                          (a.stable ? uint64_t{KREG_LAUNCH_STABLE_INPUTS} : 0);
-  auto t = kreg::harness::time_on_gpu(h, symbols, dtype, attrs, a.reps, a.seed, flags);
+  auto t = kreg::harness::time_on_gpu(h, symbols, dtype, attrs, a.reps, a.seed, flags,
+                                      a.after.empty() ? nullptr : &producer);
   if (!t) return fail(kExitFailed, "kreg: ", message(t.status().message()));
+  if (!a.after.empty()) {
+    // The producer alone, timed the same way: the op's share of a pair is the difference.
+    auto p = kreg::harness::time_on_gpu(ph, producer.symbols, producer.dtype, pattrs, a.reps,
+                                        a.seed + 1, flags & KREG_LAUNCH_PDL);
+    if (!p) return fail(kExitFailed, "kreg: ", message(p.status().message()));
+    out << h.op() << " [" << h.backend() << "] " << a.shape << " " << kreg::dtype_name(dtype)
+        << " after " << ph.op() << " " << a.after_shape << " on " << kreg::harness::gpu_name()
+        << "\n";
+    const double share = t->median_us - p->median_us;
+    out << "  median " << num("%.2f", t->median_us) << " us a pair (min " << num("%.2f", t->min_us)
+        << "), " << ph.op() << " alone " << num("%.2f", p->median_us) << " us: the op's share "
+        << num("%.2f", share) << " us, " << t->bytes << " bytes, "
+        << num("%.0f", share > 0 ? static_cast<double>(t->bytes) / (share * 1e3) : 0.0) << " GB/s ["
+        << t->buffer_sets << " buffer sets" << (t->graph ? ", CUDA graph" : "") << ", " << a.reps
+        << " reps" << (a.pdl ? ", PDL" : "") << (a.stable ? ", stable inputs" : "") << "]\n";
+    print_absent(h.spec());
+    out << "  " << checked << ": OK\n";
+    return kExitOk;
+  }
   out << h.op() << " [" << h.backend() << "] " << a.shape << " " << kreg::dtype_name(dtype)
       << " on " << kreg::harness::gpu_name() << "\n";
   out << "  median " << num("%.2f", t->median_us) << " us (min " << num("%.2f", t->min_us) << "), "
@@ -947,6 +988,15 @@ int main(int argc, char** argv) {
                  "with --pdl: vouch that the op's stable inputs (docs/kernels.md) are not the "
                  "previous kernel's output, so kernels may read them before waiting for it")
       ->needs(pdl_flag);
+  auto* after_opt = bench->add_option(
+      "--after", ra.after,
+      "time each call behind a call of this op (a chain as a model step runs it, e.g. the rope "
+      "before a decode); reports the pair, the producer alone and the difference");
+  bench
+      ->add_option("--after-shape", ra.after_shape,
+                   "the --after op's dimensions, as --shape (its attributes take their defaults)")
+      ->needs(after_opt);
+  after_opt->needs("--after-shape");
 
   JitArgs ja;
   auto* jit =
