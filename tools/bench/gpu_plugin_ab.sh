@@ -10,7 +10,7 @@
 #   tools/bench/gpu_plugin_ab.sh GROUP ROUNDS 'CMD' NAME=PATCH...
 #   tools/bench/gpu_plugin_ab.sh layernorm 2 \
 #     './build/tools/kreg bench layernorm.rmsnorm --shape T=64,H=7168 --dtype bf16 --pdl' \
-#     early=tools/bench/ab/rmsnorm_early_weight.patch
+#     one_item=tools/bench/ab/rmsnorm_small_one_item.patch
 # CMD runs from the repository root with PYTHONPATH and KREG_MANIFEST set; $PY is the
 # Python with torch. Expects ./build to be configured or configurable (GPU machine: PY and
 # .deps as in gpu_quick.sh; AB_CMAKE_ARGS adds configure options). Variant trees go to

@@ -4,6 +4,8 @@
 #  1. Release build; the diffusion GPU tests (group_norm_silu's cluster two-pass kernel, now
 #     the plugin's, and the new shapes at the resident limit);
 #  2. compute-sanitizer memcheck of the GPU tests that run group_norm_silu;
+#  (Ran at 6fa2aa4, docs/performance.md eleventh round; both patches then left tools/bench/ab:
+#  gns_chunk_2048 was merged in fe6c746, gns_max_chunk_4096 superseded by it.)
 #  3. A/B of plugin builds, two rounds: HEAD against tools/bench/ab/gns_max_chunk_4096.patch
 #     (groups of 16385..32768 vectors also take the two-pass kernel, chunks up to 4096) and
 #     gns_chunk_2048.patch (chunks of ~2048 vectors, half the blocks), vs_torch's

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Issue 17, eleventh round, one device call, each step skipped once $SECONDS passes its
 # deadline (UNTIL, default 480):
+#  (Ran at 64725c2, where attention.decode honoured KREG_LAUNCH_STABLE_INPUTS; that path was
+#  reverted in d24bdea and is tools/bench/ab/decode_stable_inputs.patch.)
 #  1. Release build; the GPU tests of the groups this round touched (attention: decode's
 #     KREG_LAUNCH_STABLE_INPUTS path and its chain test; diffusion: group_norm_silu's chunks
 #     of ~2048 vectors and the shapes at the new switch), the Python tests, tools_test;
@@ -10,7 +12,8 @@
 #     --stable-inputs (decode's history tiles issued before griddepcontrol.wait), alternating,
 #     two rounds, and one plain round;
 #  4. A/B of plugin builds: rmsnorm's weight prefetched into L1 before griddepcontrol.wait
-#     under stable inputs (tools/bench/ab/rmsnorm_stable_weight_prefetch.patch), kreg bench
+#     under stable inputs (tools/bench/ab/rmsnorm_stable_weight_prefetch.patch, merged in
+#     d24bdea after this run at 64725c2), kreg bench
 #     --pdl --stable-inputs at decode sizes, three rounds;
 #  5. A/B of plugin builds: HEAD against tools/bench/ab/gns_chunk_4096.patch (chunks of
 #     ~4096 vectors), vs_torch's group_norm_silu cases, and the diffusion GPU tests with it;
