@@ -11,6 +11,7 @@
 #include <cmath>
 #include <limits>
 #include <random>
+#include <string>
 #include <utility>
 
 #include "kreg/plugin.hpp"
@@ -63,7 +64,9 @@ KernelSpec spec(const char* op, const char* sig, Binding b) {
   d.description = "test";
   d.source_file = "harness_test.cpp";
   d.fn = b.fn;
-  auto s = make_kernel_spec(d, Provenance{"h", "0.1.0", "", ""});
+  // The group is the op's prefix, as a plugin of that group would declare it.
+  const std::string op_id = op;
+  auto s = make_kernel_spec(d, Provenance{op_id.substr(0, op_id.find('.')), "0.1.0", "", ""});
   EXPECT_TRUE(s.ok()) << s.status().message();
   return std::move(s).value();
 }
@@ -264,26 +267,14 @@ KernelStatus align_stub(Context&, const DLTensor& topk_ids, DLTensor& sorted, DL
 // kreg run / bench inputs for moe.align_block_size are routing ids: every row's K experts
 // distinct, drawn over all num_experts (the attribute), not the random fill's [0, 16).
 TEST(Harness, AlignBlockSizeExamplesAreRoutingIds) {
-  kreg_kernel_desc d{};
-  d.struct_size = sizeof d;
-  d.op = "moe.align_block_size";
-  d.backend = "cpu";
-  d.caps = kCpu;
-  d.num_caps = 1;
-  d.signature =
-      "align_block_size(Tensor<i32>[T,K] topk_ids, Tensor<i32>(a!)[P] out_sorted_token_ids, "
-      "Tensor<i32>(b!)[B] out_expert_ids, Tensor<i32>(c!)[1] out_num_tokens_post_pad, int "
-      "num_experts, int block_size, bool ignore_invalid=false) -> ()";
-  d.dtypes = "f32";
-  const Binding b = bind<&align_stub>;
-  d.arg_kinds = b.arg_kinds;
-  d.description = "test";
-  d.source_file = "harness_test.cpp";
-  d.fn = b.fn;
-  auto s = make_kernel_spec(d, Provenance{"moe", "0.1.0", "", ""});
-  ASSERT_TRUE(s.ok()) << s.status().message();
+  const KernelSpec s =
+      spec("moe.align_block_size",
+           "align_block_size(Tensor<i32>[T,K] topk_ids, Tensor<i32>(a!)[P] out_sorted_token_ids, "
+           "Tensor<i32>(b!)[B] out_expert_ids, Tensor<i32>(c!)[1] out_num_tokens_post_pad, int "
+           "num_experts, int block_size, bool ignore_invalid=false) -> ()",
+           bind<&align_stub>);
   Registry reg;
-  ASSERT_TRUE(reg.add(*s).ok());
+  ASSERT_TRUE(reg.add(s).ok());
   auto h = reg.resolve("moe.align_block_size", Target{kCpuDev, DType::kF32});
   ASSERT_TRUE(h.ok()) << h.status().message();
   const int64_t T = 512, K = 8, E = 256, bs = 64;
@@ -331,28 +322,15 @@ KernelStatus decode_stub(Context&, const DLTensor&, const DLTensor&, const DLTen
 // distinct and scattered over the cache, every sequence as long as its table (M * P), not
 // the random fill's lengths and page ids in [0, 16).
 TEST(Harness, DecodeExamplesAreFullSequencesOnScatteredPages) {
-  kreg_kernel_desc d{};
-  d.struct_size = sizeof d;
-  d.op = "attention.decode";
-  d.backend = "cpu";
-  d.caps = kCpu;
-  d.num_caps = 1;
-  d.signature =
-      "decode(Tensor[B,Hq,D] q, Tensor[N,P,Hk,D] k_cache, Tensor[N,P,Hk,D] v_cache, "
-      "Tensor<i32>[B,M] block_table, Tensor<i32>[B] seq_lens, Tensor(a!)[B,Hq,D] out, float "
-      "scale) -> ()";
-  d.dtypes = "f32";
-  const Binding b = bind<&decode_stub>;
-  d.arg_kinds = b.arg_kinds;
-  d.description = "test";
-  d.source_file = "harness_test.cpp";
-  d.fn = b.fn;
-  auto spec = make_kernel_spec(d, Provenance{"attention", "0.1.0", "", ""});
-  ASSERT_TRUE(spec.ok()) << spec.status().message();
+  const KernelSpec s = spec("attention.decode",
+                            "decode(Tensor[B,Hq,D] q, Tensor[N,P,Hk,D] k_cache, Tensor[N,P,Hk,D] "
+                            "v_cache, Tensor<i32>[B,M] block_table, Tensor<i32>[B] seq_lens, "
+                            "Tensor(a!)[B,Hq,D] out, float scale) -> ()",
+                            bind<&decode_stub>);
   const int64_t B = 3, M = 40, N = 128, P = 16;
   const harness::SymbolMap sizes = {{"B", B}, {"Hq", 4}, {"D", 8}, {"N", N},
                                     {"P", P}, {"Hk", 2}, {"M", M}};
-  auto ex = harness::make_example(*spec, sizes, DType::kF32, kCpuDev, 5);
+  auto ex = harness::make_example(s, sizes, DType::kF32, kCpuDev, 5);
   ASSERT_TRUE(ex.ok()) << ex.status().message();
   const std::vector<double> table = *ex->buffer(3)->to_doubles();
   const std::vector<double> lens = *ex->buffer(4)->to_doubles();
@@ -364,7 +342,7 @@ TEST(Harness, DecodeExamplesAreFullSequencesOnScatteredPages) {
   EXPECT_LT(all.back(), static_cast<double>(N));
   EXPECT_GT(all.back(), 16.0) << "pages spread over the cache, not the random fill's [0, 16)";
   // The same seed gives the same table.
-  auto again = harness::make_example(*spec, sizes, DType::kF32, kCpuDev, 5);
+  auto again = harness::make_example(s, sizes, DType::kF32, kCpuDev, 5);
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(*again->buffer(3)->to_doubles(), table);
 }
