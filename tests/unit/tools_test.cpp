@@ -177,6 +177,18 @@ TEST(Tools, RunRefusesEveryBadNumberNamingTheArgument) {
   EXPECT_EQ(stable.exit_code, 2) << stable.output;
   EXPECT_NE(stable.output.find("--stable-inputs requires --pdl"), std::string::npos)
       << stable.output;
+  // --after needs the producer's shape, which is checked like the op's (here against the
+  // CPU reference: no GPU needed to learn that the arguments are wrong).
+  Outcome after = run(kCli + " bench layernorm.rmsnorm --shape T=3,H=8 --after attention.rope");
+  EXPECT_EQ(after.exit_code, 2) << after.output;
+  EXPECT_NE(after.output.find("--after requires --after-shape"), std::string::npos) << after.output;
+  Outcome short_shape = run(kCli +
+                            " bench layernorm.rmsnorm --shape T=3,H=8 --after attention.rope "
+                            "--after-shape T=1");
+  EXPECT_EQ(short_shape.exit_code, 2) << short_shape.output;
+  EXPECT_NE(short_shape.output.find("attention.rope: --after-shape needs a size for 'Hq'"),
+            std::string::npos)
+      << short_shape.output;
 }
 
 // FP8 outputs are compared as their values: the harness read every e4m3 code as NaN

@@ -425,11 +425,11 @@ Status Buffer::poison() {
 
 // ---- Example arguments ----
 
-Result<SymbolMap> parse_shape_spec(const std::string& text) {
+Result<SymbolMap> parse_shape_spec(const std::string& text, const std::string& flag) {
   SymbolMap out;
   if (text.empty()) {
     return Status(KREG_INVALID_ARGUMENT,
-                  "--shape: empty (expected NAME=SIZE,..., e.g. T=64,H=4096)");
+                  flag + ": empty (expected NAME=SIZE,..., e.g. T=64,H=4096)");
   }
   size_t pos = 0;
   while (true) {
@@ -442,12 +442,12 @@ Result<SymbolMap> parse_shape_spec(const std::string& text) {
     for (char c : name) ident = ident && (std::isalnum(static_cast<unsigned char>(c)) || c == '_');
     if (eq == std::string::npos || !ident) {
       return Status(KREG_INVALID_ARGUMENT,
-                    "--shape: '" + excerpt(item, 40) + "' is not NAME=SIZE (e.g. T=64,H=4096)");
+                    flag + ": '" + excerpt(item, 40) + "' is not NAME=SIZE (e.g. T=64,H=4096)");
     }
-    auto n = parse_int(item.substr(eq + 1), "--shape " + name, 0);
+    auto n = parse_int(item.substr(eq + 1), flag + " " + name, 0);
     if (!n) return n.status();
     if (!out.emplace(name, *n).second) {
-      return Status(KREG_INVALID_ARGUMENT, "--shape: dimension '" + name + "' is given twice");
+      return Status(KREG_INVALID_ARGUMENT, flag + ": dimension '" + name + "' is given twice");
     }
     if (comma == std::string::npos) break;
     pos = comma + 1;

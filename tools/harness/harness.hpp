@@ -59,8 +59,9 @@ class Buffer {
 
 // "T=64,H=4096" -> {T:64, H:4096}. Strict: NAME=SIZE items, names identifiers, each
 // given once, sizes whole decimal integers in [0, INT64_MAX] (kreg/parse_number.hpp).
+// Messages name `flag`, the option the text came from.
 using SymbolMap = std::map<std::string, int64_t>;
-Result<SymbolMap> parse_shape_spec(const std::string& text);
+Result<SymbolMap> parse_shape_spec(const std::string& text, const std::string& flag = "--shape");
 
 // Every name in `symbols` is a dimension of the op's signature and every dimension has a
 // size; the error names the stray or missing dimension and lists the op's.

@@ -431,6 +431,7 @@ struct RunArgs {
                         // (KREG_LAUNCH_STABLE_INPUTS)
   // bench: each timed call follows a call of this op (--after), built from --after-shape
   std::string after, after_shape;
+  std::string shape_flag = "--shape";  // the option `shape` came from, for messages
 };
 
 constexpr int kMaxReps = 1000000;
@@ -450,7 +451,8 @@ int parse_run_numbers(RunArgs* a) {
 // not have is the user's to fix (exit 2), not a failed run; so is an op with a required
 // tensor that has no named shape to build example inputs from (an optional one is left
 // absent: harness::left_absent).
-int check_dimensions(const kreg::KernelSpec& spec, const kreg::harness::SymbolMap& symbols) {
+int check_dimensions(const kreg::KernelSpec& spec, const kreg::harness::SymbolMap& symbols,
+                     const std::string& flag) {
   const kreg::Signature& sig = spec.signature;
   std::string all;
   for (const std::string& s : sig.symbols) all += (all.empty() ? "" : ",") + s + "=N";
@@ -463,15 +465,15 @@ int check_dimensions(const kreg::KernelSpec& spec, const kreg::harness::SymbolMa
   }
   for (const std::string& s : sig.symbols) {
     if (!symbols.count(s)) {
-      return fail(kExitUsage, "kreg: ", spec.op, ": --shape needs a size for '", s, "' (signature ",
-                  sig.text, "; e.g. --shape ", all, ")");
+      return fail(kExitUsage, "kreg: ", spec.op, ": ", flag, " needs a size for '", s,
+                  "' (signature ", sig.text, "; e.g. ", flag, " ", all, ")");
     }
   }
   for (const auto& [name, size] : symbols) {
     if (std::find(sig.symbols.begin(), sig.symbols.end(), name) == sig.symbols.end()) {
-      return fail(kExitUsage, "kreg: ", spec.op, ": --shape names '", name,
+      return fail(kExitUsage, "kreg: ", spec.op, ": ", flag, " names '", name,
                   "', which is not a dimension of its signature ", sig.text,
-                  all.empty() ? " (it has none)" : "; e.g. --shape " + all);
+                  all.empty() ? " (it has none)" : "; e.g. " + flag + " " + all);
     }
   }
   return kExitOk;
@@ -483,7 +485,7 @@ int prepare(const std::string& manifest, const RunArgs& a, Opened* o, kreg::Kern
   auto d = kreg::parse_dtype(a.dtype);
   if (!d) return fail(kExitUsage, "kreg: unknown --dtype '", a.dtype, "'");
   *dtype = *d;
-  auto sym = kreg::harness::parse_shape_spec(a.shape);
+  auto sym = kreg::harness::parse_shape_spec(a.shape, a.shape_flag);
   if (!sym) return fail(kExitUsage, "kreg: ", message(sym.status().message()));
   *symbols = *sym;
   // Without --backend: on the GPU when there is one and the op has a GPU implementation,
@@ -516,7 +518,7 @@ int prepare(const std::string& manifest, const RunArgs& a, Opened* o, kreg::Kern
     return fail(exit_code_for(handle.status()), "kreg: ", message(handle.status().message()));
   }
   *h = *handle;
-  if (int rc = check_dimensions(h->spec(), *symbols)) return rc;
+  if (int rc = check_dimensions(h->spec(), *symbols, a.shape_flag)) return rc;
   // Sizes overflow-checked and compared with free memory before anything is allocated.
   if (kreg::Status st = kreg::harness::check_example_fits(
           h->spec(), *symbols, *d, DLDevice{static_cast<DLDeviceType>(h->spec().device_type()), 0},
@@ -650,6 +652,7 @@ int cmd_bench(const std::string& manifest, const RunArgs& a) {
     RunArgs pa;
     pa.op = a.after;
     pa.shape = a.after_shape;
+    pa.shape_flag = "--after-shape";
     pa.dtype = a.dtype;
     pa.backend = ra.backend;
     pa.bench = true;
