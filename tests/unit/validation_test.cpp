@@ -912,7 +912,10 @@ bool contains(const std::string& haystack, const std::string& needle) {
   return haystack.find(needle) != std::string::npos;
 }
 
-TEST(Cli, ShippedRegistryExitsZeroInWellUnderASecond) {
+// The shipped manifest validates clean. The wall-time bound only tells finished from hung;
+// how fast validate runs is measured by a benchmark (docs/validation.md: farm-bench), not
+// asserted by a test.
+TEST(Cli, ShippedRegistryExitsZero) {
   const std::string manifest = (fs::path(KREG_SOURCE_DIR) / "registry.yaml").string();
   const auto start = std::chrono::steady_clock::now();
   const CliRun human = kreg_validate({"--manifest", manifest}, KREG_PLUGIN_DIR);
@@ -921,7 +924,7 @@ TEST(Cli, ShippedRegistryExitsZeroInWellUnderASecond) {
   EXPECT_EQ(human.exit_code, 0) << human.out << human.err;
   EXPECT_TRUE(contains(human.out, "ok   library-loads      layernorm")) << human.out;
   EXPECT_TRUE(contains(human.out, " 0 failed")) << human.out;
-  EXPECT_LT(took, test::budget(1.0))
+  EXPECT_LT(took, test::budget(10.0))
       << "kreg validate on the default manifest took " << took << " s";
 
   const CliRun json = kreg_validate({"--manifest", manifest, "--json"}, KREG_PLUGIN_DIR);
