@@ -19,6 +19,27 @@ Status routing_ids_over_num_experts(const ExampleSetting& s, Buffer& buf, std::m
   return fill_routing_ids(buf, *experts, rng);
 }
 
+// The first `picks` values (picks <= n) of a uniform random permutation of [0, n): a
+// partial Fisher-Yates shuffle that keeps only the swapped positions, so time and memory
+// follow `picks` however large n is (an --attr or --shape past int32's range must not
+// allocate a pool of that size).
+std::vector<int64_t> random_distinct(int64_t n, int64_t picks, std::mt19937_64& rng) {
+  std::unordered_map<int64_t, int64_t> swapped;
+  auto at = [&](int64_t i) {
+    const auto it = swapped.find(i);
+    return it == swapped.end() ? i : it->second;
+  };
+  std::vector<int64_t> out(static_cast<size_t>(picks));
+  for (int64_t j = 0; j < picks; ++j) {
+    std::uniform_int_distribution<int64_t> pick(j, n - 1);
+    const int64_t r = pick(rng);
+    const int64_t vj = at(j), vr = at(r);
+    swapped[r] = vj;
+    out[static_cast<size_t>(j)] = vr;
+  }
+  return out;
+}
+
 // A size from the example's --shape, nullopt when absent or past what an int32 index (the
 // table's and the lengths' type) can hold: the generator then keeps the random fill.
 std::optional<int64_t> int32_size(const ExampleSetting& s, const char* name) {
@@ -27,16 +48,16 @@ std::optional<int64_t> int32_size(const ExampleSetting& s, const char* name) {
   return it->second;
 }
 
-// attention.decode's block_table[B, M]: a random permutation of the N pages dealt out row
-// by row, so a sequence's pages are distinct (N >= M) and scattered over the cache.
+// attention.decode's block_table[B, M]: the first B * M values of a random permutation of
+// the N pages, dealt out row by row (repeating once all N are dealt), so a sequence's pages
+// are distinct (N >= M) and scattered over the cache.
 Status decode_scattered_pages(const ExampleSetting& s, Buffer& buf, std::mt19937_64& rng) {
   const std::optional<int64_t> pages = int32_size(s, "N");
   if (!pages || buf.shape().size() != 2) return OkStatus();
-  std::vector<int64_t> perm(static_cast<size_t>(*pages));
-  std::iota(perm.begin(), perm.end(), int64_t{0});
-  std::shuffle(perm.begin(), perm.end(), rng);
-  std::vector<double> v(static_cast<size_t>(buf.numel()));
-  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<double>(perm[i % perm.size()]);
+  const int64_t total = buf.numel();
+  const std::vector<int64_t> dealt = random_distinct(*pages, std::min(total, *pages), rng);
+  std::vector<double> v(static_cast<size_t>(total));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<double>(dealt[i % dealt.size()]);
   return buf.from_doubles(v);
 }
 
@@ -91,28 +112,13 @@ Status fill_routing_ids(Buffer& buf, int64_t num_experts, std::mt19937_64& rng) 
                                              std::to_string(num_experts) + " must be positive");
   }
   const int64_t T = buf.shape()[0], K = buf.shape()[1];
-  // A partial Fisher-Yates shuffle per row, the permutation kept sparse (only the swapped
-  // positions): the row's first min(K, E) picks are a uniform random choice in random
-  // order, in O(K) time and memory a row however large num_experts is (an --attr past
-  // int64's range of experts must not allocate a pool of that size).
+  // Per row the first min(K, E) values of a random permutation of the experts: a uniform
+  // random choice in random order, in O(K) time and memory however large num_experts is.
   const int64_t picks = std::min(K, num_experts);
-  std::unordered_map<int64_t, int64_t> swapped;
-  auto at = [&](int64_t i) {
-    const auto it = swapped.find(i);
-    return it == swapped.end() ? i : it->second;
-  };
   std::vector<double> values;
   values.reserve(static_cast<size_t>(T * K));
-  std::vector<int64_t> row(static_cast<size_t>(picks));
   for (int64_t t = 0; t < T; ++t) {
-    swapped.clear();
-    for (int64_t j = 0; j < picks; ++j) {
-      std::uniform_int_distribution<int64_t> pick(j, num_experts - 1);
-      const int64_t r = pick(rng);
-      const int64_t vj = at(j), vr = at(r);
-      swapped[r] = vj;
-      row[static_cast<size_t>(j)] = vr;
-    }
+    const std::vector<int64_t> row = random_distinct(num_experts, picks, rng);
     for (int64_t j = 0; j < K; ++j)
       values.push_back(static_cast<double>(row[static_cast<size_t>(j % picks)]));
   }
