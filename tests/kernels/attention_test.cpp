@@ -787,7 +787,7 @@ TEST_F(AttentionGpu, PdlChainsReadWhatTheKernelBeforeWrote) {
 // the rows before rotation. Bit for bit what the chain gives with plain launches, which
 // differs from decode before the last rope (what rope writes counts). Pages of 16 (a tile a
 // page) and of 5 (a page per row).
-TEST_F(AttentionGpu, StableInputsChainsReadOnlyHistoryEarly) {
+TEST_F(AttentionGpu, StableInputsChainsGiveThePlainResult) {
   const int64_t hq = 32, hk = 8, dim = 128;
   auto rope = handle("attention.rope", "cuda");
   auto dec = handle("attention.decode", "cuda");

@@ -31,7 +31,7 @@ echo "touched ctest rc=$?: $(grep -E 'tests passed' "$L/ctest_touched.log") at $
 grep -E "\((Failed|Timeout|SEGFAULT)|Failure|mismatch|differs" "$L/ctest_touched.log" | head -20
 t=$(find build -name attention_test -type f -perm -u+x | head -1)
 timeout ${MEMCHECK_S:-100} compute-sanitizer --tool memcheck --error-exitcode 3 "$t" \
-  --gtest_filter='AttentionGpu.StableInputsChainsReadOnlyHistoryEarly' >"$L/memcheck_decode.log" 2>&1
+  --gtest_filter='AttentionGpu.StableInputsChains*' >"$L/memcheck_decode.log" 2>&1
 echo "memcheck decode rc=$? at $SECONDS s: $(grep -E 'ERROR SUMMARY|PASSED|FAILED' "$L/memcheck_decode.log" | tail -3 | tr '\n' ' ')"
 t=$(find build -name diffusion_test -type f -perm -u+x | head -1)
 timeout 50 compute-sanitizer --tool memcheck --error-exitcode 3 "$t" \
