@@ -16,7 +16,7 @@ source tools/bench/gpu_common.sh
 gpu_build || exit 1
 echo "built at $SECONDS s"
 export PYTHONPATH=$PWD/build/python KREG_PLUGIN_DIR=$PWD/build/plugins KREG_MANIFEST=$PWD/registry.yaml
-timeout $((UNTIL - SECONDS - 200)) ctest --test-dir build -j10 --output-on-failure >"$L/ctest.log" 2>&1
+timeout $((UNTIL - SECONDS - 150)) ctest --test-dir build -j10 --output-on-failure >"$L/ctest.log" 2>&1
 echo "whole ctest rc=$?: $(grep -E 'tests passed' "$L/ctest.log") at $SECONDS s"
 grep -E "\((Failed|Timeout|SEGFAULT|Subprocess)|\*\*\*Failed" "$L/ctest.log" | head -20
 if left 150; then
