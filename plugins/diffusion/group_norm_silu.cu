@@ -257,11 +257,6 @@ __device__ __forceinline__ void cluster_exit_wait(uint32_t split) {
   if (split > 1) asm volatile("barrier.cluster.wait.acquire;" ::: "memory");
 }
 
-#endif  // !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
-
-// One group per `split` consecutive blocks (a cluster): block part p owns
-// vectors [p * chunk_vecs, min((p + 1) * chunk_vecs, group_vecs)), streamed in
-// batches of kTwoPassItems vectors a thread, twice.
 // A thread's batch: vectors v0, v0 + kStep, ... (kTwoPassItems of them, those below end).
 template <uint32_t kStep, typename T, int kVec>
 __device__ __forceinline__ void load_batch(vec_t<T, kVec> (&buf)[kTwoPassItems], const T* xg,
@@ -273,6 +268,11 @@ __device__ __forceinline__ void load_batch(vec_t<T, kVec> (&buf)[kTwoPassItems],
   }
 }
 
+#endif  // !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+
+// One group per `split` consecutive blocks (a cluster): block part p owns
+// vectors [p * chunk_vecs, min((p + 1) * chunk_vecs, group_vecs)), streamed in
+// batches of kTwoPassItems vectors a thread, twice.
 template <typename T, int kVec>
 __global__ void __launch_bounds__(kTwoPassThreads, kTwoPassMinBlocks)
     group_norm_silu_cluster_kernel(const T* __restrict__ x, const T* __restrict__ weight,
