@@ -107,6 +107,34 @@ function(kreg_add_plugin group)
     if(ARG_JIT_SOURCES)
       kreg_embed_jit_sources(${target} ${group} ${ARG_JIT_SOURCES})
     endif()
+    # A source whose device code depends on __CUDA_ARCH__ (a path guarded for sm_90) must
+    # still compile in the sm_80 pass of the default architectures (80-real;90). A build
+    # that leaves sm_80 out, as CI's sm_90-only one does, compiles those sources once more
+    # for sm_80 into an object library that nothing links: a break there fails the build.
+    # (Headers with such guards are covered only through a source that has its own.)
+    if(KREG_CHECK_SM80_PASS AND NOT "${cuda_archs}" MATCHES "(^|;)80")
+      set(guarded "")
+      foreach(src IN LISTS ARG_CUDA_SOURCES)
+        file(READ ${CMAKE_CURRENT_SOURCE_DIR}/${src} text)
+        if(text MATCHES "__CUDA_ARCH__")
+          list(APPEND guarded ${src})
+        endif()
+      endforeach()
+      if(guarded)
+        set(check ${target}_sm80_pass)
+        add_library(${check} OBJECT ${guarded})
+        target_link_libraries(${check} PRIVATE kreg::plugin_api CUDA::cudart)
+        target_compile_features(${check} PRIVATE cxx_std_20)
+        target_compile_definitions(${check} PRIVATE
+          $<TARGET_PROPERTY:${target},COMPILE_DEFINITIONS>)
+        target_compile_options(${check} PRIVATE $<TARGET_PROPERTY:${target},COMPILE_OPTIONS>)
+        target_include_directories(${check} PRIVATE
+          $<TARGET_PROPERTY:${target},INCLUDE_DIRECTORIES>)
+        set_target_properties(${check} PROPERTIES CUDA_ARCHITECTURES 80-real
+          CUDA_RUNTIME_LIBRARY Shared)
+        add_dependencies(${check} ${target})  # generated headers (JIT sources) first
+      endif()
+    endif()
   endif()
   # kreg refuses a library that its group or others may write, or that sits in such a
   # folder (path-safety); under a umask of 002 the linker would produce exactly that.
