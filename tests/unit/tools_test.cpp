@@ -6,6 +6,8 @@
 #include <array>
 #include <cstdio>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace {
 
@@ -167,28 +169,20 @@ TEST(Tools, RunRefusesEveryBadNumberNamingTheArgument) {
         << huge.output;
     EXPECT_EQ(huge.output.find("terminate"), std::string::npos) << huge.output;
   }
-  Outcome reps = run(kCli + " bench layernorm.rmsnorm --shape T=3,H=8 --reps 0");
-  EXPECT_EQ(reps.exit_code, 2) << reps.output;
-  EXPECT_NE(reps.output.find("--reps: '0' is out of range [1, 1000000]"), std::string::npos)
-      << reps.output;
-  // Stable inputs are a promise about what the previous kernel of a PDL chain writes:
-  // meaningless without --pdl, so refused as a usage error.
-  Outcome stable = run(kCli + " bench layernorm.rmsnorm --shape T=3,H=8 --stable-inputs");
-  EXPECT_EQ(stable.exit_code, 2) << stable.output;
-  EXPECT_NE(stable.output.find("--stable-inputs requires --pdl"), std::string::npos)
-      << stable.output;
-  // --after needs the producer's shape, which is checked like the op's (here against the
-  // CPU reference: no GPU needed to learn that the arguments are wrong).
-  Outcome after = run(kCli + " bench layernorm.rmsnorm --shape T=3,H=8 --after attention.rope");
-  EXPECT_EQ(after.exit_code, 2) << after.output;
-  EXPECT_NE(after.output.find("--after requires --after-shape"), std::string::npos) << after.output;
-  Outcome short_shape = run(kCli +
-                            " bench layernorm.rmsnorm --shape T=3,H=8 --after attention.rope "
-                            "--after-shape T=1");
-  EXPECT_EQ(short_shape.exit_code, 2) << short_shape.output;
-  EXPECT_NE(short_shape.output.find("attention.rope: --after-shape needs a size for 'Hq'"),
-            std::string::npos)
-      << short_shape.output;
+  // bench's own usage errors (exit 2, the message naming the problem). Stable inputs are a
+  // promise about what the previous kernel of a PDL chain writes: meaningless without
+  // --pdl. --after needs the producer's shape, checked like the op's (against the CPU
+  // reference here: no GPU is needed to learn that the arguments are wrong).
+  for (const auto& [args, says] : std::vector<std::pair<std::string, std::string>>{
+           {"--reps 0", "--reps: '0' is out of range [1, 1000000]"},
+           {"--stable-inputs", "--stable-inputs requires --pdl"},
+           {"--after attention.rope", "--after requires --after-shape"},
+           {"--after attention.rope --after-shape T=1",
+            "attention.rope: --after-shape needs a size for 'Hq'"}}) {
+    Outcome r = run(kCli + " bench layernorm.rmsnorm --shape T=3,H=8 " + args);
+    EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.output;
+    EXPECT_NE(r.output.find(says), std::string::npos) << args << "\n" << r.output;
+  }
 }
 
 // FP8 outputs are compared as their values: the harness read every e4m3 code as NaN
