@@ -178,7 +178,13 @@ TEST(Tools, RunRefusesEveryBadNumberNamingTheArgument) {
            {"--stable-inputs", "--stable-inputs requires --pdl"},
            {"--after attention.rope", "--after requires --after-shape"},
            {"--after attention.rope --after-shape T=1",
-            "attention.rope: --after-shape needs a size for 'Hq'"}}) {
+            "attention.rope: --after-shape needs a size for 'Hq'"},
+           {"--after attention.rope --after-shape ''", "--after-shape: empty"},
+           {"--after attention.rope --after-shape T=99999999999999999999",
+            "--after-shape T: '99999999999999999999' is out of range [0, 9223372036854775807]"},
+           {"--after attention.rope --after-shape "
+            "T=4294967296,Hq=4294967296,D=4294967296,Hk=8,P=4096,R=128",
+            "is more than 9223372036854775807 bytes"}}) {
     Outcome r = run(kCli + " bench layernorm.rmsnorm --shape T=3,H=8 " + args);
     EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.output;
     EXPECT_NE(r.output.find(says), std::string::npos) << args << "\n" << r.output;

@@ -30,7 +30,8 @@ def set_pdl(enabled, stable_inputs=False):
     stable_inputs=True (with enabled=True) also vouches that each op's stable inputs
     (docs/kernels.md: weights, tables, sequence lengths, a cache's older rows) were
     written before the previous kernel on the stream started, so kernels may read them
-    before waiting for it (attention.decode issues its first history tiles early)."""
+    before waiting for it (rmsnorm prefetches its weight). Asking for stable inputs
+    without PDL raises ValueError."""
     _kreg.set_pdl(bool(enabled), bool(stable_inputs))
     kt = sys.modules.get("kreg.torch")
     if kt is not None:
