@@ -12,3 +12,10 @@ gpu_build() {
   fi
   cmake --build build -j16 >>/tmp/build.log 2>&1 || { grep -E "error" /tmp/build.log | head -40; return 1; }
 }
+# The one-call round scripts' frame: L (where logs go: $OUT on the device machine), UNTIL
+# (the call's deadline in seconds, default $1) and `left N` (true while N seconds remain).
+gpu_round_frame() {
+  L=${OUT:-/tmp/out}; mkdir -p "$L"
+  UNTIL=${UNTIL:-$1}
+}
+left() { [ $SECONDS -lt $((UNTIL - ${1:-0})) ]; }

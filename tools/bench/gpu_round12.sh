@@ -9,10 +9,8 @@
 #  3. the diffusion GPU tests with the patch, then compute-sanitizer memcheck of the sweep;
 #  4. kreg bench of decode behind the step's rope (--after), with and without --pdl.
 set -uo pipefail
-L=${OUT:-/tmp/out}; mkdir -p "$L"
-UNTIL=${UNTIL:-420}
-left() { [ $SECONDS -lt $((UNTIL - ${1:-0})) ]; }
 source tools/bench/gpu_common.sh
+gpu_round_frame 420
 gpu_build || exit 1
 echo "built at $SECONDS s"
 export PYTHONPATH=$PWD/build/python KREG_PLUGIN_DIR=$PWD/build/plugins KREG_MANIFEST=$PWD/registry.yaml
