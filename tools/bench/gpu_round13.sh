@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Issue 17, thirteenth round (session 13), one device call, each step skipped once $SECONDS
+# passes its deadline (UNTIL, default 540):
+#  1. the lplb variant bench compiled in the background; Release build; the whole ctest suite;
+#  2. the issue's peer rows with kreg bench on this card (plain, --pdl, --pdl --stable-inputs);
+#  3. A/B of plugin builds, two rounds: HEAD against tools/bench/ab/gns_threads_512.patch
+#     (group_norm_silu's cluster two-pass blocks of 512 threads), vs_torch's group_norm_silu
+#     cases; the diffusion GPU tests and memcheck of the sweep with the patch;
+#  4. decode B=1 ctx 4096 behind the step's rope, plain and --pdl;
+#  5. lplb_solve_bench: V3's (the plugin's) phase profile and the variants' times;
+#  6. vs_torch (torch.compile included) on the issue's torch table.
+set -uo pipefail
+source tools/bench/gpu_common.sh
+gpu_round_frame 540
+nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
+(cd tools/bench/variants && nvcc -O3 -arch=sm_90 -std=c++17 lplb_solve_bench.cu -o /tmp/lsb >/tmp/lsb_build.log 2>&1) &
+gpu_build || exit 1
+echo "built at $SECONDS s"
+export PYTHONPATH=$PWD/build/python KREG_PLUGIN_DIR=$PWD/build/plugins KREG_MANIFEST=$PWD/registry.yaml
+timeout 150 ctest --test-dir build -j10 --output-on-failure >"$L/ctest.log" 2>&1
+echo "whole ctest rc=$?: $(grep -E 'tests passed' "$L/ctest.log") at $SECONDS s"
+grep -E "\((Failed|Timeout|SEGFAULT|Subprocess)|\*\*\*Failed" "$L/ctest.log" | head -20
+k=./build/tools/kreg
+if left 330; then
+  for a in "layernorm.rmsnorm --shape T=64,H=7168" "layernorm.rmsnorm --shape T=16,H=4096" \
+    "layernorm.fused_add_rmsnorm --shape T=64,H=7168" "activation.silu_and_mul --shape T=16,D=2048"; do
+    for p in "" "--pdl" "--pdl --stable-inputs"; do
+      printf "%-48s %-22s " "$a" "${p:-plain}"; timeout 20 $k bench $a --dtype bf16 --reps 200 $p 2>&1 | grep -oE "median.*|rror.*"
+    done
+  done
+  for s in "T=64,K=8,P=16640,B=260" "T=4096,K=8,P=48896,B=764" "T=32768,K=8,P=278272,B=4348"; do
+    printf "align %-30s " "$s"; timeout 20 $k bench moe.align_block_size --shape $s --dtype i32 --attr num_experts=256 --attr block_size=64 --reps 200 2>&1 | grep -oE "median.*|rror.*"
+  done
+  for s in "T=64,E=256,K=8" "T=32768,E=256,K=8"; do
+    printf "topk_softmax renorm %-20s " "$s"; timeout 20 $k bench moe.topk_softmax --shape $s --dtype bf16 --attr renormalize=true --reps 200 2>&1 | grep -oE "median.*|rror.*"
+  done
+  echo "peer rows done at $SECONDS s"
+fi
+if left 250; then
+  bash tools/bench/gpu_plugin_ab.sh diffusion 2 '$PY tools/bench/vs_torch.py --reps 30 --no-compile --no-size-copy --only group_norm_silu --out /tmp/gab 2>&1 | grep -E "^diffusion" | cut -c1-110' \
+    t512=tools/bench/ab/gns_threads_512.patch 2>&1 | tee "$L/gns_ab.log"
+  echo "A/B done at $SECONDS s"
+fi
+if left 200 && patch -p1 -s <tools/bench/ab/gns_threads_512.patch && cmake --build build -j16 >>/tmp/build.log 2>&1; then
+  timeout 40 ctest --test-dir build -j8 --output-on-failure -R GpuDiffusion >"$L/ctest_t512.log" 2>&1
+  echo "t512: diffusion ctest rc=$?: $(grep -E 'tests passed' "$L/ctest_t512.log") at $SECONDS s"
+  t=$(find build -name diffusion_test -type f -perm -u+x | head -1)
+  timeout 40 compute-sanitizer --tool memcheck --error-exitcode 3 "$t" \
+    --gtest_filter='GpuDiffusionKernels.MatchTheCpuReferenceOverAShapeSweep' >"$L/memcheck_t512.log" 2>&1
+  echo "t512 memcheck rc=$?: $(grep -E 'ERROR SUMMARY' "$L/memcheck_t512.log")"
+  patch -R -p1 -s <tools/bench/ab/gns_threads_512.patch
+  cmake --build build -j16 >>/tmp/build.log 2>&1
+fi
+if left 150; then
+  for f in "" "--pdl"; do
+    echo "decode B=1 ctx 4096 after rope ${f:-plain}: $(timeout 20 $k bench attention.decode --shape B=1,Hq=32,D=128,N=256,P=16,Hk=8,M=256 --dtype bf16 --backend cuda --attr scale=0.08838834764831845 $f --after attention.rope --after-shape T=1,Hq=32,D=128,Hk=8,P=4096,R=128 | grep -oE 'median.*GB/s')"
+  done
+fi
+wait
+if left 110 && [ -x /tmp/lsb ]; then
+  timeout 60 /tmp/lsb 50 >"$L/lsb.log" 2>&1
+  echo "lplb bench rc=$? at $SECONDS s"; grep -A14 "== V3 phases" "$L/lsb.log"; grep -E "^V3 |^V2 |ALL OK|FAIL" "$L/lsb.log" | head -20
+else
+  echo "lplb bench not run: $(tail -3 /tmp/lsb_build.log)"
+fi
+if left 30; then
+  timeout $((UNTIL - SECONDS - 5)) $PY tools/bench/vs_torch.py --reps 30 --out /tmp/vst \
+    --only "attention.decode,norm_scale_shift,timestep_embedding,set_mla_kv_buffer,concat_mla_k,group_norm_silu" >"$L/vs_torch.log" 2>&1
+  grep -E "^[a-z]+\." "$L/vs_torch.log" | cut -c1-150
+fi
+echo "done at $SECONDS s"
