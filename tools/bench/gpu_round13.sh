@@ -66,11 +66,12 @@ else
 fi
 if left 100; then
   # Why JIT rmsnorm at H = 4097 trails the AOT kernel at 4096 (docs/performance.md: unexplained).
+  pd=(); ncu --help 2>/dev/null | grep -q -- --print-details && pd=(--print-details all)
   for c in "4096 cuda" "4097 jit"; do set -- $c
     timeout 30 ncu --clock-control none -k regex:rmsnorm -s 6 -c 1 --section SpeedOfLight --section WarpStateStats \
-      --section MemoryWorkloadAnalysis --section Occupancy $k bench layernorm.rmsnorm --shape T=32768,H=$1 \
+      --section MemoryWorkloadAnalysis --section Occupancy "${pd[@]}" $k bench layernorm.rmsnorm --shape T=32768,H=$1 \
       --backend $2 --dtype bf16 --reps 3 >"$L/ncu_rms_$1.log" 2>&1
-    echo "ncu H=$1 $2 rc=$?"; grep -E "Duration|DRAM Throughput|Stall|Warp Cycles Per|Achieved Occ|Registers|L2 Hit|Mem Busy|Max Bandwidth" "$L/ncu_rms_$1.log" | head -30
+    echo "ncu H=$1 $2 rc=$?"; grep -iE "Duration|DRAM Throughput|stall|Warp Cycles Per|Achieved Occ|Registers|L2 Hit|Mem Busy|Max Bandwidth" "$L/ncu_rms_$1.log" | head -40
   done
 fi
 if left 30; then
