@@ -45,6 +45,11 @@
 // Fallback (narrow vectors, larger groups, or groups above 4096 vectors without
 // clusters): one block per group, two passes: shifted one-pass statistics, then
 // a re-read (mostly from L2) to normalize.
+//
+// Programmatic dependent launch (KREG_LAUNCH_PDL, with the cluster attribute where there
+// is one): every kernel waits before its first load of x and lets the next kernel be
+// scheduled once its statistics are reduced (pass 2's re-read of x is safe: the next
+// kernel writes nothing before its own wait, which returns after this grid has finished).
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
@@ -54,6 +59,7 @@
 #include "diffusion.hpp"
 #include "kreg/device/fast_divisor.cuh"
 #include "kreg/device/launch.cuh"
+#include "kreg/device/pdl.cuh"
 #include "kreg/device/reduce.cuh"
 #include "kreg/device/vec.cuh"
 #include "kreg/dtype.hpp"
@@ -147,6 +153,7 @@ __global__ void __launch_bounds__(kResidentThreads, 2)
   const T* xg = x + static_cast<int64_t>(group) * group_elems;
   T* og = out + static_cast<int64_t>(group) * group_elems;
 
+  device::pdl_wait();
   vec_t<T, kVec> held[kItems];
 #pragma unroll
   for (int k = 0; k < kItems; ++k) {
@@ -176,6 +183,7 @@ __global__ void __launch_bounds__(kResidentThreads, 2)
   }
   const float var = group_sum(sq, scratch_var, &partial[1], split) * inv_n;
   const float rstd = rsqrtf(var + eps);
+  device::pdl_launch_dependents();
 
   const uint32_t first_channel = (group % groups) * channels_per_group;
 #pragma unroll
@@ -295,6 +303,7 @@ __global__ void __launch_bounds__(kTwoPassThreads, kTwoPassMinBlocks)
   const int64_t group_elems = static_cast<int64_t>(group_vecs) * kVec;
   const T* xg = x + static_cast<int64_t>(group) * group_elems;
   T* og = out + static_cast<int64_t>(group) * group_elems;
+  device::pdl_wait();
   const float x0 = device::to_float(__ldg(xg));
 
   const uint64_t keep = l2_policy_evict_last();
@@ -315,6 +324,7 @@ __global__ void __launch_bounds__(kTwoPassThreads, kTwoPassMinBlocks)
     }
   }
   cluster_sums(sums, scratch, partial, split);
+  device::pdl_launch_dependents();
   const float inv_n = 1.0f / static_cast<float>(group_elems);
   const float mean_d = sums[0] * inv_n;
   const float var = fmaxf(sums[1] * inv_n - mean_d * mean_d, 0.0f);
@@ -353,6 +363,7 @@ __global__ void __launch_bounds__(kMaxThreads)
   T* og = out + static_cast<int64_t>(blockIdx.x) * group_elems;
   const uint32_t first_channel = (blockIdx.x % groups) * channels_per_group;
 
+  device::pdl_wait();
   const float x0 = device::to_float(xg[0]);
   float sums[2] = {0.0f, 0.0f};  // sum of (x - x0), sum of (x - x0)^2
   for (uint32_t v0 = tid; v0 < group_vecs; v0 += kBatch * step) {
@@ -375,6 +386,7 @@ __global__ void __launch_bounds__(kMaxThreads)
     }
   }
   device::block_row_sum(sums, scratch);
+  device::pdl_launch_dependents();
   const float inv_n = 1.0f / static_cast<float>(group_elems);
   const float mean_d = sums[0] * inv_n;
   const float var = fmaxf(sums[1] * inv_n - mean_d * mean_d, 0.0f);
@@ -415,6 +427,7 @@ struct GroupArgs {
   void* out;
   GroupNormShape shape;
   float eps;
+  bool pdl;  // programmatic dependent launch (the caller's KREG_LAUNCH_PDL)
 };
 
 template <typename T, int kVec>
@@ -426,11 +439,11 @@ cudaError_t launch(const GroupArgs& a, cudaStream_t stream) {
   const auto threads =
       static_cast<unsigned>(std::min<int64_t>(kMaxThreads, (wanted + 31) / 32 * 32));
   const auto blocks = static_cast<unsigned>(a.shape.batch * a.shape.groups);
-  group_norm_silu_kernel<T, kVec><<<blocks, threads, 0, stream>>>(
+  return device::launch(
+      group_norm_silu_kernel<T, kVec>, dim3(blocks), dim3(threads), 0, stream, a.pdl,
       static_cast<const T*>(a.x), static_cast<const T*>(a.weight), static_cast<const T*>(a.bias),
       static_cast<T*>(a.out), static_cast<uint32_t>(a.shape.groups), static_cast<uint32_t>(cpg),
       FastDivisor(static_cast<uint32_t>(vpc)), static_cast<uint32_t>(group_vecs), a.eps);
-  return cudaGetLastError();
 }
 
 // A kernel of the split paths (both take the same parameters): `split` blocks a group of
@@ -445,15 +458,22 @@ cudaError_t launch_split(Kernel kernel, unsigned threads, const GroupArgs& a, in
   config.blockDim = dim3(threads);
   config.dynamicSmemBytes = 0;
   config.stream = stream;
-  cudaLaunchAttribute cluster[1];
+  cudaLaunchAttribute attrs[2];
+  unsigned n = 0;
   if (split > 1) {
-    cluster[0].id = cudaLaunchAttributeClusterDimension;
-    cluster[0].val.clusterDim.x = split;
-    cluster[0].val.clusterDim.y = 1;
-    cluster[0].val.clusterDim.z = 1;
-    config.attrs = cluster;
-    config.numAttrs = 1;
+    attrs[n].id = cudaLaunchAttributeClusterDimension;
+    attrs[n].val.clusterDim.x = split;
+    attrs[n].val.clusterDim.y = 1;
+    attrs[n].val.clusterDim.z = 1;
+    ++n;
   }
+  if (a.pdl && device::pdl_supported()) {
+    attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
+  config.attrs = n > 0 ? attrs : nullptr;
+  config.numAttrs = n;
   return cudaLaunchKernelEx(
       &config, kernel, static_cast<const T*>(a.x), static_cast<const T*>(a.weight),
       static_cast<const T*>(a.bias), static_cast<T*>(a.out), static_cast<uint32_t>(a.shape.groups),
@@ -555,7 +575,8 @@ KernelStatus group_norm_silu_cuda(Context& ctx, const DLTensor& x, const DLTenso
               .bias = data_ptr<const void>(bias),
               .out = data_ptr<void>(out),
               .shape = {},
-              .eps = static_cast<float>(eps)};
+              .eps = static_cast<float>(eps),
+              .pdl = ctx.pdl()};
   if (KernelStatus st = group_norm_shape(ctx, x, weight, bias, out, num_groups, a.shape);
       !st.ok()) {
     return st;

@@ -29,6 +29,10 @@
 //    per row with one or two 16-byte vectors a lane (H/8 threads in bf16), while
 //    the blocks fit in one wave (2048 threads an SM); the latency is then one
 //    load, two block reductions and one store.
+//
+// Programmatic dependent launch (KREG_LAUNCH_PDL): every kernel waits before its first
+// load and lets the next kernel be scheduled once its rows' loads are done (after the mean
+// in the row kernel, after the staging barrier in the staged one).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -38,6 +42,7 @@
 #include "diffusion.hpp"
 #include "kreg/device/fast_divisor.cuh"
 #include "kreg/device/launch.cuh"
+#include "kreg/device/pdl.cuh"
 #include "kreg/device/reduce.cuh"
 #include "kreg/device/vec.cuh"
 #include "kreg/dtype.hpp"
@@ -74,6 +79,7 @@ struct NormArgs {
   float eps;
   bool scale_per_token;
   bool shift_per_token;
+  bool pdl;  // programmatic dependent launch (the caller's KREG_LAUNCH_PDL)
 };
 
 // blockDim.x lanes per row (a power of two up to 32, or a multiple of 32),
@@ -116,6 +122,7 @@ __global__ void __launch_bounds__(kMaxThreads)
   };
 
   // All loads of the window first (kItems vectors in flight), then the sums.
+  device::pdl_wait();
   vec_t<T, kVec> held[kItems];
 #pragma unroll
   for (int k = 0; k < kItems; ++k) {
@@ -134,6 +141,7 @@ __global__ void __launch_bounds__(kMaxThreads)
     sum += sum_of(t);
   }
   const float mean = device::block_row_sum(sum, scratch_mean) / static_cast<float>(hidden);
+  device::pdl_launch_dependents();
 
   float sq = 0.0f;
 #pragma unroll
@@ -221,6 +229,7 @@ __global__ void __launch_bounds__(kStagedWarps* device::kWarpSize, 3)
   const int row0 = static_cast<int>(blockIdx.x) * kStagedRows;
   const int64_t batch = row0 / tokens;
 
+  device::pdl_wait();
   V held[kStagedItems];
   auto load_row = [&](int row) {
     const T* xr = x + static_cast<int64_t>(row) * hidden;
@@ -240,6 +249,7 @@ __global__ void __launch_bounds__(kStagedWarps* device::kWarpSize, 3)
     if (bias != nullptr) s_bias[v].load_nc(bias + at);
   }
   __syncthreads();
+  device::pdl_launch_dependents();
 
   const float inv_h = 1.0f / static_cast<float>(hidden);
 #pragma unroll 1
@@ -314,11 +324,11 @@ cudaError_t launch_staged(const NormArgs& a, cudaStream_t stream) {
   const size_t smem = static_cast<size_t>(tables) * vecs * sizeof(vec_t<T, kVec>);
   const dim3 block(device::kWarpSize, kStagedWarps);
   const dim3 grid(static_cast<unsigned>(a.rows / kStagedRows));
-  norm_scale_shift_staged_kernel<T, kVec><<<grid, block, smem, stream>>>(
-      static_cast<const T*>(a.x), static_cast<const T*>(a.scale), static_cast<const T*>(a.shift),
-      static_cast<const T*>(a.weight), static_cast<const T*>(a.bias), static_cast<T*>(a.out),
-      static_cast<int>(a.tokens), vecs, a.eps);
-  return cudaGetLastError();
+  return device::launch(norm_scale_shift_staged_kernel<T, kVec>, grid, block, smem, stream, a.pdl,
+                        static_cast<const T*>(a.x), static_cast<const T*>(a.scale),
+                        static_cast<const T*>(a.shift), static_cast<const T*>(a.weight),
+                        static_cast<const T*>(a.bias), static_cast<T*>(a.out),
+                        static_cast<int>(a.tokens), vecs, a.eps);
 }
 
 int round_up(int n, int m) { return (n + m - 1) / m * m; }
@@ -345,12 +355,12 @@ cudaError_t launch(const NormArgs& a, cudaStream_t stream) {
   }
   block.y = rows_per_block;
   const dim3 grid(static_cast<unsigned>((a.rows + block.y - 1) / block.y));
-  norm_scale_shift_kernel<T, kVec, kItems, kMaxThreads><<<grid, block, 0, stream>>>(
-      static_cast<const T*>(a.x), static_cast<const T*>(a.scale), static_cast<const T*>(a.shift),
-      static_cast<const T*>(a.weight), static_cast<const T*>(a.bias), static_cast<T*>(a.out),
-      static_cast<int>(a.rows), FastDivisor(static_cast<uint32_t>(a.tokens)), vecs, a.eps,
-      a.scale_per_token, a.shift_per_token);
-  return cudaGetLastError();
+  return device::launch(norm_scale_shift_kernel<T, kVec, kItems, kMaxThreads>, grid, block, 0,
+                        stream, a.pdl, static_cast<const T*>(a.x), static_cast<const T*>(a.scale),
+                        static_cast<const T*>(a.shift), static_cast<const T*>(a.weight),
+                        static_cast<const T*>(a.bias), static_cast<T*>(a.out),
+                        static_cast<int>(a.rows), FastDivisor(static_cast<uint32_t>(a.tokens)),
+                        vecs, a.eps, a.scale_per_token, a.shift_per_token);
 }
 
 // 16-byte vectors: a block per row for calls of few rows (above); otherwise a warp
@@ -410,7 +420,8 @@ KernelStatus norm_scale_shift_cuda(Context& ctx, const DLTensor& x, const DLTens
              .hidden = x.shape[2],
              .eps = static_cast<float>(eps),
              .scale_per_token = false,
-             .shift_per_token = false};
+             .shift_per_token = false,
+             .pdl = ctx.pdl()};
   if (KernelStatus st = modulation_layout(ctx, kOp, "scale", scale, x, a.scale_per_token); !st.ok())
     return st;
   if (KernelStatus st = modulation_layout(ctx, kOp, "shift", shift, x, a.shift_per_token); !st.ok())

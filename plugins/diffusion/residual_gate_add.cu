@@ -8,6 +8,8 @@
 // the per-token form needs no division. residual and x are streamed (evict-first); a
 // broadcast gate row is re-read by S rows and stays in L2 with normal loads. Indices are
 // 32-bit: calls of 2^31 vectors or more are cut into several launches of whole rows.
+// With programmatic dependent launch (KREG_LAUNCH_PDL) a thread waits before its loads and
+// lets the next kernel be scheduled right after them, as act_and_mul does.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -16,6 +18,7 @@
 #include "diffusion.hpp"
 #include "kreg/device/fast_divisor.cuh"
 #include "kreg/device/launch.cuh"
+#include "kreg/device/pdl.cuh"
 #include "kreg/device/vec.cuh"
 #include "kreg/dtype.hpp"
 
@@ -46,6 +49,7 @@ __global__ void __launch_bounds__(kBlockThreads)
     gate_at = (static_cast<int64_t>(batch) * vecs_per_row.divisor + col) * kVec;
   }
   vec_t<T, kVec> r_raw, x_raw, g_raw;
+  device::pdl_wait();
   r_raw.load_stream(residual + at);
   x_raw.load_stream(x + at);
   if constexpr (kPerToken) {
@@ -53,6 +57,7 @@ __global__ void __launch_bounds__(kBlockThreads)
   } else {
     g_raw.load(gate + gate_at);
   }
+  device::pdl_launch_dependents();
   vec_t<float, kVec> r, xv, g;
   r.cast_from(r_raw);
   xv.cast_from(x_raw);
@@ -73,6 +78,7 @@ struct GateArgs {
   int64_t tokens;
   int64_t hidden;
   bool per_token;
+  bool pdl;  // programmatic dependent launch (the caller's KREG_LAUNCH_PDL)
 };
 
 template <typename T, int kVec, bool kPerToken>
@@ -91,10 +97,13 @@ cudaError_t launch(const GateArgs& a, cudaStream_t stream) {
     const auto blocks = static_cast<unsigned>((total + kBlockThreads - 1) / kBlockThreads);
     const int64_t offset = row * a.hidden;
     // A broadcast gate is indexed by batch, from the absolute row: pass the base gate.
-    residual_gate_add_kernel<T, kVec, kPerToken><<<blocks, kBlockThreads, 0, stream>>>(
-        residual + offset, x + offset, kPerToken ? gate + offset : gate, out + offset, row_div,
-        token_div, static_cast<uint32_t>(row), total);
-    if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
+    if (const cudaError_t err = device::launch(
+            residual_gate_add_kernel<T, kVec, kPerToken>, dim3(blocks), dim3(kBlockThreads), 0,
+            stream, a.pdl, residual + offset, x + offset, kPerToken ? gate + offset : gate,
+            out + offset, row_div, token_div, static_cast<uint32_t>(row), total);
+        err != cudaSuccess) {
+      return err;
+    }
   }
   return cudaSuccess;
 }
@@ -125,7 +134,8 @@ KernelStatus residual_gate_add_cuda(Context& ctx, const DLTensor& residual, cons
              .rows = x.shape[0] * x.shape[1],
              .tokens = x.shape[1],
              .hidden = x.shape[2],
-             .per_token = false};
+             .per_token = false,
+             .pdl = ctx.pdl()};
   if (KernelStatus st = modulation_layout(ctx, kOp, "gate", gate, x, a.per_token); !st.ok())
     return st;
   if (a.rows == 0 || a.hidden == 0) return kOk;

@@ -19,6 +19,11 @@
 // threads per row, 40 of them busy, each computing 4 double exps and 4 sincosf, 3.5 us in
 // ncu): one frequency per thread, a block row of up to 256 threads per row, so a thread's
 // latency is one exp and one sincosf.
+//
+// Programmatic dependent launch (KREG_LAUNCH_PDL): the frequencies depend on the attributes
+// only, so the kernel computes them before griddepcontrol.wait, overlapping the kernel
+// before it on the stream; t is loaded after the wait. Without PDL the first row's t is
+// loaded before the frequencies instead (its round trip overlaps the exp).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -26,6 +31,7 @@
 
 #include "diffusion.hpp"
 #include "kreg/device/launch.cuh"
+#include "kreg/device/pdl.cuh"
 #include "kreg/device/vec.cuh"
 #include "kreg/dtype.hpp"
 
@@ -42,18 +48,26 @@ constexpr int64_t kRowsPerBlock = 32;  // rows a block walks, about
 template <typename T, int kFreqs, bool kFloat4>
 __global__ void __launch_bounds__(kMaxThreads)
     timestep_embedding_kernel(const T* __restrict__ t, float* __restrict__ out, int64_t rows,
-                              int64_t dim, TimestepEmbedding e) {
+                              int64_t dim, TimestepEmbedding e, bool pdl) {
   static_assert(!kFloat4 || kFreqs == 4);
   const int64_t i0 = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kFreqs;
-  // The first row's timestep is loaded before the frequencies are computed, so that its
-  // round trip overlaps the double-precision exp instead of following it (small calls
-  // are one row a block: that load and the exp are the whole latency).
+  // Without PDL the first row's timestep is loaded before the frequencies are computed, so
+  // that its round trip overlaps the double-precision exp instead of following it (small
+  // calls are one row a block: that load and the exp are the whole latency). With PDL t
+  // may be the previous kernel's output: the exp overlaps that kernel instead, and t is
+  // read after the wait.
   const int64_t r0 = blockIdx.y;
-  const float t0 = r0 < rows ? device::to_float(t[r0]) : 0.0f;
+  float t0 = 0.0f;
+  if (!pdl && r0 < rows) t0 = device::to_float(t[r0]);
   float freq[kFreqs];
 #pragma unroll
   for (int j = 0; j < kFreqs; ++j) {
     freq[j] = i0 + j < e.half ? timestep_frequency(e, i0 + j) : 0.0f;
+  }
+  if (pdl) {
+    device::pdl_wait();
+    if (r0 < rows) t0 = device::to_float(t[r0]);
+    device::pdl_launch_dependents();
   }
   const int64_t sin_col = e.flip ? e.half : 0;
   const int64_t cos_col = e.flip ? 0 : e.half;
@@ -88,7 +102,7 @@ __global__ void __launch_bounds__(kMaxThreads)
 
 template <typename T>
 cudaError_t launch(const DLTensor& t, DLTensor& out, const TimestepEmbedding& e,
-                   cudaStream_t stream) {
+                   cudaStream_t stream, bool pdl) {
   const int64_t rows = t.shape[0];
   const int64_t dim = out.shape[1];
   const T* tp = data_ptr<const T>(t);
@@ -99,9 +113,9 @@ cudaError_t launch(const DLTensor& t, DLTensor& out, const TimestepEmbedding& e,
     const int64_t threads = std::min<int64_t>(kMaxThreads, (threads_needed + 31) / 32 * 32);
     const dim3 grid(static_cast<unsigned>((threads_needed + threads - 1) / threads),
                     static_cast<unsigned>(std::min(rows, kMaxRowBlocks)));
-    timestep_embedding_kernel<T, 1, false>
-        <<<grid, static_cast<unsigned>(threads), 0, stream>>>(tp, op, rows, dim, e);
-    return cudaGetLastError();
+    return device::launch(timestep_embedding_kernel<T, 1, false>, grid,
+                          dim3(static_cast<unsigned>(threads)), 0, stream, pdl, tp, op, rows, dim,
+                          e, pdl);
   }
   const int64_t threads_needed =
       std::max<int64_t>(1, (e.half + kFreqsPerThread - 1) / kFreqsPerThread);
@@ -113,14 +127,10 @@ cudaError_t launch(const DLTensor& t, DLTensor& out, const TimestepEmbedding& e,
   const dim3 grid(static_cast<unsigned>((threads_needed + threads - 1) / threads),
                   static_cast<unsigned>(row_blocks));
   const bool float4_ok = dim % 8 == 0 && device::aligned16(op);
-  if (float4_ok) {
-    timestep_embedding_kernel<T, kFreqsPerThread, true>
-        <<<grid, static_cast<unsigned>(threads), 0, stream>>>(tp, op, rows, dim, e);
-  } else {
-    timestep_embedding_kernel<T, kFreqsPerThread, false>
-        <<<grid, static_cast<unsigned>(threads), 0, stream>>>(tp, op, rows, dim, e);
-  }
-  return cudaGetLastError();
+  const auto kernel = float4_ok ? timestep_embedding_kernel<T, kFreqsPerThread, true>
+                                : timestep_embedding_kernel<T, kFreqsPerThread, false>;
+  return device::launch(kernel, grid, dim3(static_cast<unsigned>(threads)), 0, stream, pdl, tp, op,
+                        rows, dim, e, pdl);
 }
 
 }  // namespace
@@ -140,7 +150,7 @@ KernelStatus timestep_embedding_cuda(Context& ctx, const DLTensor& t, DLTensor& 
   if (!guard.ok()) return guard.fail(ctx, kOp);
   const auto stream = static_cast<cudaStream_t>(ctx.stream());
   return device::visit_float_dtype(ctx, kOp, t, [&](auto tag) {
-    return device::launch_status(ctx, kOp, launch<decltype(tag)>(t, out, e, stream));
+    return device::launch_status(ctx, kOp, launch<decltype(tag)>(t, out, e, stream, ctx.pdl()));
   });
 }
 

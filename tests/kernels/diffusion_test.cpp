@@ -505,6 +505,65 @@ TEST_F(GpuDiffusionKernels, MisalignedViews) {
   }
 }
 
+// With KREG_LAUNCH_PDL a kernel may start before the one it follows has finished. A chain
+// whose every link reads the previous link's output (a diffusion block's order: group norm,
+// modulation, gated residual, the timestep embedding of values the gate wrote, and back)
+// must give bit for bit what it gives with plain launches. group_norm_silu takes its
+// cluster two-pass path here (groups of 4096 vectors), with the PDL and cluster attributes
+// on one launch; timestep_embedding computes its frequencies before the wait and must still
+// read t after it.
+TEST_F(GpuDiffusionKernels, PdlChainsReadWhatTheKernelBeforeWrote) {
+  const DType dt = DType::kBF16;
+  const std::vector<int64_t> nchw{2, 256, 64, 64};  // G = 32: groups of 32768 elements
+  const int64_t B = 2, S = 1024, H = 1024, N = 64, dim = 320;
+  const Case gns = group_norm_silu_case(nchw, 32);
+  const Case nss = norm_scale_shift_case(B, S, H, false, false, 0);
+  const Case rga = residual_gate_add_case(B, S, H, false);
+  const Case ts = timestep_embedding_case(N, dim, false, 1.0, 1.0, 10000, false);
+  std::vector<KernelHandle> h;
+  for (const Case* c : {&gns, &nss, &rga, &ts}) {
+    auto r = resolve(c->op, kGpu, dt);
+    ASSERT_TRUE(r.ok()) << r.status().message();
+    h.push_back(*r);
+  }
+  // x -> gns -> g; g as [B,S,H] -> nss -> n; (n, g) -> rga -> r; r's first N values -> ts
+  // -> e; r as NCHW -> gns -> x.
+  auto run_chain = [&](uint64_t flags) {
+    Built dgns = to_device(build(gns, dt, 11)), dnss = to_device(build(nss, dt, 12));
+    Built drga = to_device(build(rga, dt, 13)), dts = to_device(build(ts, dt, 14));
+    DLTensor* x = dgns.tensors[0];
+    DLTensor* g = dgns.tensors[3];
+    DLTensor* n = dnss.tensors[5];
+    DLTensor* r = drga.tensors[3];
+    int64_t bsh[3] = {B, S, H}, n1[1] = {N};
+    DLTensor g_bsh = *g, r_nchw = *r, r_t = *r;
+    g_bsh.ndim = 3;
+    g_bsh.shape = bsh;
+    r_nchw.ndim = 4;
+    r_nchw.shape = const_cast<int64_t*>(nchw.data());
+    r_t.ndim = 1;
+    r_t.shape = n1;
+    auto call = [&](size_t op, const Case& c, std::vector<DLTensor*> t) {
+      auto attrs = h[op].attrs(c.attrs);
+      ASSERT_TRUE(attrs.ok());
+      Status st = h[op].call(t, attrs->view(), CallOptions{nullptr, nullptr, flags});
+      EXPECT_TRUE(st.ok()) << c.op << ": " << st.message();
+    };
+    for (int i = 0; i < 3; ++i) {
+      call(0, gns, {x, dgns.tensors[1], dgns.tensors[2], g});
+      call(1, nss, {&g_bsh, dnss.tensors[1], dnss.tensors[2], nullptr, nullptr, n});
+      call(2, rga, {n, &g_bsh, drga.tensors[2], r});
+      call(3, ts, {&r_t, dts.tensors[1]});
+      call(0, gns, {&r_nchw, dgns.tensors[1], dgns.tensors[2], x});
+    }
+    EXPECT_TRUE(harness::device_synchronize().ok());
+    return std::vector<std::vector<uint8_t>>{bytes_of(dgns.buffers[0]), bytes_of(dgns.buffers[3]),
+                                             bytes_of(dnss.buffers[5]), bytes_of(drga.buffers[3]),
+                                             bytes_of(dts.buffers[1])};
+  };
+  test::expect_pdl_chain_matches_plain(run_chain, 3);
+}
+
 TEST_F(GpuDiffusionKernels, EmptyTensorsAndCpuTensorsToTheCudaPath) {
   for (const Case& c :
        {residual_gate_add_case(0, 4, 64, false), residual_gate_add_case(2, 0, 64, true)}) {
