@@ -3,6 +3,7 @@
 # passes its deadline (UNTIL, default 540):
 #  1. the lplb variant bench compiled in the background; Release build; the whole ctest suite;
 #  2. the issue's peer rows with kreg bench on this card (plain, --pdl, --pdl --stable-inputs);
+#     the diffusion group's decode-sized cases plain against --pdl (new), memcheck of its chain;
 #  3. A/B of plugin builds, two rounds: HEAD against tools/bench/ab/gns_threads_512.patch
 #     (group_norm_silu's cluster two-pass blocks of 512 threads), vs_torch's group_norm_silu
 #     cases; the diffusion GPU tests and memcheck of the sweep with the patch;
@@ -36,6 +37,22 @@ if left 330; then
     printf "topk_softmax renorm %-20s " "$s"; timeout 20 $k bench moe.topk_softmax --shape $s --dtype bf16 --attr renormalize=true --reps 200 2>&1 | grep -oE "median.*|rror.*"
   done
   echo "peer rows done at $SECONDS s"
+fi
+# The diffusion group with programmatic dependent launch (new this session): its decode-sized
+# cases, 64-call graph chains, plain against --pdl, two rounds; memcheck of the chain test.
+DIF="diffusion.timestep_embedding N=2,diffusion.timestep_embedding N=16,diffusion.norm_scale_shift B=1 S=16"
+for r in 1 2; do
+  left 290 || break
+  for f in "" "--pdl"; do
+    timeout 40 $PY tools/bench/vs_torch.py --reps 30 --no-compile --out /tmp/vsdif --only "$DIF" $f 2>&1 |
+      grep -E "^diffusion|MISMATCH|Error" | cut -c1-130 | sed "s/^/r$r ${f:-plain}: /"
+  done
+done
+if left 280; then
+  t=$(find build -name diffusion_test -type f -perm -u+x | head -1)
+  timeout 60 compute-sanitizer --tool memcheck --error-exitcode 3 "$t" \
+    --gtest_filter='GpuDiffusionKernels.PdlChains*' >"$L/memcheck_dif_pdl.log" 2>&1
+  echo "memcheck diffusion PDL chain rc=$?: $(grep -E 'ERROR SUMMARY|PASSED|FAILED' "$L/memcheck_dif_pdl.log" | tail -2 | tr '\n' ' ')"
 fi
 if left 250; then
   bash tools/bench/gpu_plugin_ab.sh diffusion 2 '$PY tools/bench/vs_torch.py --reps 30 --no-compile --no-size-copy --only group_norm_silu --out /tmp/gab 2>&1 | grep -E "^diffusion" | cut -c1-110' \
