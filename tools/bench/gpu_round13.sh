@@ -2,15 +2,15 @@
 # Issue 17, thirteenth round (session 13), one device call, each step skipped once $SECONDS
 # passes its deadline (UNTIL, default 540):
 #  1. the lplb variant bench compiled in the background; Release build; the whole ctest suite;
-#  2. the issue's peer rows with kreg bench on this card (plain, --pdl, --pdl --stable-inputs);
-#     the diffusion group's decode-sized cases plain against --pdl (new), memcheck of its chain;
-#  3. A/B of plugin builds, two rounds: HEAD against tools/bench/ab/gns_threads_512.patch
+#  2. the diffusion group's decode-sized cases plain against --pdl (new), memcheck of its chain;
+#  3. lplb_solve_bench: V3's (the plugin's) phase profile and the variants' times;
+#  4. A/B of plugin builds, two rounds: HEAD against tools/bench/ab/gns_threads_512.patch
 #     (group_norm_silu's cluster two-pass blocks of 512 threads), vs_torch's group_norm_silu
 #     cases; the diffusion GPU tests and memcheck of the sweep with the patch;
-#  4. decode B=1 ctx 4096 behind the step's rope, plain and --pdl;
-#  5. lplb_solve_bench: V3's (the plugin's) phase profile and the variants' times;
-#  6. ncu of AOT rmsnorm H=4096 against JIT H=4097 (stall reasons);
-#  7. vs_torch (torch.compile included) on the issue's torch table.
+#  5. the issue's peer rows with kreg bench on this card (plain, --pdl, --pdl --stable-inputs);
+#  6. decode B=1 ctx 4096 behind the step's rope, plain and --pdl;
+#  7. ncu of AOT rmsnorm H=4096 against JIT H=4097 (stall reasons);
+#  8. vs_torch (torch.compile included) on the issue's torch table.
 set -uo pipefail
 source tools/bench/gpu_common.sh
 gpu_round_frame 540
@@ -23,21 +23,6 @@ timeout 150 ctest --test-dir build -j10 --output-on-failure >"$L/ctest.log" 2>&1
 echo "whole ctest rc=$?: $(grep -E 'tests passed' "$L/ctest.log") at $SECONDS s"
 grep -E "\((Failed|Timeout|SEGFAULT|Subprocess)|\*\*\*Failed" "$L/ctest.log" | head -20
 k=./build/tools/kreg
-if left 330; then
-  for a in "layernorm.rmsnorm --shape T=64,H=7168" "layernorm.rmsnorm --shape T=16,H=4096" \
-    "layernorm.fused_add_rmsnorm --shape T=64,H=7168" "activation.silu_and_mul --shape T=16,D=2048"; do
-    for p in "" "--pdl" "--pdl --stable-inputs"; do
-      printf "%-48s %-22s " "$a" "${p:-plain}"; timeout 20 $k bench $a --dtype bf16 --reps 200 $p 2>&1 | grep -oE "median.*|rror.*"
-    done
-  done
-  for s in "T=64,K=8,P=16640,B=260" "T=4096,K=8,P=48896,B=764" "T=32768,K=8,P=278272,B=4348"; do
-    printf "align %-30s " "$s"; timeout 20 $k bench moe.align_block_size --shape $s --dtype i32 --attr num_experts=256 --attr block_size=64 --reps 200 2>&1 | grep -oE "median.*|rror.*"
-  done
-  for s in "T=64,E=256,K=8" "T=32768,E=256,K=8"; do
-    printf "topk_softmax renorm %-20s " "$s"; timeout 20 $k bench moe.topk_softmax --shape $s --dtype bf16 --attr renormalize=true --reps 200 2>&1 | grep -oE "median.*|rror.*"
-  done
-  echo "peer rows done at $SECONDS s"
-fi
 # The diffusion group with programmatic dependent launch (new this session): its decode-sized
 # cases, 64-call graph chains, plain against --pdl, two rounds; memcheck of the chain test.
 DIF="diffusion.timestep_embedding N=2,diffusion.timestep_embedding N=16,diffusion.norm_scale_shift B=1 S=16"
@@ -54,12 +39,19 @@ if left 280; then
     --gtest_filter='GpuDiffusionKernels.PdlChains*' >"$L/memcheck_dif_pdl.log" 2>&1
   echo "memcheck diffusion PDL chain rc=$?: $(grep -E 'ERROR SUMMARY|PASSED|FAILED' "$L/memcheck_dif_pdl.log" | tail -2 | tr '\n' ' ')"
 fi
-if left 250; then
+wait
+if left 270 && [ -x /tmp/lsb ]; then
+  timeout 60 /tmp/lsb 50 >"$L/lsb.log" 2>&1
+  echo "lplb bench rc=$? at $SECONDS s"; grep -A14 "== V3 phases" "$L/lsb.log"; grep -E "^V3 |^V2 |ALL OK|FAIL" "$L/lsb.log" | head -20
+else
+  echo "lplb bench not run: $(tail -3 /tmp/lsb_build.log)"
+fi
+if left 230; then
   bash tools/bench/gpu_plugin_ab.sh diffusion 2 '$PY tools/bench/vs_torch.py --reps 30 --no-compile --no-size-copy --only group_norm_silu --out /tmp/gab 2>&1 | grep -E "^diffusion" | cut -c1-110' \
     t512=tools/bench/ab/gns_threads_512.patch 2>&1 | tee "$L/gns_ab.log"
   echo "A/B done at $SECONDS s"
 fi
-if left 200 && patch -p1 -s <tools/bench/ab/gns_threads_512.patch && cmake --build build -j16 >>/tmp/build.log 2>&1; then
+if left 180 && patch -p1 -s <tools/bench/ab/gns_threads_512.patch && cmake --build build -j16 >>/tmp/build.log 2>&1; then
   timeout 40 ctest --test-dir build -j8 --output-on-failure -R GpuDiffusion >"$L/ctest_t512.log" 2>&1
   echo "t512: diffusion ctest rc=$?: $(grep -E 'tests passed' "$L/ctest_t512.log") at $SECONDS s"
   t=$(find build -name diffusion_test -type f -perm -u+x | head -1)
@@ -69,17 +61,25 @@ if left 200 && patch -p1 -s <tools/bench/ab/gns_threads_512.patch && cmake --bui
   patch -R -p1 -s <tools/bench/ab/gns_threads_512.patch
   cmake --build build -j16 >>/tmp/build.log 2>&1
 fi
-if left 150; then
+if left 140; then
+  for a in "layernorm.rmsnorm --shape T=64,H=7168" "layernorm.rmsnorm --shape T=16,H=4096" \
+    "layernorm.fused_add_rmsnorm --shape T=64,H=7168" "activation.silu_and_mul --shape T=16,D=2048"; do
+    for p in "" "--pdl" "--pdl --stable-inputs"; do
+      printf "%-48s %-22s " "$a" "${p:-plain}"; timeout 20 $k bench $a --dtype bf16 --reps 200 $p 2>&1 | grep -oE "median.*|rror.*"
+    done
+  done
+  for s in "T=64,K=8,P=16640,B=260" "T=4096,K=8,P=48896,B=764" "T=32768,K=8,P=278272,B=4348"; do
+    printf "align %-30s " "$s"; timeout 20 $k bench moe.align_block_size --shape $s --dtype i32 --attr num_experts=256 --attr block_size=64 --reps 200 2>&1 | grep -oE "median.*|rror.*"
+  done
+  for s in "T=64,E=256,K=8" "T=32768,E=256,K=8"; do
+    printf "topk_softmax renorm %-20s " "$s"; timeout 20 $k bench moe.topk_softmax --shape $s --dtype bf16 --attr renormalize=true --reps 200 2>&1 | grep -oE "median.*|rror.*"
+  done
+  echo "peer rows done at $SECONDS s"
+fi
+if left 110; then
   for f in "" "--pdl"; do
     echo "decode B=1 ctx 4096 after rope ${f:-plain}: $(timeout 20 $k bench attention.decode --shape B=1,Hq=32,D=128,N=256,P=16,Hk=8,M=256 --dtype bf16 --backend cuda --attr scale=0.08838834764831845 $f --after attention.rope --after-shape T=1,Hq=32,D=128,Hk=8,P=4096,R=128 | grep -oE 'median.*GB/s')"
   done
-fi
-wait
-if left 110 && [ -x /tmp/lsb ]; then
-  timeout 60 /tmp/lsb 50 >"$L/lsb.log" 2>&1
-  echo "lplb bench rc=$? at $SECONDS s"; grep -A14 "== V3 phases" "$L/lsb.log"; grep -E "^V3 |^V2 |ALL OK|FAIL" "$L/lsb.log" | head -20
-else
-  echo "lplb bench not run: $(tail -3 /tmp/lsb_build.log)"
 fi
 if left 100; then
   # Why JIT rmsnorm at H = 4097 trails the AOT kernel at 4096 (docs/performance.md: unexplained).
