@@ -10,7 +10,8 @@
 #  5. the issue's peer rows with kreg bench on this card (plain, --pdl, --pdl --stable-inputs);
 #  6. decode B=1 ctx 4096 behind the step's rope, plain and --pdl;
 #  7. ncu of AOT rmsnorm H=4096 against JIT H=4097 (stall reasons);
-#  8. vs_torch (torch.compile included) on the issue's torch table.
+#  8. the dispatch benchmark on this host; vs_torch (torch.compile included) on the issue's
+#     torch table.
 set -uo pipefail
 source tools/bench/gpu_common.sh
 gpu_round_frame 540
@@ -90,6 +91,11 @@ if left 100; then
       --backend $2 --dtype bf16 --reps 3 >"$L/ncu_rms_$1.log" 2>&1
     echo "ncu H=$1 $2 rc=$?"; grep -iE "Duration|DRAM Throughput|stall|Warp Cycles Per|Achieved Occ|Registers|L2 Hit|Mem Busy|Max Bandwidth" "$L/ncu_rms_$1.log" | head -40
   done
+fi
+if left 60; then
+  # Dispatch on this card's host (the issue asks for the H200 host's figure).
+  timeout 40 taskset -c 3 ./build/tests/bench/kreg-bench-dispatch --benchmark_repetitions=3 \
+    --benchmark_report_aggregates_only=true 2>&1 | grep -E "median" | cut -c1-100
 fi
 if left 30; then
   timeout $((UNTIL - SECONDS - 5)) $PY tools/bench/vs_torch.py --reps 30 --out /tmp/vst \
