@@ -27,6 +27,14 @@
 //
 // Indices outside [0, rows of the cache) (-1 is the padding convention) skip the row.
 // Duplicate indices race: one of the rows lands, which one is unspecified.
+//
+// Programmatic dependent launch (KREG_LAUNCH_PDL, device::launch): every kernel waits
+// (griddepcontrol.wait) before its first load, the index included (rows and indices
+// alike may be the previous kernel's output), and lets the next kernel be scheduled once
+// its loads are issued: in the row kernels after each round's loads (the first counts,
+// repeats are no-ops; a row of up to one round a lane is all loaded by then), before the
+// index is checked. Threads past the last row return before the wait, those of a skipped
+// row after it.
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
@@ -38,6 +46,7 @@
 
 #include "kreg/device/fast_divisor.cuh"
 #include "kreg/device/launch.cuh"
+#include "kreg/device/pdl.cuh"
 #include "kreg/device/vec.cuh"
 #include "kvcache.hpp"
 
@@ -98,6 +107,7 @@ __global__ void __launch_bounds__(kBlockThreads)
                       int log2_lanes) {
   const RowGroup g = row_group(log2_lanes);
   if (g.row >= tokens) return;
+  device::pdl_wait();
   const int64_t slot = load_index(slots, g.row);  // in flight with the first loads below
   const W* ks = k + g.row * row_words;
   const W* vs = v + g.row * row_words;
@@ -109,6 +119,7 @@ __global__ void __launch_bounds__(kBlockThreads)
       const int j = base + u * g.lanes;
       if (j < total) buf[u] = j < row_words ? __ldcs(ks + j) : __ldcs(vs + (j - row_words));
     }
+    device::pdl_launch_dependents();
     if (slot < 0 || slot >= num_slots) return;
     W* kd = k_cache + slot * row_words;
     W* vd = v_cache + slot * row_words;
@@ -142,11 +153,13 @@ __global__ void __launch_bounds__(kBlockThreads)
   if (i >= total_threads) return;
   const uint32_t t = token_words.div(i);
   const uint32_t j = i - t * token_words.divisor;
+  device::pdl_wait();
   // The index and the word are independent loads: one round trip for both.
   const int64_t slot = load_index(slots, t);
   const bool is_v = j >= row_words;
   const uint32_t col = is_v ? j - row_words : j;
   const uint4 w = __ldcs((is_v ? v : k) + static_cast<int64_t>(t) * row_words + col);
+  device::pdl_launch_dependents();
   if (slot < 0 || slot >= num_slots) return;
   __stcs((is_v ? v_cache : k_cache) + slot * row_words + col, w);
 }
@@ -195,6 +208,7 @@ __global__ void __launch_bounds__(kBlockThreads)
   constexpr int kFp8Unroll = 4;
   const RowGroup g = row_group(log2_lanes);
   if (g.row >= tokens) return;
+  device::pdl_wait();
   const int64_t slot = load_index(slots, g.row);  // in flight with the first loads below
   const T* ks = k + g.row * row_vecs * N;
   const T* vs = v + g.row * row_vecs * N;
@@ -206,6 +220,7 @@ __global__ void __launch_bounds__(kBlockThreads)
       const int j = base + u * g.lanes;
       if (j < total) buf[u].load_stream(j < row_vecs ? ks + j * N : vs + (j - row_vecs) * N);
     }
+    device::pdl_launch_dependents();
     if (slot < 0 || slot >= num_slots) return;
     auto* kd = k_cache + slot * row_vecs;
     auto* vd = v_cache + slot * row_vecs;
@@ -234,6 +249,7 @@ __global__ void __launch_bounds__(kBlockThreads)
                    int64_t rows, int nope_words, int rope_words, int log2_lanes) {
   const RowGroup g = row_group(log2_lanes);
   if (g.row >= n) return;
+  device::pdl_wait();
   const int64_t dst_row = load_index(loc, g.row);  // in flight with the first loads below
   const int total = nope_words + rope_words;
   const W* ns = k_nope + g.row * nope_words;
@@ -245,6 +261,7 @@ __global__ void __launch_bounds__(kBlockThreads)
       const int j = base + u * g.lanes;
       if (j < total) buf[u] = j < nope_words ? __ldcs(ns + j) : __ldcs(rs + (j - nope_words));
     }
+    device::pdl_launch_dependents();
     if (dst_row < 0 || dst_row >= rows) return;
     W* d = kv_buffer + dst_row * total;
 #pragma unroll
@@ -266,11 +283,13 @@ __global__ void __launch_bounds__(kBlockThreads)
   if (i >= total_threads) return;
   const uint32_t r = row_words.div(i);
   const uint32_t j = i - r * row_words.divisor;
+  device::pdl_wait();
   // The index and the word are independent loads: one round trip for both.
   const int64_t dst_row = load_index(loc, r);
   const W w = j < nope_words
                   ? __ldcs(k_nope + static_cast<int64_t>(r) * nope_words + j)
                   : __ldcs(k_rope + static_cast<int64_t>(r) * rope_words + (j - nope_words));
+  device::pdl_launch_dependents();
   if (dst_row < 0 || dst_row >= rows) return;
   kv_buffer[dst_row * row_words.divisor + j] = w;
 }
@@ -293,6 +312,7 @@ struct StoreArgs {
   int64_t row_elems;
   float k_scale;
   float v_scale;
+  bool pdl;  // programmatic dependent launch (the caller's KREG_LAUNCH_PDL)
 };
 
 template <typename Idx, int kWordBytes>
@@ -301,19 +321,21 @@ void launch_store_copy(const StoreArgs& a, int64_t row_bytes, cudaStream_t strea
   const int64_t words = row_bytes / kWordBytes;
   const int64_t threads = a.tokens * 2 * words;
   if (kWordBytes == 16 && a.tokens * 2 * row_bytes >= kFlatMinBytes && threads <= INT32_MAX) {
-    store_flat_kernel<Idx><<<static_cast<unsigned>((threads + kBlockThreads - 1) / kBlockThreads),
-                             kBlockThreads, 0, stream>>>(
-        static_cast<const uint4*>(a.k), static_cast<const uint4*>(a.v),
-        static_cast<const Idx*>(a.slots), static_cast<uint4*>(a.k_cache),
-        static_cast<uint4*>(a.v_cache), static_cast<uint32_t>(threads), a.num_slots,
-        static_cast<uint32_t>(words), device::FastDivisor(static_cast<uint32_t>(2 * words)));
+    device::launch(store_flat_kernel<Idx>,
+                   dim3(static_cast<unsigned>((threads + kBlockThreads - 1) / kBlockThreads)),
+                   dim3(kBlockThreads), 0, stream, a.pdl, static_cast<const uint4*>(a.k),
+                   static_cast<const uint4*>(a.v), static_cast<const Idx*>(a.slots),
+                   static_cast<uint4*>(a.k_cache), static_cast<uint4*>(a.v_cache),
+                   static_cast<uint32_t>(threads), a.num_slots, static_cast<uint32_t>(words),
+                   device::FastDivisor(static_cast<uint32_t>(2 * words)));
     return;
   }
   const int log2_lanes = log2_lanes_for(2 * words);
-  store_copy_kernel<Idx, W><<<grid_for(a.tokens, log2_lanes), kBlockThreads, 0, stream>>>(
-      static_cast<const W*>(a.k), static_cast<const W*>(a.v), static_cast<const Idx*>(a.slots),
-      static_cast<W*>(a.k_cache), static_cast<W*>(a.v_cache), a.tokens, a.num_slots,
-      static_cast<int>(words), log2_lanes);
+  device::launch(store_copy_kernel<Idx, W>, dim3(grid_for(a.tokens, log2_lanes)),
+                 dim3(kBlockThreads), 0, stream, a.pdl, static_cast<const W*>(a.k),
+                 static_cast<const W*>(a.v), static_cast<const Idx*>(a.slots),
+                 static_cast<W*>(a.k_cache), static_cast<W*>(a.v_cache), a.tokens, a.num_slots,
+                 static_cast<int>(words), log2_lanes);
 }
 
 template <typename Idx>
@@ -337,10 +359,11 @@ void launch_store_fp8(const StoreArgs& a, cudaStream_t stream) {
   using Word = typename Fp8Pack<N>::Word;
   const int64_t vecs = a.row_elems / N;
   const int log2_lanes = log2_lanes_for(2 * vecs);
-  store_fp8_kernel<Idx, T, N><<<grid_for(a.tokens, log2_lanes), kBlockThreads, 0, stream>>>(
-      static_cast<const T*>(a.k), static_cast<const T*>(a.v), static_cast<const Idx*>(a.slots),
-      static_cast<Word*>(a.k_cache), static_cast<Word*>(a.v_cache), a.tokens, a.num_slots,
-      static_cast<int>(vecs), log2_lanes, a.k_scale, a.v_scale);
+  device::launch(store_fp8_kernel<Idx, T, N>, dim3(grid_for(a.tokens, log2_lanes)),
+                 dim3(kBlockThreads), 0, stream, a.pdl, static_cast<const T*>(a.k),
+                 static_cast<const T*>(a.v), static_cast<const Idx*>(a.slots),
+                 static_cast<Word*>(a.k_cache), static_cast<Word*>(a.v_cache), a.tokens,
+                 a.num_slots, static_cast<int>(vecs), log2_lanes, a.k_scale, a.v_scale);
 }
 
 template <typename Idx, typename T>
@@ -367,7 +390,8 @@ void store_fp8_typed(DType in, const StoreArgs& a, cudaStream_t stream) {
 
 template <typename Idx, int kWordBytes>
 void launch_set_mla(void* buf, const void* loc, const void* nope, const void* rope, int64_t n,
-                    int64_t rows, int64_t nope_bytes, int64_t rope_bytes, cudaStream_t stream) {
+                    int64_t rows, int64_t nope_bytes, int64_t rope_bytes, cudaStream_t stream,
+                    bool pdl) {
   using W = device::word_t<kWordBytes>;
   const int64_t nope_words = nope_bytes / kWordBytes, rope_words = rope_bytes / kWordBytes;
   const int64_t row_words = nope_words + rope_words;
@@ -381,35 +405,40 @@ void launch_set_mla(void* buf, const void* loc, const void* nope, const void* ro
     if (threads < kBlockThreads * kSms) {
       block = std::clamp<int64_t>(((threads + kSms - 1) / kSms + 31) / 32 * 32, 32, kBlockThreads);
     }
-    set_mla_flat_kernel<Idx, W><<<static_cast<unsigned>((threads + block - 1) / block),
-                                  static_cast<unsigned>(block), 0, stream>>>(
-        static_cast<W*>(buf), static_cast<const Idx*>(loc), static_cast<const W*>(nope),
-        static_cast<const W*>(rope), static_cast<uint32_t>(threads), rows,
-        static_cast<uint32_t>(nope_words), static_cast<uint32_t>(rope_words),
-        device::FastDivisor(static_cast<uint32_t>(row_words)));
+    device::launch(
+        set_mla_flat_kernel<Idx, W>, dim3(static_cast<unsigned>((threads + block - 1) / block)),
+        dim3(static_cast<unsigned>(block)), 0, stream, pdl, static_cast<W*>(buf),
+        static_cast<const Idx*>(loc), static_cast<const W*>(nope), static_cast<const W*>(rope),
+        static_cast<uint32_t>(threads), rows, static_cast<uint32_t>(nope_words),
+        static_cast<uint32_t>(rope_words), device::FastDivisor(static_cast<uint32_t>(row_words)));
     return;
   }
   const int log2_lanes = log2_lanes_for_copy(nope_words + rope_words, kUnroll);
-  set_mla_kernel<Idx, W><<<grid_for(n, log2_lanes), kBlockThreads, 0, stream>>>(
-      static_cast<W*>(buf), static_cast<const Idx*>(loc), static_cast<const W*>(nope),
-      static_cast<const W*>(rope), n, rows, static_cast<int>(nope_words),
-      static_cast<int>(rope_words), log2_lanes);
+  device::launch(set_mla_kernel<Idx, W>, dim3(grid_for(n, log2_lanes)), dim3(kBlockThreads), 0,
+                 stream, pdl, static_cast<W*>(buf), static_cast<const Idx*>(loc),
+                 static_cast<const W*>(nope), static_cast<const W*>(rope), n, rows,
+                 static_cast<int>(nope_words), static_cast<int>(rope_words), log2_lanes);
 }
 
 template <typename Idx>
 void set_mla(void* buf, const void* loc, const void* nope, const void* rope, int64_t n,
-             int64_t rows, int64_t nope_bytes, int64_t rope_bytes, cudaStream_t stream) {
+             int64_t rows, int64_t nope_bytes, int64_t rope_bytes, cudaStream_t stream, bool pdl) {
   switch (word_bytes({nope_bytes, rope_bytes}, buf, nope, rope)) {
     case 16:
-      return launch_set_mla<Idx, 16>(buf, loc, nope, rope, n, rows, nope_bytes, rope_bytes, stream);
+      return launch_set_mla<Idx, 16>(buf, loc, nope, rope, n, rows, nope_bytes, rope_bytes, stream,
+                                     pdl);
     case 8:
-      return launch_set_mla<Idx, 8>(buf, loc, nope, rope, n, rows, nope_bytes, rope_bytes, stream);
+      return launch_set_mla<Idx, 8>(buf, loc, nope, rope, n, rows, nope_bytes, rope_bytes, stream,
+                                    pdl);
     case 4:
-      return launch_set_mla<Idx, 4>(buf, loc, nope, rope, n, rows, nope_bytes, rope_bytes, stream);
+      return launch_set_mla<Idx, 4>(buf, loc, nope, rope, n, rows, nope_bytes, rope_bytes, stream,
+                                    pdl);
     case 2:
-      return launch_set_mla<Idx, 2>(buf, loc, nope, rope, n, rows, nope_bytes, rope_bytes, stream);
+      return launch_set_mla<Idx, 2>(buf, loc, nope, rope, n, rows, nope_bytes, rope_bytes, stream,
+                                    pdl);
     default:
-      return launch_set_mla<Idx, 1>(buf, loc, nope, rope, n, rows, nope_bytes, rope_bytes, stream);
+      return launch_set_mla<Idx, 1>(buf, loc, nope, rope, n, rows, nope_bytes, rope_bytes, stream,
+                                    pdl);
   }
 }
 
@@ -431,7 +460,8 @@ KernelStatus store_cuda(Context& ctx, const DLTensor& k, const DLTensor& v,
                     .num_slots = k_cache.shape[0] * k_cache.shape[1],
                     .row_elems = k.shape[1] * k.shape[2],
                     .k_scale = static_cast<float>(k_scale),
-                    .v_scale = static_cast<float>(v_scale)};
+                    .v_scale = static_cast<float>(v_scale),
+                    .pdl = ctx.pdl()};
   if (a.tokens == 0 || a.row_elems == 0 || a.num_slots == 0) return kOk;
   const int64_t row_bytes = a.row_elems * elem_bytes(k);
   if (row_bytes > INT32_MAX / 2) {
@@ -476,9 +506,9 @@ KernelStatus set_mla_kv_buffer_cuda(Context& ctx, DLTensor& kv_buffer, const DLT
   const void* nope = data_ptr<const void>(k_nope);
   const void* rope = data_ptr<const void>(k_rope);
   if (dtype_of(loc) == DType::kI32) {
-    set_mla<int32_t>(buf, idx, nope, rope, n, rows, nope_bytes, rope_bytes, stream);
+    set_mla<int32_t>(buf, idx, nope, rope, n, rows, nope_bytes, rope_bytes, stream, ctx.pdl());
   } else {
-    set_mla<int64_t>(buf, idx, nope, rope, n, rows, nope_bytes, rope_bytes, stream);
+    set_mla<int64_t>(buf, idx, nope, rope, n, rows, nope_bytes, rope_bytes, stream, ctx.pdl());
   }
   return device::launch_status(ctx, kOp);
 }

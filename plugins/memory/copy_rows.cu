@@ -20,12 +20,20 @@
 // round trips and a store; torch's copy, which knows its addresses, is one). The
 // speculative load reads every word the grid covers (all in bounds of src), so it is
 // taken only while that is at most kEarlyMaxBytes; larger calls load after the scalars.
+//
+// Programmatic dependent launch (KREG_LAUNCH_PDL, device::launch): src, offset and count
+// may all be the previous kernel's output, so every thread waits (griddepcontrol.wait)
+// first, before the speculative load too, and lets the next kernel be scheduled once its
+// loads are done: after its word and the two scalars in the early kernel, after its word
+// in the other (threads past the range exit after the scalars; the grid-stride loop's
+// repeats are no-ops).
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
 
 #include "kreg/device/launch.cuh"
+#include "kreg/device/pdl.cuh"
 #include "memory.hpp"
 
 namespace kreg::memory {
@@ -50,13 +58,16 @@ __global__ void __launch_bounds__(kBlockThreads)
     // (below 2^31 blocks: no loop): word i of src is in bounds before the range is known.
     const int64_t i = static_cast<int64_t>(blockIdx.x) * kBlockThreads + threadIdx.x;
     const int64_t max_words = (src_rows < dst_rows ? src_rows : dst_rows) * row_words;
+    device::pdl_wait();
     Word w{};
     if (i < max_words) w = __ldcs(src + i);
     const RowRange r = clamp_row_range(read_index(offset, offset64), read_index(count, count64),
                                        false, src_rows, dst_rows);
+    device::pdl_launch_dependents();
     if (i < r.rows * row_words) __stcs(dst + r.dst_row * row_words + i, w);
     return;
   }
+  device::pdl_wait();
   const RowRange r = clamp_row_range(read_index(offset, offset64), read_index(count, count64),
                                      offset_on_src, src_rows, dst_rows);
   const int64_t total = r.rows * row_words;
@@ -71,6 +82,7 @@ __global__ void __launch_bounds__(kBlockThreads)
       const int64_t i = base + u * kBlockThreads;
       if (i < total) w[u] = __ldcs(s + i);
     }
+    device::pdl_launch_dependents();
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t i = base + u * kBlockThreads;
@@ -82,7 +94,7 @@ __global__ void __launch_bounds__(kBlockThreads)
 template <typename Word>
 cudaError_t launch(const DLTensor& src, DLTensor& dst, const DLTensor& offset,
                    const DLTensor& count, bool offset_on_src, const RowCopyPlan& plan,
-                   cudaStream_t stream) {
+                   cudaStream_t stream, bool pdl) {
   const int64_t row_words = plan.row_bytes / static_cast<int64_t>(sizeof(Word));
   const int64_t max_words = std::min(plan.src_rows, plan.dst_rows) * row_words;
   const int64_t per_block = int64_t{kBlockThreads} * kUnroll;
@@ -91,11 +103,13 @@ cudaError_t launch(const DLTensor& src, DLTensor& dst, const DLTensor& offset,
   const bool early =
       !offset_on_src && max_words * static_cast<int64_t>(sizeof(Word)) <= kEarlyMaxBytes;
   auto kernel = early ? copy_rows_kernel<Word, true> : copy_rows_kernel<Word, false>;
-  kernel<<<blocks, kBlockThreads, 0, stream>>>(
-      data_ptr<const Word>(src), data_ptr<Word>(dst), data_ptr<const void>(offset),
-      offset.dtype.bits == 64, data_ptr<const void>(count), count.dtype.bits == 64, offset_on_src,
-      plan.src_rows, plan.dst_rows, row_words);
-  return cudaGetLastError();
+  const cudaError_t err =
+      device::launch(kernel, dim3(blocks), dim3(kBlockThreads), 0, stream, pdl,
+                     data_ptr<const Word>(src), data_ptr<Word>(dst), data_ptr<const void>(offset),
+                     offset.dtype.bits == 64, data_ptr<const void>(count), count.dtype.bits == 64,
+                     offset_on_src, plan.src_rows, plan.dst_rows, row_words);
+  if (err != cudaSuccess) cudaGetLastError();  // returned here; not reported again later
+  return err;
 }
 
 }  // namespace
@@ -114,17 +128,18 @@ KernelStatus copy_rows_cuda(Context& ctx, const DLTensor& src, DLTensor& dst,
   const device::DeviceGuard guard(src);
   if (!guard.ok()) return guard.fail(ctx, kOp);
   const auto stream = static_cast<cudaStream_t>(ctx.stream());
+  const bool pdl = ctx.pdl();
   cudaError_t err;
   if (bits % 16 == 0) {
-    err = launch<uint4>(src, dst, offset, count, offset_on_src, plan, stream);
+    err = launch<uint4>(src, dst, offset, count, offset_on_src, plan, stream, pdl);
   } else if (bits % 8 == 0) {
-    err = launch<uint2>(src, dst, offset, count, offset_on_src, plan, stream);
+    err = launch<uint2>(src, dst, offset, count, offset_on_src, plan, stream, pdl);
   } else if (bits % 4 == 0) {
-    err = launch<uint32_t>(src, dst, offset, count, offset_on_src, plan, stream);
+    err = launch<uint32_t>(src, dst, offset, count, offset_on_src, plan, stream, pdl);
   } else if (bits % 2 == 0) {
-    err = launch<uint16_t>(src, dst, offset, count, offset_on_src, plan, stream);
+    err = launch<uint16_t>(src, dst, offset, count, offset_on_src, plan, stream, pdl);
   } else {
-    err = launch<uint8_t>(src, dst, offset, count, offset_on_src, plan, stream);
+    err = launch<uint8_t>(src, dst, offset, count, offset_on_src, plan, stream, pdl);
   }
   return device::launch_status(ctx, kOp, err);
 }

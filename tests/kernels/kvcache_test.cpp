@@ -15,6 +15,7 @@
 #include <numeric>
 #include <optional>
 #include <random>
+#include <span>
 
 #include "harness.hpp"
 #include "kernel_test.hpp"
@@ -841,6 +842,127 @@ TEST_F(KvcacheGpu, CpuTensorsToTheCudaPathAreRefused) {
   EXPECT_NE(st.message().find("is on cpu:0, but backend cuda runs on cuda tensors"),
             std::string::npos)
       << st.message();
+}
+
+// Programmatic dependent launch (KREG_LAUNCH_PDL): a kernel may start before the one it
+// follows has finished, so every store kernel must wait before it reads its rows or its
+// indices. A chain whose links read the rows the link before wrote: a large store (16 MiB
+// of bf16 k and v: the flat kernel) into caches C1, a second flat store of C1's first 4096
+// slots into C2, a store of C2's first 1000 slots into C3 (the row kernel), an fp8 store of
+// C3's first 512 slots into F4 (the fp8 kernel), and set_mla_kv_buffer of F4's rows
+// (k_nope from F4's k, k_rope from its v) into an fp8 buffer (the one-word-a-thread kernel).
+// Each round takes its indices from a window one element further into the same index
+// arrays (padding and out-of-range entries included), so every round moves other rows and
+// a stale read would show. Bit for bit what the same chain gives with plain launches.
+// (set_mla's row kernel, taken from 2^31 words a call, is not in the chain.)
+TEST_F(KvcacheGpu, PdlChainsReadWhatTheKernelBeforeWrote) {
+  const DLDevice dev = kGpu;
+  const KernelHandle store = handle("kvcache.store", "cuda");
+  const KernelHandle mla = handle("kvcache.set_mla_kv_buffer", "cuda");
+  constexpr int64_t kHk = 8, kD = 128, kRounds = 4;
+  std::mt19937_64 rng(31);
+  auto filled = [&](DType dt, std::vector<int64_t> shape) {
+    auto b = Buffer::make(kCpu, dt, std::move(shape));
+    EXPECT_TRUE(b.ok()) << b.status().message();
+    EXPECT_TRUE(b->fill_random(rng).ok());
+    return std::move(b).value();
+  };
+  auto fp8 = [&](std::vector<int64_t> shape) {  // random bytes, held as u8
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    const std::vector<uint8_t> bytes = random_bytes(rng, n);
+    return exact_buffer(kCpu, DType::kU8, std::move(shape), bytes.data());
+  };
+  // Indices for `tokens` tokens into `slots` slots, kRounds - 1 extra for the windows.
+  auto indices = [&](DType dt, int64_t tokens, int64_t slots) {
+    const std::vector<double> v = random_slots(rng, tokens + kRounds - 1, slots);
+    const std::vector<int64_t> i64(v.begin(), v.end());
+    const std::vector<int32_t> i32(v.begin(), v.end());
+    const void* data = dt == DType::kI64 ? static_cast<const void*>(i64.data()) : i32.data();
+    return exact_buffer(kCpu, dt, {static_cast<int64_t>(v.size())}, data);
+  };
+  const int64_t t0 = 4096, t2 = 1000, t3 = 512, n4 = 600, w4 = 576, p4 = 700;
+  const std::vector<int64_t> c1_shape{300, 16, kHk, kD}, c3_shape{80, 16, kHk, kD},
+      f4_shape{40, 16, kHk, kD};
+  // The start state, copied to the device for every run.
+  std::vector<Buffer> start;
+  start.push_back(filled(DType::kBF16, {t0, kHk, kD}));  // 0, 1: k, v
+  start.push_back(filled(DType::kBF16, {t0, kHk, kD}));
+  for (int i = 0; i < 2; ++i) {  // 2-5: C1's and C2's k and v
+    start.push_back(filled(DType::kBF16, c1_shape));
+    start.push_back(filled(DType::kBF16, c1_shape));
+  }
+  start.push_back(filled(DType::kBF16, c3_shape));  // 6, 7: C3
+  start.push_back(filled(DType::kBF16, c3_shape));
+  start.push_back(fp8(f4_shape));  // 8, 9: F4 (fp8)
+  start.push_back(fp8(f4_shape));
+  start.push_back(fp8({p4, w4}));                   // 10: the MLA buffer (fp8)
+  start.push_back(indices(DType::kI64, t0, 4800));  // 11-15: each link's indices
+  start.push_back(indices(DType::kI32, t0, 4800));
+  start.push_back(indices(DType::kI64, t2, 1280));
+  start.push_back(indices(DType::kI32, t3, 640));
+  start.push_back(indices(DType::kI64, n4, p4));
+  const kreg_attr unscaled[] = {float_attr(1.0), float_attr(1.0)};
+  const kreg_attr scaled[] = {float_attr(4.0), float_attr(0.003)};  // subnormals, saturation
+  auto run_chain = [&](uint64_t flags) {
+    std::vector<Buffer> b;
+    for (const Buffer& s : start) {
+      auto d = Buffer::make(dev, s.dtype(), s.shape());
+      EXPECT_TRUE(d.ok()) << d.status().message();
+      EXPECT_TRUE(d->copy_from(s).ok());
+      b.push_back(std::move(d).value());
+    }
+    // The first `shape[0]` rows of buffer i as `dt` [shape], `skip` elements in.
+    auto view = [&](size_t i, DType dt, std::vector<int64_t>& shape, int64_t skip = 0) {
+      DLTensor t = *b[i].tensor();
+      t.dtype = to_dl(dt);
+      t.ndim = static_cast<int32_t>(shape.size());
+      t.shape = shape.data();
+      t.strides = nullptr;
+      t.byte_offset = static_cast<uint64_t>(skip) * dtype_size(b[i].dtype());
+      return t;
+    };
+    std::vector<int64_t> rows0{t0, kHk, kD}, rows2{t2, kHk, kD}, rows3{t3, kHk, kD};
+    std::vector<int64_t> c1 = c1_shape, c3 = c3_shape, f4 = f4_shape, buf4{p4, w4};
+    std::vector<int64_t> nope{n4, 512}, rope{n4, 64}, idx0{t0}, idx2{t2}, idx3{t3}, idx4{n4};
+    const CallOptions opts{nullptr, nullptr, flags};
+    auto run = [&](const KernelHandle& h, std::vector<DLTensor> t,
+                   std::span<const kreg_attr> attrs) {
+      std::vector<DLTensor*> args;
+      for (DLTensor& x : t) args.push_back(&x);
+      Status st = h.call(args, attrs, opts);
+      EXPECT_TRUE(st.ok()) << h.spec().op << ": " << st.message();
+    };
+    for (int64_t r = 0; r < kRounds; ++r) {
+      // k, v -> C1; C1 -> C2 (both flat); C2 -> C3 (row kernel); C3 -> F4 (fp8); F4 -> MLA.
+      run(store,
+          {view(0, DType::kBF16, rows0), view(1, DType::kBF16, rows0),
+           view(11, DType::kI64, idx0, r), view(2, DType::kBF16, c1), view(3, DType::kBF16, c1)},
+          unscaled);
+      run(store,
+          {view(2, DType::kBF16, rows0), view(3, DType::kBF16, rows0),
+           view(12, DType::kI32, idx0, r), view(4, DType::kBF16, c1), view(5, DType::kBF16, c1)},
+          unscaled);
+      run(store,
+          {view(4, DType::kBF16, rows2), view(5, DType::kBF16, rows2),
+           view(13, DType::kI64, idx2, r), view(6, DType::kBF16, c3), view(7, DType::kBF16, c3)},
+          unscaled);
+      run(store,
+          {view(6, DType::kBF16, rows3), view(7, DType::kBF16, rows3),
+           view(14, DType::kI32, idx3, r), view(8, DType::kF8E4M3, f4),
+           view(9, DType::kF8E4M3, f4)},
+          scaled);
+      run(mla,
+          {view(10, DType::kF8E4M3, buf4), view(15, DType::kI64, idx4, r),
+           view(8, DType::kF8E4M3, nope), view(9, DType::kF8E4M3, rope)},
+          {});
+    }
+    EXPECT_TRUE(harness::device_synchronize().ok());
+    std::vector<std::vector<uint8_t>> out;
+    for (size_t i = 2; i <= 10; ++i) out.push_back(bytes_of(b[i]));
+    return out;
+  };
+  test::expect_pdl_chain_matches_plain(run_chain, 3);
 }
 
 // ---- GPU: the transfers, byte for byte against the CPU reference ----

@@ -6,6 +6,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
 
 #include "harness.hpp"
 #include "kernel_test.hpp"
@@ -240,6 +243,75 @@ TEST_F(GpuMemoryKernels, LargeCopiesAndMisalignedViews) {
     got.erase(got.begin(), got.begin() + c.view_shift);
     EXPECT_TRUE(got == want) << "mismatch";
   }
+}
+
+// Programmatic dependent launch (KREG_LAUNCH_PDL): a kernel may start before the one it
+// follows has finished, so copy_rows must wait before reading its source and its two
+// scalars, any of which may be the previous call's output. Tables of i64 values in [0, 200]
+// (4 KiB rows), so that any element can serve as an offset or a count: a large first copy
+// (x -> y, 32 MiB, the offset an element of x), an early-load copy of y's first 64 rows
+// into z (offset on dst, 256 KiB; the count an element of y), z -> w with both scalars read
+// from the row of z that copy wrote first, then w back into x (offset on dst: 1.2 MB, the
+// other kernel), over rows the next round's first copy reads. Every link reads rows the
+// link before it wrote; each round reads its scalars from other columns. Bit for bit what
+// the same chain gives with plain launches.
+TEST_F(GpuMemoryKernels, PdlChainsReadWhatTheKernelBeforeWrote) {
+  constexpr int64_t kWidth = 512;  // i64 elements a row
+  const DLDevice dev = kGpu;
+  auto h = copy_rows(dev, DType::kI64);
+  ASSERT_TRUE(h.ok()) << h.status().message();
+  const AttrList on_src = attrs_for(*h, true), on_dst = attrs_for(*h, false);
+  std::mt19937_64 rng(23);
+  auto table = [&](int64_t rows) {
+    std::vector<int64_t> v(at(rows * kWidth));
+    for (int64_t& e : v) e = static_cast<int64_t>(rng() % 201);
+    return exact_buffer(kCpu, DType::kI64, {rows, kWidth}, v.data());
+  };
+  const Buffer x0 = table(9000), y0 = table(8192), z0 = table(300), w0 = table(300);
+  const int32_t consts[] = {8192, 10, 300};  // x -> y's count, y -> z's offset, w -> x's count
+  auto run_chain = [&](uint64_t flags) {
+    auto copy = [&](const Buffer& b) {
+      auto d = Buffer::make(dev, b.dtype(), b.shape());
+      EXPECT_TRUE(d.ok()) << d.status().message();
+      EXPECT_TRUE(d->copy_from(b).ok());
+      return std::move(d).value();
+    };
+    Buffer x = copy(x0), y = copy(y0), z = copy(z0), w = copy(w0);
+    Buffer c = exact_buffer(dev, DType::kI32, {3}, consts);
+    int64_t one[1] = {1}, y64_shape[2] = {64, kWidth};
+    // Element `i` of `b` as a one-element tensor: an offset or a count.
+    auto scalar = [&](Buffer& b, int64_t i) {
+      DLTensor t = *b.tensor();
+      t.ndim = 1;
+      t.shape = one;
+      t.strides = nullptr;
+      t.byte_offset = static_cast<uint64_t>(i) * dtype_size(b.dtype());
+      return t;
+    };
+    DLTensor y64 = *y.tensor();  // y's first 64 rows
+    y64.shape = y64_shape;
+    const CallOptions opts{nullptr, nullptr, flags};
+    auto call = [&](DLTensor* src, DLTensor* dst, DLTensor off, DLTensor cnt, const AttrList& a) {
+      DLTensor* args[] = {src, dst, &off, &cnt};
+      Status st = h->call(args, a.view(), opts);
+      EXPECT_TRUE(st.ok()) << st.message();
+    };
+    for (int64_t r = 0; r < 4; ++r) {
+      // x[o : o + 8192] -> y, o = x[250][r]: rows 200..299 of x are the last copy's.
+      call(x.tensor(), y.tensor(), scalar(x, 250 * kWidth + r), scalar(c, 0), on_src);
+      // y[0 : n] -> z[10 : 10 + n], n = min(y[0][r], 64): the early-load kernel.
+      call(&y64, z.tensor(), scalar(c, 1), scalar(y, r), on_dst);
+      // z[0 : n] -> w[o : o + n], o = z[10][2r], n = z[10][2r + 1]: row 10 is the last
+      // copy's.
+      call(z.tensor(), w.tensor(), scalar(z, 10 * kWidth + 2 * r),
+           scalar(z, 10 * kWidth + 2 * r + 1), on_dst);
+      // w -> x[o : o + 300], o = w[0][r].
+      call(w.tensor(), x.tensor(), scalar(w, r), scalar(c, 2), on_dst);
+    }
+    EXPECT_TRUE(harness::device_synchronize().ok());
+    return std::vector<std::vector<uint8_t>>{bytes_of(x), bytes_of(y), bytes_of(z), bytes_of(w)};
+  };
+  test::expect_pdl_chain_matches_plain(run_chain, 3);
 }
 
 TEST_F(GpuMemoryKernels, CpuTensorsToTheCudaPathAreRefused) {
