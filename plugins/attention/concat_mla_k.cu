@@ -9,6 +9,11 @@
 // 166.0; scratch benchmark, 2026-12-02): the flat grid keeps every warp's 32 stores on
 // contiguous bytes. Indices are 32-bit: calls of 2^31 vectors or more are cut into several
 // launches of whole tokens.
+//
+// Programmatic dependent launch (KREG_LAUNCH_PDL, device::launch; every launch of a cut
+// call too): a thread waits (griddepcontrol.wait) before its one load, since k_nope and
+// k_rope may be the previous kernel's output, and lets the next kernel be scheduled right
+// after it, as act_and_mul does; threads past the end return before the wait.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -17,6 +22,7 @@
 #include "attention.hpp"
 #include "kreg/device/fast_divisor.cuh"
 #include "kreg/device/launch.cuh"
+#include "kreg/device/pdl.cuh"
 #include "kreg/device/vec.cuh"
 
 namespace kreg::attention {
@@ -42,18 +48,20 @@ __global__ void __launch_bounds__(kBlockThreads)
   const uint32_t row = i / kRowVecs;  // t * H + h, local to this launch
   const uint32_t c = i - row * kRowVecs;
   vec_t<T, kVec> v;
+  device::pdl_wait();
   if (c < kNopeVecs) {
     v.load_stream(k_nope + static_cast<int64_t>(row) * kNope + c * kVec);
   } else {
     const uint32_t t = heads.div(row);
     v.load(k_rope + static_cast<int64_t>(t) * kRope + (c - kNopeVecs) * kVec);
   }
+  device::pdl_launch_dependents();
   v.store_stream(out + static_cast<int64_t>(i) * kVec);
 }
 
 template <typename T, int kVec>
 cudaError_t launch(const T* k_nope, const T* k_rope, T* out, int64_t tokens, int64_t heads,
-                   cudaStream_t stream) {
+                   cudaStream_t stream, bool pdl) {
   const int64_t token_vecs = heads * (kRow / kVec);
   const int64_t tokens_per_launch = std::max<int64_t>(1, kMaxVecsPerLaunch / token_vecs);
   const FastDivisor head_div(static_cast<uint32_t>(heads));
@@ -61,9 +69,13 @@ cudaError_t launch(const T* k_nope, const T* k_rope, T* out, int64_t tokens, int
     const int64_t n = std::min(tokens_per_launch, tokens - t);
     const auto total = static_cast<uint32_t>(n * token_vecs);
     const auto blocks = static_cast<unsigned>((total + kBlockThreads - 1) / kBlockThreads);
-    concat_mla_k_kernel<T, kVec><<<blocks, kBlockThreads, 0, stream>>>(
+    const cudaError_t err = device::launch(
+        concat_mla_k_kernel<T, kVec>, dim3(blocks), dim3(kBlockThreads), 0, stream, pdl,
         k_nope + t * heads * kNope, k_rope + t * kRope, out + t * heads * kRow, head_div, total);
-    if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
+    if (err != cudaSuccess) {
+      cudaGetLastError();  // returned here; not reported again by a later check
+      return err;
+    }
   }
   return cudaSuccess;
 }
@@ -84,6 +96,7 @@ KernelStatus concat_mla_k_cuda(Context& ctx, const DLTensor& k_nope, const DLTen
   const device::DeviceGuard guard(k_nope);
   if (!guard.ok()) return guard.fail(ctx, op);
   const auto stream = static_cast<cudaStream_t>(ctx.stream());
+  const bool pdl = ctx.pdl();
   return device::visit_float_dtype(ctx, op, out, [&](auto tag) {
     using T = decltype(tag);
     const T* nope = data_ptr<const T>(k_nope);
@@ -92,7 +105,7 @@ KernelStatus concat_mla_k_cuda(Context& ctx, const DLTensor& k_nope, const DLTen
     // Every row length (128, 64, 192) is a multiple of 64 elements: the pointers decide.
     const int vec_elems = device::max_vec_elems<T>(kRope, nope, rope, o);
     const cudaError_t err = device::visit_vec_elems<T>(vec_elems, [&](auto vec) {
-      return launch<T, decltype(vec)::value>(nope, rope, o, tokens, heads, stream);
+      return launch<T, decltype(vec)::value>(nope, rope, o, tokens, heads, stream, pdl);
     });
     return device::launch_status(ctx, op, err);
   });

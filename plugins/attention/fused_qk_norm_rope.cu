@@ -30,6 +30,15 @@
 // is the fp32 product float(pos) * inv_freq[i]; sincosf (full-range, not the fast
 // intrinsic) of it. The normalized head stays in fp32 through the rotation and is rounded
 // once at the store.
+//
+// Programmatic dependent launch (KREG_LAUNCH_PDL, device::launch): qkv, the weights and
+// the positions may all be the previous kernel's output, so both kernels wait
+// (griddepcontrol.wait) before their first load (the frequencies, a __grid_constant__
+// parameter, are read after it too) and let the next kernel be scheduled once the
+// token's first loads are issued: after the position's load in the warp kernel (a later
+// batch of heads, past 64 q + k heads, loads after it: safe, the next kernel writes
+// nothing before its own wait, which returns once this grid has finished), after the
+// weights' in the half-warp kernel (all of its loads).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -40,6 +49,7 @@
 #include "attention.hpp"
 #include "checks.hpp"
 #include "kreg/device/launch.cuh"
+#include "kreg/device/pdl.cuh"
 #include "kreg/device/reduce.cuh"
 #include "kreg/device/vec.cuh"
 
@@ -90,6 +100,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
   const int warps = static_cast<int>(blockDim.x) / 32;
   const int64_t t = blockIdx.x;
   T* row = qkv + t * shape.width;
+  device::pdl_wait();
 
   // The first batch of heads goes out before anything else.
   vec_t<T, kElems> raw[kBatch];
@@ -115,6 +126,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
 
   const int64_t pos = shape.pos64 ? static_cast<const int64_t*>(positions)[t]
                                   : static_cast<const int32_t*>(positions)[t];
+  device::pdl_launch_dependents();
   const float fpos = static_cast<float>(pos);
   for (int i = static_cast<int>(threadIdx.x); i < kHalf; i += static_cast<int>(blockDim.x)) {
     float s, c;
@@ -302,6 +314,7 @@ __global__ void __launch_bounds__(kHwThreads, kHwMinBlocks<kHeads>)
   const int first_head = warp * 2 + (lane >> 4);
   const int t = static_cast<int>(blockIdx.x);
   T* row = qkv + static_cast<int64_t>(t) * shape.width;
+  device::pdl_wait();
   uint4 raw[kHeads];
 #pragma unroll
   for (int k = 0; k < kHeads; ++k) {
@@ -313,6 +326,7 @@ __global__ void __launch_bounds__(kHwThreads, kHwMinBlocks<kHeads>)
                                   : static_cast<const int32_t*>(positions)[t];
   const uint4 wq = __ldg(reinterpret_cast<const uint4*>(q_weight) + hl);
   const uint4 wk = __ldg(reinterpret_cast<const uint4*>(k_weight) + hl);
+  device::pdl_launch_dependents();
   // Lane m's two frequencies, 2m and 2m + 1. The first warp copies them from the parameter
   // into shared memory and the block reads them from there: read from the parameter by
   // every lane, each at its own address, the constant cache serializes them (256 reads a
@@ -335,21 +349,23 @@ __global__ void __launch_bounds__(kHwThreads, kHwMinBlocks<kHeads>)
 template <typename T, bool kNeox, int kHeads>
 cudaError_t launch_hw(T* qkv, const T* qw, const T* kw, const void* positions,
                       const QkvShape& shape, int64_t tokens, const InvFreq& inv_freq,
-                      cudaStream_t stream) {
-  fused_qk_norm_rope_hw_kernel<T, kNeox, kHeads>
-      <<<static_cast<unsigned>(tokens), kHwThreads, 0, stream>>>(qkv, qw, kw, positions, shape,
-                                                                 inv_freq);
-  return cudaGetLastError();
+                      cudaStream_t stream, bool pdl) {
+  const cudaError_t err = device::launch(fused_qk_norm_rope_hw_kernel<T, kNeox, kHeads>,
+                                         dim3(static_cast<unsigned>(tokens)), dim3(kHwThreads), 0,
+                                         stream, pdl, qkv, qw, kw, positions, shape, inv_freq);
+  if (err != cudaSuccess) cudaGetLastError();  // returned here; not reported again later
+  return err;
 }
 
 // The half-warp kernel for up to 80 q + k heads (10 a half warp); false: not taken.
 template <typename T, bool kNeox>
 bool try_launch_hw(T* qkv, const T* qw, const T* kw, const void* positions, const QkvShape& shape,
-                   int64_t tokens, const InvFreq& inv_freq, cudaStream_t stream, cudaError_t& err) {
+                   int64_t tokens, const InvFreq& inv_freq, cudaStream_t stream, bool pdl,
+                   cudaError_t& err) {
   const int per_half_warp = (shape.heads_qk + kHwHalfWarps - 1) / kHwHalfWarps;
   auto go = [&](auto heads) {
     err = launch_hw<T, kNeox, decltype(heads)::value>(qkv, qw, kw, positions, shape, tokens,
-                                                      inv_freq, stream);
+                                                      inv_freq, stream, pdl);
     return true;
   };
   if (per_half_warp <= 1) return go(std::integral_constant<int, 1>{});
@@ -384,25 +400,27 @@ const InvFreq& inv_freq_table(double base, int64_t head_dim) {
 
 template <typename T, int kHeadDim, bool kNeox>
 cudaError_t launch(T* qkv, const T* qw, const T* kw, const void* positions, const QkvShape& shape,
-                   int64_t tokens, const InvFreq& inv_freq, cudaStream_t stream) {
+                   int64_t tokens, const InvFreq& inv_freq, cudaStream_t stream, bool pdl) {
   const int warps = std::min(kMaxWarps, shape.heads_qk);
-  fused_qk_norm_rope_kernel<T, kHeadDim, kNeox>
-      <<<static_cast<unsigned>(tokens), warps * 32, 0, stream>>>(qkv, qw, kw, positions, shape,
-                                                                 inv_freq);
-  return cudaGetLastError();
+  const cudaError_t err =
+      device::launch(fused_qk_norm_rope_kernel<T, kHeadDim, kNeox>,
+                     dim3(static_cast<unsigned>(tokens)), dim3(static_cast<unsigned>(warps * 32)),
+                     0, stream, pdl, qkv, qw, kw, positions, shape, inv_freq);
+  if (err != cudaSuccess) cudaGetLastError();  // returned here; not reported again later
+  return err;
 }
 
 template <typename T, bool kNeox>
 cudaError_t launch_dim(int64_t head_dim, T* qkv, const T* qw, const T* kw, const void* positions,
                        const QkvShape& shape, int64_t tokens, const InvFreq& inv_freq,
-                       cudaStream_t stream) {
+                       cudaStream_t stream, bool pdl) {
   switch (head_dim) {
     case 64:
-      return launch<T, 64, kNeox>(qkv, qw, kw, positions, shape, tokens, inv_freq, stream);
+      return launch<T, 64, kNeox>(qkv, qw, kw, positions, shape, tokens, inv_freq, stream, pdl);
     case 128:
-      return launch<T, 128, kNeox>(qkv, qw, kw, positions, shape, tokens, inv_freq, stream);
+      return launch<T, 128, kNeox>(qkv, qw, kw, positions, shape, tokens, inv_freq, stream, pdl);
     default:
-      return launch<T, 256, kNeox>(qkv, qw, kw, positions, shape, tokens, inv_freq, stream);
+      return launch<T, 256, kNeox>(qkv, qw, kw, positions, shape, tokens, inv_freq, stream, pdl);
   }
 }
 
@@ -429,6 +447,7 @@ KernelStatus fused_qk_norm_rope_cuda(Context& ctx, DLTensor& qkv, const DLTensor
   const auto stream = static_cast<cudaStream_t>(ctx.stream());
   const InvFreq& inv_freq = inv_freq_table(base, head_dim);
   const void* pos = data_ptr<const void>(positions);
+  const bool pdl = ctx.pdl();
   auto run = [&](auto tag) {
     using T = decltype(tag);
     T* p = data_ptr<T>(qkv);
@@ -446,12 +465,14 @@ KernelStatus fused_qk_norm_rope_cuda(Context& ctx, DLTensor& qkv, const DLTensor
     cudaError_t err = cudaSuccess;
     const bool hw =
         head_dim == kHwHeadDim && bits % 16 == 0 &&
-        (is_neox ? try_launch_hw<T, true>(p, qw, kw, pos, shape, tokens, inv_freq, stream, err)
-                 : try_launch_hw<T, false>(p, qw, kw, pos, shape, tokens, inv_freq, stream, err));
+        (is_neox
+             ? try_launch_hw<T, true>(p, qw, kw, pos, shape, tokens, inv_freq, stream, pdl, err)
+             : try_launch_hw<T, false>(p, qw, kw, pos, shape, tokens, inv_freq, stream, pdl, err));
     if (!hw) {
-      err = is_neox
-                ? launch_dim<T, true>(head_dim, p, qw, kw, pos, shape, tokens, inv_freq, stream)
-                : launch_dim<T, false>(head_dim, p, qw, kw, pos, shape, tokens, inv_freq, stream);
+      err = is_neox ? launch_dim<T, true>(head_dim, p, qw, kw, pos, shape, tokens, inv_freq, stream,
+                                          pdl)
+                    : launch_dim<T, false>(head_dim, p, qw, kw, pos, shape, tokens, inv_freq,
+                                           stream, pdl);
     }
     return device::launch_status(ctx, op, err);
   };

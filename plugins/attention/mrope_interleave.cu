@@ -7,6 +7,11 @@
 // the three streams interleave element by element, so every 32-byte sector of each
 // stream inside its range is needed anyway. A block is 256 threads: blockDim.x threads
 // over the vectors of a row (looping when a row has more), blockDim.y rows.
+//
+// Programmatic dependent launch (KREG_LAUNCH_PDL, device::launch): a thread waits
+// (griddepcontrol.wait) once, before the loop's first load (x may be the previous
+// kernel's output), and lets the next kernel be scheduled after its first vector's loads
+// (the loop's repeats are no-ops); rows past the end return before the wait.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -15,6 +20,7 @@
 #include "attention.hpp"
 #include "checks.hpp"
 #include "kreg/device/launch.cuh"
+#include "kreg/device/pdl.cuh"
 #include "kreg/device/vec.cuh"
 
 namespace kreg::attention {
@@ -32,6 +38,7 @@ __global__ void __launch_bounds__(kBlockThreads)
   if (s >= seq_len) return;
   const int64_t stream_stride = seq_len * dim;
   const T* x0 = x + s * dim;
+  device::pdl_wait();
   for (int col = static_cast<int>(threadIdx.x) * kVec; col < dim;
        col += static_cast<int>(blockDim.x) * kVec) {
     vec_t<T, kVec> v0, v1, v2;
@@ -40,6 +47,7 @@ __global__ void __launch_bounds__(kBlockThreads)
     const bool need_w = col < limit_w;
     if (need_h) v1.load_stream(x0 + stream_stride + col);
     if (need_w) v2.load_stream(x0 + 2 * stream_stride + col);
+    device::pdl_launch_dependents();
     int r = col % 3;
 #pragma unroll
     for (int j = 0; j < kVec; ++j) {
@@ -54,16 +62,18 @@ __global__ void __launch_bounds__(kBlockThreads)
 
 template <typename T, int kVec>
 cudaError_t launch(const T* x, T* out, int64_t seq_len, int64_t dim, int limit_h, int limit_w,
-                   cudaStream_t stream) {
+                   cudaStream_t stream, bool pdl) {
   const int64_t vecs = dim / kVec;
   const int threads_x = static_cast<int>(std::min<int64_t>(
       kBlockThreads, int64_t{1} << (64 - __builtin_clzll(static_cast<uint64_t>(vecs)) - 1)));
   const int rows_per_block = kBlockThreads / threads_x;
   const int64_t blocks = (seq_len + rows_per_block - 1) / rows_per_block;
-  mrope_interleave_kernel<T, kVec>
-      <<<static_cast<unsigned>(blocks), dim3(threads_x, rows_per_block), 0, stream>>>(
-          x, out, seq_len, static_cast<int>(dim), limit_h, limit_w);
-  return cudaGetLastError();
+  const cudaError_t err =
+      device::launch(mrope_interleave_kernel<T, kVec>, dim3(static_cast<unsigned>(blocks)),
+                     dim3(threads_x, rows_per_block), 0, stream, pdl, x, out, seq_len,
+                     static_cast<int>(dim), limit_h, limit_w);
+  if (err != cudaSuccess) cudaGetLastError();  // returned here; not reported again later
+  return err;
 }
 
 }  // namespace
@@ -87,13 +97,14 @@ KernelStatus mrope_interleave_cuda(Context& ctx, const DLTensor& x, DLTensor& ou
   const device::DeviceGuard guard(x);
   if (!guard.ok()) return guard.fail(ctx, op);
   const auto stream = static_cast<cudaStream_t>(ctx.stream());
+  const bool pdl = ctx.pdl();
   return device::visit_float_dtype(ctx, op, out, [&](auto tag) {
     using T = decltype(tag);
     const T* xp = data_ptr<const T>(x);
     T* o = data_ptr<T>(out);
     const int vec_elems = device::max_vec_elems<T>(dim, xp, o);
     const cudaError_t err = device::visit_vec_elems<T>(vec_elems, [&](auto vec) {
-      return launch<T, decltype(vec)::value>(xp, o, seq_len, dim, limit_h, limit_w, stream);
+      return launch<T, decltype(vec)::value>(xp, o, seq_len, dim, limit_h, limit_w, stream, pdl);
     });
     return device::launch_status(ctx, op, err);
   });

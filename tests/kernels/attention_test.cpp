@@ -873,6 +873,81 @@ TEST_F(AttentionGpu, StableInputsChainsGiveThePlainResult) {
   }
 }
 
+// Programmatic dependent launch for fused_qk_norm_rope (both kernels), concat_mla_k and
+// mrope_interleave: each must wait before its first load, since every input may be the
+// previous kernel's output. One qkv buffer [T, 48 * 128] in a loop: fused_qk_norm_rope as
+// 32/8/8 heads of 128 (the half-warp kernel; T = 4096, the large first link), again as
+// 64/16/16 heads of 64 (the warp kernel, with a second batch of heads), concat_mla_k with
+// k_nope = qkv as [T, 48, 128] and k_rope = qkv's last T * 64 elements, then
+// mrope_interleave of concat's output as [3, S, 128] into qkv's first half, which the next
+// round's first link reads. Bit for bit what the same chain gives with plain launches.
+TEST_F(AttentionGpu, PdlChainsThroughQkNormConcatAndMrope) {
+  const int64_t t = 4096, heads = 48, width = heads * 128;
+  const int64_t s = t * heads * 192 / (3 * 128);  // concat's output as mrope's [3, S, 128]
+  const DLDevice dev = kGpu;
+  auto fused = handle("attention.fused_qk_norm_rope", "cuda");
+  auto concat = handle("attention.concat_mla_k", "cuda");
+  auto mrope = handle("attention.mrope_interleave", "cuda");
+  auto hw = fused.attrs({{"num_heads_q", int64_t{32}},
+                         {"num_heads_k", int64_t{8}},
+                         {"num_heads_v", int64_t{8}},
+                         {"head_dim", int64_t{128}},
+                         {"is_neox", true}});
+  auto warp = fused.attrs({{"num_heads_q", int64_t{64}},
+                           {"num_heads_k", int64_t{16}},
+                           {"num_heads_v", int64_t{16}},
+                           {"head_dim", int64_t{64}},
+                           {"is_neox", false}});
+  auto sections = mrope.attrs(
+      {{"section_t", int64_t{24}}, {"section_h", int64_t{20}}, {"section_w", int64_t{20}}});
+  ASSERT_TRUE(hw.ok() && warp.ok() && sections.ok());
+  std::mt19937_64 rng(19);
+  auto copy = [&](const Buffer& b) {
+    auto d = Buffer::make(dev, b.dtype(), b.shape());
+    EXPECT_TRUE(d.ok()) << d.status().message();
+    EXPECT_TRUE(d->copy_from(b).ok());
+    return std::move(d).value();
+  };
+  const Buffer qkv0 = random_buffer(DType::kBF16, {t, width}, rng);
+  const Buffer cat0 = random_buffer(DType::kBF16, {t, heads, 192}, rng);
+  // Inputs nothing writes: the weights of 128 and of 64, the positions.
+  Buffer qw128 = copy(random_buffer(DType::kBF16, {128}, rng));
+  Buffer kw128 = copy(random_buffer(DType::kBF16, {128}, rng));
+  Buffer qw64 = copy(random_buffer(DType::kBF16, {64}, rng));
+  Buffer kw64 = copy(random_buffer(DType::kBF16, {64}, rng));
+  Buffer pos = copy(values_buffer(DType::kI64, {t}, random_positions(t, 5000, rng)));
+  auto run_chain = [&](uint64_t flags) {
+    Buffer q = copy(qkv0), cat = copy(cat0);
+    int64_t nope_shape[3] = {t, heads, 128}, rope_shape[3] = {t, 1, 64};
+    int64_t x_shape[3] = {3, s, 128}, out_shape[2] = {s, 128};
+    // `b` as [shape], `skip` elements in.
+    auto view = [](Buffer& b, int64_t* shape, int32_t ndim, int64_t skip = 0) {
+      DLTensor v = *b.tensor();
+      v.ndim = ndim;
+      v.shape = shape;
+      v.strides = nullptr;
+      v.byte_offset = static_cast<uint64_t>(skip) * dtype_size(b.dtype());
+      return v;
+    };
+    DLTensor k_nope = view(q, nope_shape, 3), k_rope = view(q, rope_shape, 3, t * (width - 64));
+    DLTensor x = view(cat, x_shape, 3), m_out = view(q, out_shape, 2);
+    DLTensor* f128[] = {q.tensor(), qw128.tensor(), kw128.tensor(), pos.tensor()};
+    DLTensor* f64[] = {q.tensor(), qw64.tensor(), kw64.tensor(), pos.tensor()};
+    DLTensor* c[] = {&k_nope, &k_rope, cat.tensor()};
+    DLTensor* m[] = {&x, &m_out};
+    const CallOptions opts{nullptr, nullptr, flags};
+    for (int i = 0; i < 4; ++i) {
+      EXPECT_TRUE(fused.call(f128, hw->view(), opts).ok());     // reads what mrope wrote
+      EXPECT_TRUE(fused.call(f64, warp->view(), opts).ok());    // reads the q and k heads
+      EXPECT_TRUE(concat.call(c, {}, opts).ok());               // reads qkv
+      EXPECT_TRUE(mrope.call(m, sections->view(), opts).ok());  // reads concat's output
+    }
+    EXPECT_TRUE(harness::device_synchronize().ok());
+    return std::vector<std::vector<uint8_t>>{test::bytes_of(q), test::bytes_of(cat)};
+  };
+  test::expect_pdl_chain_matches_plain(run_chain, 3);
+}
+
 TEST_F(AttentionGpu, CpuTensorsToTheCudaPathAreRefused) {
   std::mt19937_64 rng(13);
   Call call = concat_call(DType::kBF16, 2, 4, rng);
