@@ -7,7 +7,9 @@
 // blockIdx.y the tokens (grid-stride past 65535 tokens). Each thread issues its k loads
 // in batches of kBatch before adding, so a thread keeps up to kBatch * 16 bytes in
 // flight; at T = 32768, H = 4096 bf16 that is 131072 blocks of 128 threads. Loads and
-// stores carry the evict-first hint: every byte is touched once.
+// stores carry the evict-first hint: every byte is touched once. With programmatic
+// dependent launch (ctx.pdl()) a thread waits before its first load and lets the next
+// kernel be scheduled after its first token's loads.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -15,6 +17,7 @@
 #include <cstdint>
 
 #include "kreg/device/launch.cuh"
+#include "kreg/device/pdl.cuh"
 #include "kreg/device/vec.cuh"
 #include "kreg/dtype.hpp"
 #include "moe.hpp"
@@ -34,6 +37,7 @@ __global__ void __launch_bounds__(kThreads)
                    float scale) {
   const int64_t col = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) * kVec;
   if (col >= h) return;
+  device::pdl_wait();
   for (int64_t t = blockIdx.y; t < tokens; t += gridDim.y) {
     const T* src = x + t * k * h + col;
     vec_t<float, kVec> acc;
@@ -55,6 +59,7 @@ __global__ void __launch_bounds__(kThreads)
         }
       }
     }
+    device::pdl_launch_dependents();  // repeated calls change nothing
 #pragma unroll
     for (int v = 0; v < kVec; ++v) acc[v] *= scale;
     vec_t<T, kVec> y;
@@ -65,23 +70,24 @@ __global__ void __launch_bounds__(kThreads)
 
 template <typename T, int kVec>
 cudaError_t launch(const T* x, T* out, int64_t tokens, int k, int64_t h, float scale,
-                   cudaStream_t stream) {
+                   cudaStream_t stream, bool pdl) {
   const int64_t vecs = h / kVec;
   const dim3 grid(static_cast<unsigned>((vecs + kThreads - 1) / kThreads),
                   static_cast<unsigned>(std::min(tokens, kMaxGridY)));
-  moe_sum_kernel<T, kVec><<<grid, kThreads, 0, stream>>>(x, out, tokens, k, h, scale);
-  return cudaGetLastError();
+  return device::launch(moe_sum_kernel<T, kVec>, grid, dim3(kThreads), 0, stream, pdl, x, out,
+                        tokens, k, h, scale);
 }
 
 template <typename T>
-cudaError_t launch_typed(const DLTensor& x, DLTensor& out, float scale, cudaStream_t stream) {
+cudaError_t launch_typed(const DLTensor& x, DLTensor& out, float scale, cudaStream_t stream,
+                         bool pdl) {
   const T* xp = data_ptr<const T>(x);
   T* outp = data_ptr<T>(out);
   const int64_t tokens = x.shape[0];
   const int k = static_cast<int>(x.shape[1]);
   const int64_t h = x.shape[2];
   return device::visit_vec_elems<T>(device::max_vec_elems<T>(h, xp, outp), [&](auto vec) {
-    return launch<T, decltype(vec)::value>(xp, outp, tokens, k, h, scale, stream);
+    return launch<T, decltype(vec)::value>(xp, outp, tokens, k, h, scale, stream, pdl);
   });
 }
 
@@ -105,7 +111,8 @@ KernelStatus sum_cuda(Context& ctx, const DLTensor& x, DLTensor& out,
   if (!guard.ok()) return guard.fail(ctx, op);
   const auto stream = static_cast<cudaStream_t>(ctx.stream());
   return device::visit_float_dtype(ctx, op, x, [&](auto tag) {
-    return device::launch_status(ctx, op, launch_typed<decltype(tag)>(x, out, scale, stream));
+    return device::launch_status(ctx, op,
+                                 launch_typed<decltype(tag)>(x, out, scale, stream, ctx.pdl()));
   });
 }
 

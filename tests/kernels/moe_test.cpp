@@ -869,6 +869,47 @@ TEST_F(MoeGpu, PdlChainsReadWhatTheKernelBeforeWrote) {
   test::expect_pdl_chain_matches_plain(run_chain, 5);
 }
 
+// moe.sum with PDL: each sum reads the previous one's output (viewed as [T, k, H]) behind
+// a large first sum, and a last one writes the first one's input; bit for bit the plain
+// chain's results.
+TEST_F(MoeGpu, SumPdlChainsReadWhatTheSumBeforeWrote) {
+  auto sum = handle("moe.sum", "cuda");
+  auto attrs = sum.attrs({{"routed_scaling_factor", 0.75}});
+  ASSERT_TRUE(attrs.ok()) << attrs.status().message();
+  auto make = [&](std::vector<int64_t> shape, uint64_t seed) {
+    auto b = Buffer::make(kGpu, DType::kBF16, std::move(shape));
+    EXPECT_TRUE(b.ok());
+    std::mt19937_64 rng(seed);
+    EXPECT_TRUE(seed == 0 ? b->poison().ok() : b->fill_random(rng).ok());
+    return std::move(b).value();
+  };
+  auto run_chain = [&](uint64_t flags) {
+    // x [4096, 8, 512] -> a [4096, 512] = [512, 8, 512] -> b [512, 512] = [64, 8, 512]
+    // -> c [64, 512]; then the sum of b again into x's first 64 x 512 values.
+    Buffer x = make({4096, 8, 512}, 1), a = make({4096, 512}, 0), b = make({512, 512}, 0);
+    Buffer c = make({64, 512}, 0);
+    int64_t a3[3] = {512, 8, 512}, b3[3] = {64, 8, 512}, x2[2] = {64, 512};
+    DLTensor av = *a.tensor(), bv = *b.tensor(), xv = *x.tensor();
+    av.ndim = 3, av.shape = a3;
+    bv.ndim = 3, bv.shape = b3;
+    xv.ndim = 2, xv.shape = x2;
+    const CallOptions o{nullptr, nullptr, flags};
+    for (int i = 0; i < 4; ++i) {
+      DLTensor* s1[] = {x.tensor(), a.tensor()};
+      DLTensor* s2[] = {&av, b.tensor()};
+      DLTensor* s3[] = {&bv, c.tensor()};
+      DLTensor* s4[] = {&bv, &xv};  // rewrites x's first values for the next round
+      for (DLTensor** t : {s1, s2, s3, s4}) {
+        EXPECT_TRUE(sum.call(std::span<DLTensor* const>(t, 2), attrs->view(), o).ok());
+      }
+    }
+    EXPECT_TRUE(harness::device_synchronize().ok());
+    return std::vector<std::vector<uint8_t>>{test::bytes_of(x), test::bytes_of(a),
+                                             test::bytes_of(b), test::bytes_of(c)};
+  };
+  test::expect_pdl_chain_matches_plain(run_chain, 3);
+}
+
 TEST_F(MoeGpu, CpuTensorsToTheCudaPathAreRefused) {
   auto h = registry().resolve("moe.sum", Target{kGpu, DType::kBF16}, {std::string("cuda")});
   ASSERT_TRUE(h.ok());
