@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Issue 17, thirteenth round, second call (session 13): the three tests the first call's
+# whole-suite run left unfinished at its 130 s limit (kvcache.store and set_mla_kv_buffer
+# against the CPU reference, python.kreg_torch), with the rest of the groups whose kernels
+# took PDL this session; then, while time is left, the issue's peer rows with kreg bench on
+# this card (plain, --pdl, --pdl --stable-inputs).
+set -uo pipefail
+source tools/bench/gpu_common.sh
+gpu_round_frame 330
+nvidia-smi --query-gpu=name --format=csv,noheader
+gpu_build || exit 1
+echo "built at $SECONDS s"
+export PYTHONPATH=$PWD/build/python KREG_PLUGIN_DIR=$PWD/build/plugins KREG_MANIFEST=$PWD/registry.yaml
+timeout 180 ctest --test-dir build -j12 --output-on-failure \
+  -R "Kvcache|python|GpuMemory|AttentionGpu|ConcatMla|Diffusion|MoeGpu" >"$L/ctest.log" 2>&1
+echo "ctest rc=$?: $(grep -E 'tests passed' "$L/ctest.log") at $SECONDS s"
+grep -E "\((Failed|Timeout|SEGFAULT|Subprocess)|\*\*\*Failed" "$L/ctest.log" | head -20
+grep -E "KvcacheGpu.(Store|SetMla)Matches|python.kreg_torch" "$L/ctest.log" | grep -E "sec" | cut -c1-150
+k=./build/tools/kreg
+for a in "layernorm.rmsnorm --shape T=64,H=7168" "layernorm.rmsnorm --shape T=16,H=4096" \
+  "layernorm.fused_add_rmsnorm --shape T=64,H=7168" "activation.silu_and_mul --shape T=16,D=2048"; do
+  for p in "" "--pdl" "--pdl --stable-inputs"; do
+    left 15 || break 2
+    printf "%-48s %-22s " "$a" "${p:-plain}"; timeout 20 $k bench $a --dtype bf16 --reps 200 $p 2>&1 | grep -oE "median [0-9.]+ us|rror.*"
+  done
+done
+echo "done at $SECONDS s"
