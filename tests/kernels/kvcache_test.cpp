@@ -65,19 +65,41 @@ Arg make_arg(DLDevice device, DType dt, std::vector<int64_t> shape, std::vector<
 }
 
 // Random values exactly representable in dt (bf16 has 8 significant bits): non-zero,
-// magnitudes in [0.05, 2]; fp8: any byte.
+// magnitudes in [1/16, 2]; fp8: any byte.
 std::vector<double> random_values(std::mt19937_64& rng, DType dt, int64_t n) {
   std::vector<double> v(static_cast<size_t>(n));
-  std::uniform_real_distribution<double> mag(0.05, 2.0);
   for (double& x : v) {
+    const uint64_t bits = rng();
     if (dt == DType::kF8E4M3) {
-      x = static_cast<double>(rng() & 0xff);
+      x = static_cast<double>(bits & 0xff);
       continue;
     }
-    const double m = std::ldexp(std::round(std::ldexp(mag(rng), 6)), -6);  // 7 bits
-    x = (rng() & 1) ? m : -m;
+    // k / 64 for k in [4, 128]: 7 significant bits, magnitudes in [1/16, 2]; integer
+    // arithmetic only (the large GPU tests build tens of millions of these).
+    const double m = static_cast<double>(4 + (bits >> 8) % 125) / 64.0;
+    x = (bits & 1) ? m : -m;
   }
   return v;
+}
+
+// The same values on the GPU, `offset` elements into their allocation (a misaligned view
+// when 1): a byte copy of a host argument, cheaper than building the case again.
+Arg device_copy(const Arg& host, int64_t offset) {
+  const DType dt = host.buf.dtype();
+  const int64_t n = host.buf.numel() - host.offset;
+  const size_t esz = dtype_size(dt);
+  auto staged = Buffer::make(kCpu, dt, {n + offset});
+  EXPECT_TRUE(staged.ok()) << staged.status().message();
+  auto* dst = static_cast<char*>(staged->tensor()->data);
+  std::memset(dst, 0, static_cast<size_t>(offset) * esz);
+  std::memcpy(
+      dst + static_cast<size_t>(offset) * esz,
+      static_cast<const char*>(host.buf.tensor()->data) + static_cast<size_t>(host.offset) * esz,
+      static_cast<size_t>(n) * esz);
+  auto dev = Buffer::make(kGpu, dt, {n + offset});
+  EXPECT_TRUE(dev.ok()) << dev.status().message();
+  EXPECT_TRUE(dev->copy_from(*staged).ok());
+  return Arg{std::move(dev).value(), host.view_dtype, host.shape, offset};
 }
 
 // Slots: distinct, in range, with -1 pads and (when there is room) one out-of-range slot.
@@ -783,8 +805,17 @@ TEST_F(KvcacheGpu, StoreMatchesTheCpuReference) {
           SCOPED_TRACE(label(s, d, idx) + (misalign ? " misaligned" : ""));
           const bool fp8 = d.cache == DType::kF8E4M3;
           const double ks = fp8 ? 4.0 : 1.0, vs = fp8 ? 0.003 : 1.0;
-          StoreCase g = make_store(s, d.in, d.cache, idx, seed, kGpu, misalign, ks, vs);
           StoreCase c = make_store(s, d.in, d.cache, idx, seed++, kCpu, false, ks, vs);
+          const int64_t off = misalign ? 1 : 0;
+          StoreCase g{device_copy(c.k, off),
+                      device_copy(c.v, off),
+                      device_copy(c.slots, off),
+                      device_copy(c.k_cache, off),
+                      device_copy(c.v_cache, off),
+                      ks,
+                      vs,
+                      {},
+                      {}};
           Status st = call_store(gpu, g);
           ASSERT_TRUE(st.ok()) << st.message();
           ASSERT_TRUE(harness::device_synchronize().ok());
@@ -821,8 +852,13 @@ TEST_F(KvcacheGpu, SetMlaMatchesTheCpuReference) {
           SCOPED_TRACE("n=" + std::to_string(s.n) + " P=" + std::to_string(s.P) +
                        " Dn=" + std::to_string(s.Dn) + " Dr=" + std::to_string(s.Dr) + " " +
                        std::string(dtype_name(dt)) + (misalign ? " misaligned" : ""));
-          MlaCase g = make_mla(s, dt, idx, seed, kGpu, misalign);
           MlaCase c = make_mla(s, dt, idx, seed++, kCpu);
+          const int64_t off = misalign ? 1 : 0;
+          MlaCase g{device_copy(c.kv_buffer, off),
+                    device_copy(c.loc, off),
+                    device_copy(c.k_nope, off),
+                    device_copy(c.k_rope, off),
+                    {}};
           Status st = call_mla(gpu, g);
           ASSERT_TRUE(st.ok()) << st.message();
           ASSERT_TRUE(harness::device_synchronize().ok());

@@ -342,7 +342,7 @@ Status Buffer::from_doubles(const std::vector<double>& values) {
       }
     }
   }
-  std::vector<char> host(bytes());
+  std::vector<char> host(on_gpu() ? bytes() : 0);  // a staging copy for device buffers only
   void* dst = on_gpu() ? static_cast<void*>(host.data()) : t_.data;
   for (int64_t i = 0; i < numel(); ++i)
     write_element(dst, dtype_, i, values[static_cast<size_t>(i)]);
