@@ -91,11 +91,13 @@ Arg device_copy(const Arg& host, int64_t offset) {
   auto staged = Buffer::make(kCpu, dt, {n + offset});
   EXPECT_TRUE(staged.ok()) << staged.status().message();
   auto* dst = static_cast<char*>(staged->tensor()->data);
-  std::memset(dst, 0, static_cast<size_t>(offset) * esz);
-  std::memcpy(
-      dst + static_cast<size_t>(offset) * esz,
-      static_cast<const char*>(host.buf.tensor()->data) + static_cast<size_t>(host.offset) * esz,
-      static_cast<size_t>(n) * esz);
+  if (offset > 0) std::memset(dst, 0, static_cast<size_t>(offset) * esz);
+  if (n > 0) {  // an empty tensor may have no storage: no null pointer goes to memcpy
+    std::memcpy(
+        dst + static_cast<size_t>(offset) * esz,
+        static_cast<const char*>(host.buf.tensor()->data) + static_cast<size_t>(host.offset) * esz,
+        static_cast<size_t>(n) * esz);
+  }
   auto dev = Buffer::make(kGpu, dt, {n + offset});
   EXPECT_TRUE(dev.ok()) << dev.status().message();
   EXPECT_TRUE(dev->copy_from(*staged).ok());
