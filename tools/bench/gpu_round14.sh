@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Issue 17, fourteenth round (prepared in session 13, not yet run), one device call, each
+# step skipped once $SECONDS passes its deadline (UNTIL, default 480):
+#  1. Release build; the whole ctest suite (session 13's run stopped at 130 s with the three
+#     longest tests still running; the kvcache ones now build each case once);
+#  2. the decode-sized cases of the ops that took PDL in session 13 (kvcache.store and
+#     set_mla_kv_buffer, memory.copy_rows, concat_mla_k, fused_qk_norm_rope, mrope,
+#     moe.sum's neighbours), 64-call graph chains, plain against --pdl, two rounds;
+#  3. the issue's peer rows with kreg bench on this card (plain, --pdl, --pdl --stable-inputs);
+#  4. ncu of AOT rmsnorm H=4096 against JIT H=4097 (the unexplained 5 points);
+#  5. the dispatch benchmark on this host.
+set -uo pipefail
+source tools/bench/gpu_common.sh
+gpu_round_frame 480
+nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
+gpu_build || exit 1
+echo "built at $SECONDS s"
+export PYTHONPATH=$PWD/build/python KREG_PLUGIN_DIR=$PWD/build/plugins KREG_MANIFEST=$PWD/registry.yaml
+timeout 180 ctest --test-dir build -j12 --output-on-failure >"$L/ctest.log" 2>&1
+echo "whole ctest rc=$?: $(grep -E 'tests passed' "$L/ctest.log") at $SECONDS s"
+grep -E "\((Failed|Timeout|SEGFAULT|Subprocess)|\*\*\*Failed" "$L/ctest.log" | head -20
+SMALL="kvcache.store T=16,kvcache.store T=64,kvcache.set_mla_kv_buffer n=16,kvcache.set_mla_kv_buffer n=64,memory.copy_rows src 64x4096,memory.copy_rows MLA KV 4096x576,attention.concat_mla_k T=16,attention.mrope_interleave S=16,attention.fused_qk_norm_rope T=16"
+for r in 1 2; do
+  left 200 || break
+  for f in "" "--pdl"; do
+    timeout 60 $PY tools/bench/vs_torch.py --reps 30 --no-compile --out /tmp/vsp --only "$SMALL" $f 2>&1 |
+      grep -E "^[a-z]+\.|MISMATCH|Error" | cut -c1-130 | sed "s/^/r$r ${f:-plain}: /"
+  done
+done
+k=./build/tools/kreg
+if left 110; then
+  for a in "layernorm.rmsnorm --shape T=64,H=7168" "layernorm.rmsnorm --shape T=16,H=4096" \
+    "layernorm.fused_add_rmsnorm --shape T=64,H=7168" "activation.silu_and_mul --shape T=16,D=2048"; do
+    for p in "" "--pdl" "--pdl --stable-inputs"; do
+      printf "%-48s %-22s " "$a" "${p:-plain}"; timeout 20 $k bench $a --dtype bf16 --reps 200 $p 2>&1 | grep -oE "median [0-9.]+ us|rror.*"
+    done
+  done
+  for s in "T=64,K=8,P=16640,B=260" "T=4096,K=8,P=48896,B=764" "T=32768,K=8,P=278272,B=4348"; do
+    printf "align %-30s " "$s"; timeout 20 $k bench moe.align_block_size --shape $s --dtype i32 --attr num_experts=256 --attr block_size=64 --reps 200 2>&1 | grep -oE "median [0-9.]+ us|rror.*"
+  done
+  for s in "T=64,E=256,K=8" "T=32768,E=256,K=8"; do
+    printf "topk_softmax renorm %-20s " "$s"; timeout 20 $k bench moe.topk_softmax --shape $s --dtype bf16 --attr renormalize=true --reps 200 2>&1 | grep -oE "median [0-9.]+ us|rror.*"
+  done
+fi
+if left 60; then
+  pd=(); ncu --help 2>/dev/null | grep -q -- --print-details && pd=(--print-details all)
+  for c in "4096 cuda" "4097 jit"; do set -- $c
+    timeout 25 ncu --clock-control none -k regex:rmsnorm -s 6 -c 1 --section SpeedOfLight --section WarpStateStats \
+      --section Occupancy "${pd[@]}" $k bench layernorm.rmsnorm --shape T=32768,H=$1 \
+      --backend $2 --dtype bf16 --reps 3 >"$L/ncu_rms_$1.log" 2>&1
+    echo "ncu H=$1 $2 rc=$?"; grep -iE "Duration|DRAM Throughput|stall|Warp Cycles Per|Achieved Occ|Registers" "$L/ncu_rms_$1.log" | head -30
+  done
+fi
+if left 25; then
+  timeout 20 taskset -c 3 ./build/tests/bench/kreg-bench-dispatch --benchmark_repetitions=3 \
+    --benchmark_report_aggregates_only=true 2>&1 | grep -E "median" | cut -c1-100
+fi
+echo "done at $SECONDS s"
