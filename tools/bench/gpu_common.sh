@@ -19,3 +19,24 @@ gpu_round_frame() {
   UNTIL=${UNTIL:-$1}
 }
 left() { [ $SECONDS -lt $((UNTIL - ${1:-0})) ]; }
+# The peer rows (PEERS.md's decode sizes and MoE rows) with kreg bench on the card
+# at hand: the norms and silu plain, --pdl and --pdl --stable-inputs; align and
+# topk_softmax. Each bench is bounded by 20 s; the rows stop once `left ${1:-15}` fails.
+gpu_peer_rows() {
+  local k=./build/tools/kreg a p s
+  for a in "layernorm.rmsnorm --shape T=64,H=7168" "layernorm.rmsnorm --shape T=16,H=4096" \
+    "layernorm.fused_add_rmsnorm --shape T=64,H=7168" "activation.silu_and_mul --shape T=16,D=2048"; do
+    for p in "" "--pdl" "--pdl --stable-inputs"; do
+      left "${1:-15}" || return 0
+      printf "%-48s %-22s " "$a" "${p:-plain}"; timeout 20 $k bench $a --dtype bf16 --reps 200 $p 2>&1 | grep -oE "median [0-9.]+ us|rror.*"
+    done
+  done
+  for s in "T=64,K=8,P=16640,B=260" "T=4096,K=8,P=48896,B=764" "T=32768,K=8,P=278272,B=4348"; do
+    left "${1:-15}" || return 0
+    printf "align %-30s " "$s"; timeout 20 $k bench moe.align_block_size --shape $s --dtype i32 --attr num_experts=256 --attr block_size=64 --reps 200 2>&1 | grep -oE "median [0-9.]+ us|rror.*"
+  done
+  for s in "T=64,E=256,K=8" "T=32768,E=256,K=8"; do
+    left "${1:-15}" || return 0
+    printf "topk_softmax renorm %-20s " "$s"; timeout 20 $k bench moe.topk_softmax --shape $s --dtype bf16 --attr renormalize=true --reps 200 2>&1 | grep -oE "median [0-9.]+ us|rror.*"
+  done
+}

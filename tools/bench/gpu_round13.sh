@@ -69,21 +69,7 @@ if left 90 && patch -p1 -s <tools/bench/ab/gns_threads_512.patch && cmake --buil
   patch -R -p1 -s <tools/bench/ab/gns_threads_512.patch
   cmake --build build -j16 >>/tmp/build.log 2>&1
 fi
-if left 100; then
-  for a in "layernorm.rmsnorm --shape T=64,H=7168" "layernorm.rmsnorm --shape T=16,H=4096" \
-    "layernorm.fused_add_rmsnorm --shape T=64,H=7168" "activation.silu_and_mul --shape T=16,D=2048"; do
-    for p in "" "--pdl" "--pdl --stable-inputs"; do
-      printf "%-48s %-22s " "$a" "${p:-plain}"; timeout 20 $k bench $a --dtype bf16 --reps 200 $p 2>&1 | grep -oE "median.*|rror.*"
-    done
-  done
-  for s in "T=64,K=8,P=16640,B=260" "T=4096,K=8,P=48896,B=764" "T=32768,K=8,P=278272,B=4348"; do
-    printf "align %-30s " "$s"; timeout 20 $k bench moe.align_block_size --shape $s --dtype i32 --attr num_experts=256 --attr block_size=64 --reps 200 2>&1 | grep -oE "median.*|rror.*"
-  done
-  for s in "T=64,E=256,K=8" "T=32768,E=256,K=8"; do
-    printf "topk_softmax renorm %-20s " "$s"; timeout 20 $k bench moe.topk_softmax --shape $s --dtype bf16 --attr renormalize=true --reps 200 2>&1 | grep -oE "median.*|rror.*"
-  done
-  echo "peer rows done at $SECONDS s"
-fi
+left 100 && gpu_peer_rows 40
 if left 40; then
   for f in "" "--pdl"; do
     echo "decode B=1 ctx 4096 after rope ${f:-plain}: $(timeout 20 $k bench attention.decode --shape B=1,Hq=32,D=128,N=256,P=16,Hk=8,M=256 --dtype bf16 --backend cuda --attr scale=0.08838834764831845 $f --after attention.rope --after-shape T=1,Hq=32,D=128,Hk=8,P=4096,R=128 | grep -oE 'median.*GB/s')"

@@ -16,12 +16,5 @@ timeout $((UNTIL - SECONDS - 10)) ctest --test-dir build -j12 --output-on-failur
 echo "ctest rc=$?: $(grep -E 'tests passed' "$L/ctest.log") at $SECONDS s"
 grep -E "\((Failed|Timeout|SEGFAULT|Subprocess)|\*\*\*Failed" "$L/ctest.log" | head -20
 grep -E "KvcacheGpu.(Store|SetMla)Matches|python.kreg_torch" "$L/ctest.log" | grep -E "sec" | cut -c1-150
-k=./build/tools/kreg
-for a in "layernorm.rmsnorm --shape T=64,H=7168" "layernorm.rmsnorm --shape T=16,H=4096" \
-  "layernorm.fused_add_rmsnorm --shape T=64,H=7168" "activation.silu_and_mul --shape T=16,D=2048"; do
-  for p in "" "--pdl" "--pdl --stable-inputs"; do
-    left 15 || break 2
-    printf "%-48s %-22s " "$a" "${p:-plain}"; timeout 20 $k bench $a --dtype bf16 --reps 200 $p 2>&1 | grep -oE "median [0-9.]+ us|rror.*"
-  done
-done
+gpu_peer_rows 15
 echo "done at $SECONDS s"

@@ -28,20 +28,7 @@ for r in 1 2; do
   done
 done
 k=./build/tools/kreg
-if left 110; then
-  for a in "layernorm.rmsnorm --shape T=64,H=7168" "layernorm.rmsnorm --shape T=16,H=4096" \
-    "layernorm.fused_add_rmsnorm --shape T=64,H=7168" "activation.silu_and_mul --shape T=16,D=2048"; do
-    for p in "" "--pdl" "--pdl --stable-inputs"; do
-      printf "%-48s %-22s " "$a" "${p:-plain}"; timeout 20 $k bench $a --dtype bf16 --reps 200 $p 2>&1 | grep -oE "median [0-9.]+ us|rror.*"
-    done
-  done
-  for s in "T=64,K=8,P=16640,B=260" "T=4096,K=8,P=48896,B=764" "T=32768,K=8,P=278272,B=4348"; do
-    printf "align %-30s " "$s"; timeout 20 $k bench moe.align_block_size --shape $s --dtype i32 --attr num_experts=256 --attr block_size=64 --reps 200 2>&1 | grep -oE "median [0-9.]+ us|rror.*"
-  done
-  for s in "T=64,E=256,K=8" "T=32768,E=256,K=8"; do
-    printf "topk_softmax renorm %-20s " "$s"; timeout 20 $k bench moe.topk_softmax --shape $s --dtype bf16 --attr renormalize=true --reps 200 2>&1 | grep -oE "median [0-9.]+ us|rror.*"
-  done
-fi
+left 110 && gpu_peer_rows 60
 if left 60; then
   pd=(); ncu --help 2>/dev/null | grep -q -- --print-details && pd=(--print-details all)
   for c in "4096 cuda" "4097 jit"; do set -- $c
