@@ -72,10 +72,7 @@ cudaError_t launch(const T* k_nope, const T* k_rope, T* out, int64_t tokens, int
     const cudaError_t err = device::launch(
         concat_mla_k_kernel<T, kVec>, dim3(blocks), dim3(kBlockThreads), 0, stream, pdl,
         k_nope + t * heads * kNope, k_rope + t * kRope, out + t * heads * kRow, head_div, total);
-    if (err != cudaSuccess) {
-      cudaGetLastError();  // returned here; not reported again by a later check
-      return err;
-    }
+    if (err != cudaSuccess) return err;
   }
   return cudaSuccess;
 }

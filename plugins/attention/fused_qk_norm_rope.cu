@@ -350,11 +350,9 @@ template <typename T, bool kNeox, int kHeads>
 cudaError_t launch_hw(T* qkv, const T* qw, const T* kw, const void* positions,
                       const QkvShape& shape, int64_t tokens, const InvFreq& inv_freq,
                       cudaStream_t stream, bool pdl) {
-  const cudaError_t err = device::launch(fused_qk_norm_rope_hw_kernel<T, kNeox, kHeads>,
-                                         dim3(static_cast<unsigned>(tokens)), dim3(kHwThreads), 0,
-                                         stream, pdl, qkv, qw, kw, positions, shape, inv_freq);
-  if (err != cudaSuccess) cudaGetLastError();  // returned here; not reported again later
-  return err;
+  return device::launch(fused_qk_norm_rope_hw_kernel<T, kNeox, kHeads>,
+                        dim3(static_cast<unsigned>(tokens)), dim3(kHwThreads), 0, stream, pdl, qkv,
+                        qw, kw, positions, shape, inv_freq);
 }
 
 // The half-warp kernel for up to 80 q + k heads (10 a half warp); false: not taken.
@@ -402,12 +400,10 @@ template <typename T, int kHeadDim, bool kNeox>
 cudaError_t launch(T* qkv, const T* qw, const T* kw, const void* positions, const QkvShape& shape,
                    int64_t tokens, const InvFreq& inv_freq, cudaStream_t stream, bool pdl) {
   const int warps = std::min(kMaxWarps, shape.heads_qk);
-  const cudaError_t err =
-      device::launch(fused_qk_norm_rope_kernel<T, kHeadDim, kNeox>,
-                     dim3(static_cast<unsigned>(tokens)), dim3(static_cast<unsigned>(warps * 32)),
-                     0, stream, pdl, qkv, qw, kw, positions, shape, inv_freq);
-  if (err != cudaSuccess) cudaGetLastError();  // returned here; not reported again later
-  return err;
+  return device::launch(fused_qk_norm_rope_kernel<T, kHeadDim, kNeox>,
+                        dim3(static_cast<unsigned>(tokens)),
+                        dim3(static_cast<unsigned>(warps * 32)), 0, stream, pdl, qkv, qw, kw,
+                        positions, shape, inv_freq);
 }
 
 template <typename T, bool kNeox>

@@ -68,12 +68,9 @@ cudaError_t launch(const T* x, T* out, int64_t seq_len, int64_t dim, int limit_h
       kBlockThreads, int64_t{1} << (64 - __builtin_clzll(static_cast<uint64_t>(vecs)) - 1)));
   const int rows_per_block = kBlockThreads / threads_x;
   const int64_t blocks = (seq_len + rows_per_block - 1) / rows_per_block;
-  const cudaError_t err =
-      device::launch(mrope_interleave_kernel<T, kVec>, dim3(static_cast<unsigned>(blocks)),
-                     dim3(threads_x, rows_per_block), 0, stream, pdl, x, out, seq_len,
-                     static_cast<int>(dim), limit_h, limit_w);
-  if (err != cudaSuccess) cudaGetLastError();  // returned here; not reported again later
-  return err;
+  return device::launch(mrope_interleave_kernel<T, kVec>, dim3(static_cast<unsigned>(blocks)),
+                        dim3(threads_x, rows_per_block), 0, stream, pdl, x, out, seq_len,
+                        static_cast<int>(dim), limit_h, limit_w);
 }
 
 }  // namespace

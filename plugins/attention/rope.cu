@@ -159,10 +159,7 @@ cudaError_t launch(T* q, T* k, const float* cache, const void* positions, const 
     const cudaError_t err =
         device::launch(rope_kernel<T, kVec, kNeox, kAligned>, dim3(blocks), dim3(kBlockThreads), 0,
                        stream, pdl, q, k, cache, positions, shape, t0, total, token_div, head_div);
-    if (err != cudaSuccess) {
-      cudaGetLastError();  // returned here; not reported again by a later check
-      return err;
-    }
+    if (err != cudaSuccess) return err;
   }
   return cudaSuccess;
 }

@@ -103,13 +103,11 @@ cudaError_t launch(const DLTensor& src, DLTensor& dst, const DLTensor& offset,
   const bool early =
       !offset_on_src && max_words * static_cast<int64_t>(sizeof(Word)) <= kEarlyMaxBytes;
   auto kernel = early ? copy_rows_kernel<Word, true> : copy_rows_kernel<Word, false>;
-  const cudaError_t err =
-      device::launch(kernel, dim3(blocks), dim3(kBlockThreads), 0, stream, pdl,
-                     data_ptr<const Word>(src), data_ptr<Word>(dst), data_ptr<const void>(offset),
-                     offset.dtype.bits == 64, data_ptr<const void>(count), count.dtype.bits == 64,
-                     offset_on_src, plan.src_rows, plan.dst_rows, row_words);
-  if (err != cudaSuccess) cudaGetLastError();  // returned here; not reported again later
-  return err;
+  return device::launch(kernel, dim3(blocks), dim3(kBlockThreads), 0, stream, pdl,
+                        data_ptr<const Word>(src), data_ptr<Word>(dst),
+                        data_ptr<const void>(offset), offset.dtype.bits == 64,
+                        data_ptr<const void>(count), count.dtype.bits == 64, offset_on_src,
+                        plan.src_rows, plan.dst_rows, row_words);
 }
 
 }  // namespace

@@ -94,6 +94,22 @@ TEST(LaunchStatus, ALaunchErrorIsAnInternalErrorNamingTheOp) {
                                         cudaGetErrorString(cudaErrorInvalidConfiguration));
 }
 
+int device_count();
+
+// device::launch only peeks at a launch error (it returns it): launch_status(ctx, op, err)
+// clears the runtime's last-error slot as it reports it, so that the next op's
+// launch_status(ctx, op) does not report it again under its own name.
+TEST(LaunchStatus, AReportedLaunchErrorIsNotLeftForTheNextOp) {
+  if (device_count() == 0) GTEST_SKIP() << "no GPU";
+  const cudaError_t err = cudaLaunchKernel(static_cast<const void*>(nullptr), dim3(1), dim3(1),
+                                           nullptr, 0, nullptr);  // no such kernel
+  ASSERT_NE(err, cudaSuccess);
+  Ctx c;
+  EXPECT_EQ(device::launch_status(c.ctx, "grp.op", err).code, KREG_INTERNAL);
+  Ctx next;
+  EXPECT_TRUE(device::launch_status(next.ctx, "grp.next").ok()) << next.message;
+}
+
 TEST(Aligned16, SixteenByteAddressesOnly) {
   alignas(16) char buf[32];
   EXPECT_TRUE(device::aligned16(buf));

@@ -111,9 +111,12 @@ KernelStatus visit_float_dtype(Context& ctx, const char* op, const DLTensor& t, 
 
 // ---- After the launches ----
 
-// A launch error (`err`, a launcher's result) as the kernel's status.
+// A launch error (`err`, a launcher's result) as the kernel's status. The runtime's
+// last-error slot is cleared with it: a launcher may only have peeked at it
+// (device::launch), and the next op's launch_status(ctx, op) must not report it again.
 inline KernelStatus launch_status(Context& ctx, const char* op, cudaError_t err) {
   if (err != cudaSuccess) {
+    cudaGetLastError();
     return ctx.fail(KREG_INTERNAL, "%s: kernel launch failed: %s", op, cudaGetErrorString(err));
   }
   return kOk;
