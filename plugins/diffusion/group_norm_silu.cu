@@ -453,29 +453,9 @@ cudaError_t launch_split(Kernel kernel, unsigned threads, const GroupArgs& a, in
                          uint32_t group_vecs, uint32_t split, uint32_t chunk_vecs,
                          cudaStream_t stream) {
   const int64_t cpg = a.shape.channels / a.shape.groups;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(a.shape.batch * a.shape.groups * split));
-  config.blockDim = dim3(threads);
-  config.dynamicSmemBytes = 0;
-  config.stream = stream;
-  cudaLaunchAttribute attrs[2];
-  unsigned n = 0;
-  if (split > 1) {
-    attrs[n].id = cudaLaunchAttributeClusterDimension;
-    attrs[n].val.clusterDim.x = split;
-    attrs[n].val.clusterDim.y = 1;
-    attrs[n].val.clusterDim.z = 1;
-    ++n;
-  }
-  if (a.pdl && device::pdl_supported()) {
-    attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attrs[n].val.programmaticStreamSerializationAllowed = 1;
-    ++n;
-  }
-  config.attrs = n > 0 ? attrs : nullptr;
-  config.numAttrs = n;
-  return cudaLaunchKernelEx(
-      &config, kernel, static_cast<const T*>(a.x), static_cast<const T*>(a.weight),
+  return device::launch_clusters(
+      kernel, dim3(static_cast<unsigned>(a.shape.batch * a.shape.groups * split)), dim3(threads), 0,
+      stream, a.pdl, split, static_cast<const T*>(a.x), static_cast<const T*>(a.weight),
       static_cast<const T*>(a.bias), static_cast<T*>(a.out), static_cast<uint32_t>(a.shape.groups),
       static_cast<uint32_t>(cpg), FastDivisor(static_cast<uint32_t>(a.shape.spatial / vec_elems)),
       group_vecs, chunk_vecs, split, a.eps);

@@ -805,24 +805,9 @@ cudaError_t launch_clusters(const Geometry& g, int64_t B, const Params& prm, cud
     err = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
     if (err != cudaSuccess) return err;
   }
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(B * C));
-  config.blockDim = dim3(static_cast<unsigned>(g.threads));
-  config.dynamicSmemBytes = g.smem;
-  config.stream = stream;
-  cudaLaunchAttribute attrs[2];
-  attrs[0].id = cudaLaunchAttributeClusterDimension;
-  attrs[0].val.clusterDim.x = C;
-  attrs[0].val.clusterDim.y = 1;
-  attrs[0].val.clusterDim.z = 1;
-  config.attrs = attrs;
-  config.numAttrs = 1;
-  if (pdl) {
-    attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attrs[1].val.programmaticStreamSerializationAllowed = 1;
-    config.numAttrs = 2;
-  }
-  return cudaLaunchKernelEx(&config, kernel, prm);
+  return device::launch_clusters(kernel, dim3(static_cast<unsigned>(B * C)),
+                                 dim3(static_cast<unsigned>(g.threads)), g.smem, stream, pdl, C,
+                                 prm);
 }
 
 // How many kWideCluster clusters of this geometry the device runs at once (0 when it

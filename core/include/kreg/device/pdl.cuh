@@ -77,4 +77,34 @@ cudaError_t launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem
   return cudaLaunchKernelEx(&config, kernel, static_cast<Params>(std::forward<Args>(args))...);
 }
 
+// As launch(), in thread block clusters of `cluster_x` blocks along x (sm90+; 1: no
+// cluster, launch() itself), with programmatic stream serialization too when `pdl` is
+// asked for. A size above the portable 8 needs the kernel's
+// cudaFuncAttributeNonPortableClusterSizeAllowed, which the caller sets.
+template <typename... Params, typename... Args>
+cudaError_t launch_clusters(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                            cudaStream_t stream, bool pdl, unsigned cluster_x, Args&&... args) {
+  if (cluster_x <= 1) {
+    return launch(kernel, grid, block, smem, stream, pdl, std::forward<Args>(args)...);
+  }
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = cluster_x;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  config.attrs = attr;
+  config.numAttrs = 1;
+  if (pdl && pdl_supported()) {
+    attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[1].val.programmaticStreamSerializationAllowed = 1;
+    config.numAttrs = 2;
+  }
+  return cudaLaunchKernelEx(&config, kernel, static_cast<Params>(std::forward<Args>(args))...);
+}
+
 }  // namespace kreg::device
