@@ -86,22 +86,17 @@ std::vector<double> random_values(std::mt19937_64& rng, DType dt, int64_t n) {
 // when 1): a byte copy of a host argument, cheaper than building the case again.
 Arg device_copy(const Arg& host, int64_t offset) {
   const DType dt = host.buf.dtype();
-  const int64_t n = host.buf.numel() - host.offset;
   const size_t esz = dtype_size(dt);
-  auto staged = Buffer::make(kCpu, dt, {n + offset});
-  EXPECT_TRUE(staged.ok()) << staged.status().message();
-  auto* dst = static_cast<char*>(staged->tensor()->data);
-  if (offset > 0) std::memset(dst, 0, static_cast<size_t>(offset) * esz);
+  const int64_t n = host.buf.numel() - host.offset;
+  std::vector<char> bytes(static_cast<size_t>(n + offset) * esz);  // the offset's zeros first
   if (n > 0) {  // an empty tensor may have no storage: no null pointer goes to memcpy
     std::memcpy(
-        dst + static_cast<size_t>(offset) * esz,
+        bytes.data() + static_cast<size_t>(offset) * esz,
         static_cast<const char*>(host.buf.tensor()->data) + static_cast<size_t>(host.offset) * esz,
         static_cast<size_t>(n) * esz);
   }
-  auto dev = Buffer::make(kGpu, dt, {n + offset});
-  EXPECT_TRUE(dev.ok()) << dev.status().message();
-  EXPECT_TRUE(dev->copy_from(*staged).ok());
-  return Arg{std::move(dev).value(), host.view_dtype, host.shape, offset};
+  return Arg{exact_buffer(kGpu, dt, {n + offset}, bytes.data()), host.view_dtype, host.shape,
+             offset};
 }
 
 // Slots: distinct, in range, with -1 pads and (when there is room) one out-of-range slot.
