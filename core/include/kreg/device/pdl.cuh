@@ -54,13 +54,16 @@ inline bool pdl_supported() {
   return known[dev] > 0;
 }
 
-// Launches `kernel`, with programmatic stream serialization when `pdl` is asked for and
-// the device supports it; the launch's error is returned, and also left for
-// cudaGetLastError (launch_status) as <<<>>> leaves it.
+// Launches `kernel` in thread block clusters of `cluster_x` blocks along x (sm90+; 1: no
+// cluster), with programmatic stream serialization when `pdl` is asked for and the device
+// supports it; the launch's error is returned, and also left for cudaGetLastError
+// (launch_status) as <<<>>> leaves it. A size above the portable 8 needs the kernel's
+// cudaFuncAttributeNonPortableClusterSizeAllowed, which the caller sets.
 template <typename... Params, typename... Args>
-cudaError_t launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
-                   cudaStream_t stream, bool pdl, Args&&... args) {
-  if (!pdl || !pdl_supported()) {
+cudaError_t launch_clusters(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                            cudaStream_t stream, bool pdl, unsigned cluster_x, Args&&... args) {
+  const bool programmatic = pdl && pdl_supported();
+  if (cluster_x <= 1 && !programmatic) {
     kernel<<<grid, block, smem, stream>>>(std::forward<Args>(args)...);
     return cudaPeekAtLastError();
   }
@@ -69,42 +72,30 @@ cudaError_t launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem
   config.blockDim = block;
   config.dynamicSmemBytes = smem;
   config.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attr[2];
+  unsigned n = 0;
+  if (cluster_x > 1) {
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = cluster_x;
+    attr[n].val.clusterDim.y = 1;
+    attr[n].val.clusterDim.z = 1;
+    ++n;
+  }
+  if (programmatic) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
   config.attrs = attr;
-  config.numAttrs = 1;
+  config.numAttrs = n;
   return cudaLaunchKernelEx(&config, kernel, static_cast<Params>(std::forward<Args>(args))...);
 }
 
-// As launch(), in thread block clusters of `cluster_x` blocks along x (sm90+; 1: no
-// cluster, launch() itself), with programmatic stream serialization too when `pdl` is
-// asked for. A size above the portable 8 needs the kernel's
-// cudaFuncAttributeNonPortableClusterSizeAllowed, which the caller sets.
+// launch_clusters without clusters: the usual launch of a kernel that may take PDL.
 template <typename... Params, typename... Args>
-cudaError_t launch_clusters(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
-                            cudaStream_t stream, bool pdl, unsigned cluster_x, Args&&... args) {
-  if (cluster_x <= 1) {
-    return launch(kernel, grid, block, smem, stream, pdl, std::forward<Args>(args)...);
-  }
-  cudaLaunchConfig_t config = {};
-  config.gridDim = grid;
-  config.blockDim = block;
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  cudaLaunchAttribute attr[2];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = cluster_x;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  config.attrs = attr;
-  config.numAttrs = 1;
-  if (pdl && pdl_supported()) {
-    attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[1].val.programmaticStreamSerializationAllowed = 1;
-    config.numAttrs = 2;
-  }
-  return cudaLaunchKernelEx(&config, kernel, static_cast<Params>(std::forward<Args>(args))...);
+cudaError_t launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                   cudaStream_t stream, bool pdl, Args&&... args) {
+  return launch_clusters(kernel, grid, block, smem, stream, pdl, 1u, std::forward<Args>(args)...);
 }
 
 }  // namespace kreg::device
