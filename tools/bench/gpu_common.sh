@@ -40,3 +40,33 @@ gpu_peer_rows() {
     printf "topk_softmax renorm %-20s " "$s"; timeout 20 $k bench moe.topk_softmax --shape $s --dtype bf16 --attr renormalize=true --reps 200 2>&1 | grep -oE "median [0-9.]+ us|rror.*"
   done
 }
+# vs_torch's kreg rows for the cases matching $1 (comma-separated --only substrings),
+# plain against --pdl (64-call graph chains at decode sizes), two rounds; a round starts
+# only while `left ${2:-90}` holds. Each vs_torch call is bounded by ${3:-60} s.
+gpu_plain_vs_pdl() {
+  local r f
+  for r in 1 2; do
+    left "${2:-90}" || return 0
+    for f in "" "--pdl"; do
+      timeout "${3:-60}" $PY tools/bench/vs_torch.py --reps 30 --no-compile --out /tmp/vs-pdl --only "$1" $f 2>&1 |
+        grep -E "^[a-z]+\.|MISMATCH|Error" | cut -c1-130 | sed "s/^/r$r ${f:-plain}: /"
+    done
+  done
+}
+# ncu of AOT rmsnorm at H = 4096 against JIT rmsnorm at H = 4097 (T = 32768 bf16): why the
+# odd width trails (docs/performance.md). Speed of light, warp stalls, memory, occupancy;
+# each profile bounded by ${1:-30} s, its log in $L.
+gpu_ncu_rmsnorm_odd() {
+  local pd=() c h be
+  ncu --help 2>/dev/null | grep -q -- --print-details && pd=(--print-details all)
+  for c in "4096 cuda" "4097 jit"; do
+    read -r h be <<<"$c"
+    timeout "${1:-30}" ncu --clock-control none -k regex:rmsnorm -s 6 -c 1 --section SpeedOfLight \
+      --section WarpStateStats --section MemoryWorkloadAnalysis --section Occupancy "${pd[@]}" \
+      ./build/tools/kreg bench layernorm.rmsnorm --shape T=32768,H=$h --backend $be --dtype bf16 \
+      --reps 3 >"$L/ncu_rms_$h.log" 2>&1
+    echo "ncu H=$h $be rc=$?"
+    grep -iE "Duration|DRAM Throughput|stall|Warp Cycles Per|Achieved Occ|Registers|L2 Hit|Mem Busy" \
+      "$L/ncu_rms_$h.log" | head -40
+  done
+}

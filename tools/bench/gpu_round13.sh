@@ -40,13 +40,7 @@ fi
 # The diffusion group with programmatic dependent launch (new this session): its decode-sized
 # cases, 64-call graph chains, plain against --pdl, up to two rounds.
 DIF="diffusion.timestep_embedding N=2,diffusion.timestep_embedding N=16,diffusion.norm_scale_shift B=1 S=16"
-for r in 1 2; do
-  left 90 || break
-  for f in "" "--pdl"; do
-    timeout 40 $PY tools/bench/vs_torch.py --reps 30 --no-compile --out /tmp/vsdif --only "$DIF" $f 2>&1 |
-      grep -E "^diffusion|MISMATCH|Error" | cut -c1-130 | sed "s/^/r$r ${f:-plain}: /"
-  done
-done
+gpu_plain_vs_pdl "$DIF" 90 40
 wait
 if left 60 && [ -x /tmp/lsb ]; then
   timeout 50 /tmp/lsb 30 >"$L/lsb.log" 2>&1
@@ -75,16 +69,7 @@ if left 40; then
     echo "decode B=1 ctx 4096 after rope ${f:-plain}: $(timeout 20 $k bench attention.decode --shape B=1,Hq=32,D=128,N=256,P=16,Hk=8,M=256 --dtype bf16 --backend cuda --attr scale=0.08838834764831845 $f --after attention.rope --after-shape T=1,Hq=32,D=128,Hk=8,P=4096,R=128 | grep -oE 'median.*GB/s')"
   done
 fi
-if left 100; then
-  # Why JIT rmsnorm at H = 4097 trails the AOT kernel at 4096 (docs/performance.md: unexplained).
-  pd=(); ncu --help 2>/dev/null | grep -q -- --print-details && pd=(--print-details all)
-  for c in "4096 cuda" "4097 jit"; do set -- $c
-    timeout 30 ncu --clock-control none -k regex:rmsnorm -s 6 -c 1 --section SpeedOfLight --section WarpStateStats \
-      --section MemoryWorkloadAnalysis --section Occupancy "${pd[@]}" $k bench layernorm.rmsnorm --shape T=32768,H=$1 \
-      --backend $2 --dtype bf16 --reps 3 >"$L/ncu_rms_$1.log" 2>&1
-    echo "ncu H=$1 $2 rc=$?"; grep -iE "Duration|DRAM Throughput|stall|Warp Cycles Per|Achieved Occ|Registers|L2 Hit|Mem Busy|Max Bandwidth" "$L/ncu_rms_$1.log" | head -40
-  done
-fi
+left 100 && gpu_ncu_rmsnorm_odd 30
 if left 60; then
   # Dispatch on this card's host (the issue asks for the H200 host's figure).
   timeout 40 taskset -c 3 ./build/tests/bench/kreg-bench-dispatch --benchmark_repetitions=3 \

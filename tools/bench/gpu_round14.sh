@@ -20,24 +20,9 @@ timeout 180 ctest --test-dir build -j12 --output-on-failure >"$L/ctest.log" 2>&1
 echo "whole ctest rc=$?: $(grep -E 'tests passed' "$L/ctest.log") at $SECONDS s"
 grep -E "\((Failed|Timeout|SEGFAULT|Subprocess)|\*\*\*Failed" "$L/ctest.log" | head -20
 SMALL="kvcache.store T=16,kvcache.store T=64,kvcache.set_mla_kv_buffer n=16,kvcache.set_mla_kv_buffer n=64,memory.copy_rows src 64x4096,memory.copy_rows MLA KV 4096x576,attention.concat_mla_k T=16,attention.mrope_interleave S=16,attention.fused_qk_norm_rope T=16"
-for r in 1 2; do
-  left 200 || break
-  for f in "" "--pdl"; do
-    timeout 60 $PY tools/bench/vs_torch.py --reps 30 --no-compile --out /tmp/vsp --only "$SMALL" $f 2>&1 |
-      grep -E "^[a-z]+\.|MISMATCH|Error" | cut -c1-130 | sed "s/^/r$r ${f:-plain}: /"
-  done
-done
-k=./build/tools/kreg
+gpu_plain_vs_pdl "$SMALL" 200 60
 left 110 && gpu_peer_rows 60
-if left 60; then
-  pd=(); ncu --help 2>/dev/null | grep -q -- --print-details && pd=(--print-details all)
-  for c in "4096 cuda" "4097 jit"; do set -- $c
-    timeout 25 ncu --clock-control none -k regex:rmsnorm -s 6 -c 1 --section SpeedOfLight --section WarpStateStats \
-      --section Occupancy "${pd[@]}" $k bench layernorm.rmsnorm --shape T=32768,H=$1 \
-      --backend $2 --dtype bf16 --reps 3 >"$L/ncu_rms_$1.log" 2>&1
-    echo "ncu H=$1 $2 rc=$?"; grep -iE "Duration|DRAM Throughput|stall|Warp Cycles Per|Achieved Occ|Registers" "$L/ncu_rms_$1.log" | head -30
-  done
-fi
+left 60 && gpu_ncu_rmsnorm_odd 25
 if left 25; then
   timeout 20 taskset -c 3 ./build/tests/bench/kreg-bench-dispatch --benchmark_repetitions=3 \
     --benchmark_report_aggregates_only=true 2>&1 | grep -E "median" | cut -c1-100
