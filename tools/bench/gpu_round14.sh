@@ -8,7 +8,8 @@
 #     moe.sum's neighbours), 64-call graph chains, plain against --pdl, two rounds;
 #  3. the peer rows with kreg bench on this card (plain, --pdl, --pdl --stable-inputs);
 #  4. ncu of AOT rmsnorm H=4096 against JIT H=4097 (the unexplained 5 points);
-#  5. the dispatch benchmark on this host.
+#  5. the dispatch benchmark on this host;
+#  6. vs_torch (torch.compile included) on the still-missed torch rows, as time allows.
 set -uo pipefail
 source tools/bench/gpu_common.sh
 gpu_round_frame 480
@@ -26,5 +27,10 @@ left 60 && gpu_ncu_rmsnorm_odd 25
 if left 25; then
   timeout 20 taskset -c 3 ./build/tests/bench/kreg-bench-dispatch --benchmark_repetitions=3 \
     --benchmark_report_aggregates_only=true 2>&1 | grep -E "median" | cut -c1-100
+fi
+if left 40; then
+  timeout $((UNTIL - SECONDS - 5)) $PY tools/bench/vs_torch.py --reps 30 --out /tmp/vst \
+    --only "attention.decode,norm_scale_shift,concat_mla_k,group_norm_silu" >"$L/vs_torch.log" 2>&1
+  grep -E "^[a-z]+\." "$L/vs_torch.log" | cut -c1-150
 fi
 echo "done at $SECONDS s"
