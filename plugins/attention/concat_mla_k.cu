@@ -3,12 +3,13 @@
 // Launch shape: flat, one thread per 16-byte vector of the output (kVec elements), 256
 // threads a block. Vector i of the output is column c = i % (192 / kVec) of row i / (192 /
 // kVec) = t * H + h: the first 128 / kVec columns come from k_nope's row, the rest from the
-// token's k_rope row (re-read by every head from L1/L2, default policy); k_nope and k are
-// touched once (evict-first hints). A row a block row (24 threads of 8 heads, grid (T, H /
-// 8)) ran 177.4 us at T = 8192 H = 128 bf16 on the H200 against 170.4 flat (torch.compile:
-// 166.0; scratch benchmark, 2026-12-02): the flat grid keeps every warp's 32 stores on
-// contiguous bytes. Indices are 32-bit: calls of 2^31 vectors or more are cut into several
-// launches of whole tokens.
+// token's k_rope row (re-read by every head from L1/L2). Loads and stores take the default
+// cache policy: evict-first hints on k_nope and k were 0.5% slower at T = 8192 H = 128 (H100,
+// 228.9 -> 227.7 us without them; docs/performance.md, "Thirteenth round"). A row a block
+// row (24 threads of 8 heads, grid (T, H / 8)) ran 177.4 us at T = 8192 H = 128 bf16 on the
+// H200 against 170.4 flat (torch.compile: 166.0; scratch benchmark, 2026-12-02): the flat
+// grid keeps every warp's 32 stores on contiguous bytes. Indices are 32-bit: calls of 2^31
+// vectors or more are cut into several launches of whole tokens.
 //
 // Programmatic dependent launch (KREG_LAUNCH_PDL, device::launch; every launch of a cut
 // call too): a thread waits (griddepcontrol.wait) before its one load, since k_nope and
@@ -50,13 +51,13 @@ __global__ void __launch_bounds__(kBlockThreads)
   vec_t<T, kVec> v;
   device::pdl_wait();
   if (c < kNopeVecs) {
-    v.load_stream(k_nope + static_cast<int64_t>(row) * kNope + c * kVec);
+    v.load(k_nope + static_cast<int64_t>(row) * kNope + c * kVec);
   } else {
     const uint32_t t = heads.div(row);
     v.load(k_rope + static_cast<int64_t>(t) * kRope + (c - kNopeVecs) * kVec);
   }
   device::pdl_launch_dependents();
-  v.store_stream(out + static_cast<int64_t>(i) * kVec);
+  v.store(out + static_cast<int64_t>(i) * kVec);
 }
 
 template <typename T, int kVec>
