@@ -1,33 +1,57 @@
 #!/usr/bin/env bash
-# Issue 17, fourteenth round, fourth call (session 14): the adopted changes (concat_mla_k
-# without cache hints; plain rmsnorm signalling launch_dependents before its wait) checked
-# and measured against torch in one run, each step skipped once $SECONDS passes its
-# deadline (UNTIL, default 300):
-#  1. Release build; the attention, concat, layernorm/activation GPU tests and the JIT and
-#     Python tests; memcheck of the PDL chain tests of both groups;
-#  2. the norms' decode-size peer rows (plain, --pdl, --pdl --stable-inputs);
-#  3. vs_torch (torch.compile included) for concat_mla_k and rmsnorm.
+# Issue 17, fourteenth round, fourth call (session 14), each step skipped once $SECONDS
+# passes its deadline (UNTIL, default 270):
+#  1. Release build; the GPU tests of the adopted changes (concat_mla_k without cache hints;
+#     plain rmsnorm signalling launch_dependents before its wait) and the lplb GPU tests;
+#     memcheck of both groups' PDL chain tests;
+#  2. lplb.solve reading A with a cluster of 8 blocks (tools/bench/ab/lplb_cluster_read8.patch):
+#     lplb_demo's solve time on HEAD and patched, the lplb GPU tests and memcheck patched;
+#  3. the norms' decode-size peer rows (--pdl);
+#  4. vs_torch (torch.compile included) for concat_mla_k;
+#  5. the cluster of 4 (lplb_cluster_read4.patch), as step 2.
 set -uo pipefail
 source tools/bench/gpu_common.sh
-gpu_round_frame 300
+gpu_round_frame 270
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
 gpu_build || exit 1
 echo "built at $SECONDS s"
 export PYTHONPATH=$PWD/build/python KREG_PLUGIN_DIR=$PWD/build/plugins KREG_MANIFEST=$PWD/registry.yaml
-timeout 100 ctest --test-dir build -j12 --output-on-failure -R "AttentionGpu|GpuConcatMlaK|GpuKernels|Jit|python" >"$L/ctest.log" 2>&1
+timeout 60 ctest --test-dir build -j12 --output-on-failure -R "AttentionGpu|GpuConcatMlaK|GpuKernels|LplbGpu" >"$L/ctest.log" 2>&1
 echo "ctest rc=$?: $(grep -E 'tests passed' "$L/ctest.log") at $SECONDS s"
 grep -E "\((Failed|Timeout|SEGFAULT|Subprocess)|\*\*\*Failed" "$L/ctest.log" | head -20
-for tc in "layernorm_activation_test GpuKernels.PdlChains*:GpuKernels.StableInputs*" "attention_test AttentionGpu.PdlChainsThrough*"; do
+for tc in "layernorm_activation_test GpuKernels.PdlChains*" "attention_test AttentionGpu.PdlChainsThrough*"; do
   set -- $tc
   left 60 || break
-  timeout 40 compute-sanitizer --tool memcheck --error-exitcode 3 build/tests/kernels/$1 \
+  timeout 30 compute-sanitizer --tool memcheck --error-exitcode 3 build/tests/kernels/$1 \
     --gtest_filter="$2" >"$L/memcheck_$1.log" 2>&1
-  echo "memcheck $2 rc=$?: $(grep -E 'ERROR SUMMARY|PASSED|FAILED' "$L/memcheck_$1.log" | tail -2 | tr '\n' ' ')"
+  echo "memcheck $2 rc=$?: $(grep -E 'ERROR SUMMARY' "$L/memcheck_$1.log")"
 done
-left 60 && gpu_peer_rows 60
-if left 20; then
-  timeout $((UNTIL - SECONDS - 5)) $PY tools/bench/vs_torch.py --reps 30 --out /tmp/vst \
-    --only "concat_mla_k,layernorm.rmsnorm" >"$L/vs_torch.log" 2>&1
+demo=./build/tools/lplb_demo/lplb_demo
+lplb_variant() {  # $1 = patch name
+  for r in 1 2; do echo "HEAD r$r: $(timeout 20 $demo --device cuda 2>&1 | grep -oE 'solve [0-9.]+ us')"; done
+  if patch -p1 -s <tools/bench/ab/$1.patch && cmake --build build -j16 --target kreg_lplb >>/tmp/build.log 2>&1; then
+    timeout 40 ctest --test-dir build -j8 --output-on-failure -R LplbGpu >"$L/ctest_$1.log" 2>&1
+    echo "$1 ctest: $(grep -E 'tests passed' "$L/ctest_$1.log")"
+    grep -E "\((Failed|Timeout|SEGFAULT)|Failure" "$L/ctest_$1.log" | head -5
+    for r in 1 2; do echo "$1 r$r: $(timeout 20 $demo --device cuda 2>&1 | grep -oE 'solve: .*|solve [0-9.]+ us' | tr '\n' ' ')"; done
+    left 40 && { timeout 30 compute-sanitizer --tool memcheck --error-exitcode 3 build/tests/kernels/lplb_test \
+      --gtest_filter='LplbGpu.SolveMatchesTheCpu*:LplbGpu.SolveReachesTheExact*' >"$L/memcheck_$1.log" 2>&1
+      echo "$1 memcheck rc=$?: $(grep -E 'ERROR SUMMARY' "$L/memcheck_$1.log")"; }
+    patch -R -p1 -s <tools/bench/ab/$1.patch
+  else
+    echo "$1: does not apply or build"; grep -E "error" /tmp/build.log | head -5
+  fi
+  cmake --build build -j16 --target kreg_lplb >>/tmp/build.log 2>&1
+}
+left 90 && lplb_variant lplb_cluster_read8
+if left 40; then
+  for a in "layernorm.rmsnorm --shape T=64,H=7168" "layernorm.rmsnorm --shape T=16,H=4096" "layernorm.fused_add_rmsnorm --shape T=64,H=7168"; do
+    echo "$a --pdl: $(timeout 20 ./build/tools/kreg bench $a --dtype bf16 --reps 200 --pdl 2>&1 | grep -oE 'median [0-9.]+ us|rror.*')"
+  done
+fi
+if left 40; then
+  timeout $((UNTIL - SECONDS - 5)) $PY tools/bench/vs_torch.py --reps 30 --out /tmp/vst --only "concat_mla_k" >"$L/vs_torch.log" 2>&1
   grep -E "^[a-z]+\." "$L/vs_torch.log" | cut -c1-150
 fi
+left 80 && lplb_variant lplb_cluster_read4
 echo "done at $SECONDS s"
