@@ -3,9 +3,9 @@
 # passes its deadline (UNTIL, default 270):
 #  1. Release build; the GPU tests of the adopted changes (concat_mla_k without cache hints;
 #     plain rmsnorm signalling launch_dependents before its wait) and the lplb GPU tests;
-#     memcheck of both groups' PDL chain tests;
 #  2. lplb.solve reading A with a cluster of 8 blocks (tools/bench/ab/lplb_cluster_read8.patch):
 #     lplb_demo's solve time on HEAD and patched, the lplb GPU tests and memcheck patched;
+#     then memcheck of the layernorm and attention PDL chain tests;
 #  3. the norms' decode-size peer rows (--pdl);
 #  4. vs_torch (torch.compile included) for concat_mla_k;
 #  5. the cluster of 4 (lplb_cluster_read4.patch), as step 2.
@@ -19,13 +19,6 @@ export PYTHONPATH=$PWD/build/python KREG_PLUGIN_DIR=$PWD/build/plugins KREG_MANI
 timeout 60 ctest --test-dir build -j12 --output-on-failure -R "AttentionGpu|GpuConcatMlaK|GpuKernels|LplbGpu" >"$L/ctest.log" 2>&1
 echo "ctest rc=$?: $(grep -E 'tests passed' "$L/ctest.log") at $SECONDS s"
 grep -E "\((Failed|Timeout|SEGFAULT|Subprocess)|\*\*\*Failed" "$L/ctest.log" | head -20
-for tc in "layernorm_activation_test GpuKernels.PdlChains*" "attention_test AttentionGpu.PdlChainsThrough*"; do
-  set -- $tc
-  left 60 || break
-  timeout 30 compute-sanitizer --tool memcheck --error-exitcode 3 build/tests/kernels/$1 \
-    --gtest_filter="$2" >"$L/memcheck_$1.log" 2>&1
-  echo "memcheck $2 rc=$?: $(grep -E 'ERROR SUMMARY' "$L/memcheck_$1.log")"
-done
 demo=./build/tools/lplb_demo/lplb_demo
 lplb_variant() {  # $1 = patch name
   for r in 1 2; do echo "HEAD r$r: $(timeout 20 $demo --device cuda 2>&1 | grep -oE 'solve [0-9.]+ us')"; done
@@ -43,7 +36,14 @@ lplb_variant() {  # $1 = patch name
   fi
   cmake --build build -j16 --target kreg_lplb >>/tmp/build.log 2>&1
 }
-left 90 && lplb_variant lplb_cluster_read8
+left 60 && lplb_variant lplb_cluster_read8
+for tc in "layernorm_activation_test GpuKernels.PdlChains*" "attention_test AttentionGpu.PdlChainsThrough*"; do
+  set -- $tc
+  left 60 || break
+  timeout 30 compute-sanitizer --tool memcheck --error-exitcode 3 build/tests/kernels/$1 \
+    --gtest_filter="$2" >"$L/memcheck_$1.log" 2>&1
+  echo "memcheck $2 rc=$?: $(grep -E 'ERROR SUMMARY' "$L/memcheck_$1.log")"
+done
 if left 40; then
   for a in "layernorm.rmsnorm --shape T=64,H=7168" "layernorm.rmsnorm --shape T=16,H=4096" "layernorm.fused_add_rmsnorm --shape T=64,H=7168"; do
     echo "$a --pdl: $(timeout 20 ./build/tools/kreg bench $a --dtype bf16 --reps 200 --pdl 2>&1 | grep -oE 'median [0-9.]+ us|rror.*')"
