@@ -19,6 +19,29 @@ gpu_round_frame() {
   UNTIL=${UNTIL:-$1}
 }
 left() { [ $SECONDS -lt $((UNTIL - ${1:-0})) ]; }
+# The round scripts' start: the card, the build and the environment the tools and tests read.
+gpu_round_start() {
+  nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
+  gpu_build || return 1
+  echo "built at $SECONDS s"
+  export PYTHONPATH=$PWD/build/python KREG_PLUGIN_DIR=$PWD/build/plugins KREG_MANIFEST=$PWD/registry.yaml
+}
+# ctest bounded by $1 seconds, the tests matching $2 (all without it), log $L/ctest${3:-}.log:
+# the summary line and the failures.
+gpu_ctest() {
+  local log=$L/ctest${3:-}.log
+  timeout "$1" ctest --test-dir build -j12 --output-on-failure ${2:+-R "$2"} >"$log" 2>&1
+  echo "ctest${2:+ -R $2} rc=$?: $(grep -E 'tests passed' "$log") at $SECONDS s"
+  grep -E "\((Failed|Timeout|SEGFAULT|Subprocess)|\*\*\*Failed" "$log" | head -20
+}
+# compute-sanitizer memcheck of test binary $1 (build/tests/kernels) with gtest filter $2,
+# bounded by ${3:-40} s, log $L/memcheck_$1${4:-}.log.
+gpu_memcheck() {
+  local log=$L/memcheck_$1${4:-}.log
+  timeout "${3:-40}" compute-sanitizer --tool memcheck --error-exitcode 3 "build/tests/kernels/$1" \
+    --gtest_filter="$2" >"$log" 2>&1
+  echo "memcheck $2 rc=$?: $(grep -E 'ERROR SUMMARY' "$log")"
+}
 # The issue's peer rows (PEERS.md's decode sizes and MoE rows) with kreg bench on the card
 # at hand: the norms and silu plain, --pdl and --pdl --stable-inputs; align and
 # topk_softmax. Each bench is bounded by 20 s; the rows stop once `left ${1:-15}` fails.

@@ -13,13 +13,8 @@
 set -uo pipefail
 source tools/bench/gpu_common.sh
 gpu_round_frame 480
-nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
-gpu_build || exit 1
-echo "built at $SECONDS s"
-export PYTHONPATH=$PWD/build/python KREG_PLUGIN_DIR=$PWD/build/plugins KREG_MANIFEST=$PWD/registry.yaml
-timeout 180 ctest --test-dir build -j12 --output-on-failure >"$L/ctest.log" 2>&1
-echo "whole ctest rc=$?: $(grep -E 'tests passed' "$L/ctest.log") at $SECONDS s"
-grep -E "\((Failed|Timeout|SEGFAULT|Subprocess)|\*\*\*Failed" "$L/ctest.log" | head -20
+gpu_round_start || exit 1
+gpu_ctest 180
 SMALL="kvcache.store T=16,kvcache.store T=64,kvcache.set_mla_kv_buffer n=16,kvcache.set_mla_kv_buffer n=64,memory.copy_rows src 64x4096,memory.copy_rows MLA KV 4096x576,attention.concat_mla_k T=16,attention.mrope_interleave S=16,attention.fused_qk_norm_rope T=16"
 gpu_plain_vs_pdl "$SMALL" 200 60
 left 110 && gpu_peer_rows 60

@@ -11,10 +11,7 @@
 set -uo pipefail
 source tools/bench/gpu_common.sh
 gpu_round_frame 480
-nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
-gpu_build || exit 1
-echo "built at $SECONDS s"
-export PYTHONPATH=$PWD/build/python KREG_PLUGIN_DIR=$PWD/build/plugins KREG_MANIFEST=$PWD/registry.yaml
+gpu_round_start || exit 1
 if left 200; then
   bash tools/bench/gpu_plugin_ab.sh attention 2 '$PY tools/bench/vs_torch.py --reps 30 --no-compile --no-size-copy --only concat_mla_k --out /tmp/cab 2>&1 | grep -E "^attention" | cut -c1-110' \
     items2=tools/bench/ab/concat_items2.patch items4=tools/bench/ab/concat_items4.patch 2>&1 | tee "$L/concat_ab.log"
@@ -26,11 +23,8 @@ if left 120; then
   echo "rmsnorm A/B done at $SECONDS s"
 fi
 if left 60 && patch -p1 -s <tools/bench/ab/concat_items4.patch && cmake --build build -j16 >>/tmp/build.log 2>&1; then
-  timeout 40 ctest --test-dir build -j8 --output-on-failure -R AttentionGpu >"$L/ctest_c4.log" 2>&1
-  echo "items4: attention ctest rc=$?: $(grep -E 'tests passed' "$L/ctest_c4.log") at $SECONDS s"
-  timeout 40 compute-sanitizer --tool memcheck --error-exitcode 3 build/tests/kernels/attention_test \
-    --gtest_filter='AttentionGpu.LargeShapes:AttentionGpu.MatchTheCpu*:AttentionGpu.PdlChainsThrough*' >"$L/memcheck_c4.log" 2>&1
-  echo "items4 memcheck rc=$?: $(grep -E 'ERROR SUMMARY' "$L/memcheck_c4.log")"
+  gpu_ctest 40 AttentionGpu _c4
+  gpu_memcheck attention_test 'AttentionGpu.LargeShapes:AttentionGpu.MatchTheCpu*:AttentionGpu.PdlChainsThrough*' 40 _c4
   patch -R -p1 -s <tools/bench/ab/concat_items4.patch
 fi
 echo "done at $SECONDS s"

@@ -10,10 +10,7 @@
 set -uo pipefail
 source tools/bench/gpu_common.sh
 gpu_round_frame 420
-nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
-gpu_build || exit 1
-echo "built at $SECONDS s"
-export PYTHONPATH=$PWD/build/python KREG_PLUGIN_DIR=$PWD/build/plugins KREG_MANIFEST=$PWD/registry.yaml
+gpu_round_start || exit 1
 if left 300; then
   bash tools/bench/gpu_plugin_ab.sh attention 2 '$PY tools/bench/vs_torch.py --reps 30 --no-compile --no-size-copy --only concat_mla_k --out /tmp/cab 2>&1 | grep -E "^attention" | cut -c1-110' \
     nohint=tools/bench/ab/concat_nohint.patch store_plain=tools/bench/ab/concat_store_plain.patch 2>&1 | tee "$L/concat_ab.log"

@@ -17,24 +17,15 @@
 set -uo pipefail
 source tools/bench/gpu_common.sh
 gpu_round_frame 480
-nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
-gpu_build || exit 1
-echo "built at $SECONDS s"
-export PYTHONPATH=$PWD/build/python KREG_PLUGIN_DIR=$PWD/build/plugins KREG_MANIFEST=$PWD/registry.yaml
-timeout 180 ctest --test-dir build -j12 --output-on-failure >"$L/ctest.log" 2>&1
-echo "ctest rc=$?: $(grep -E 'tests passed' "$L/ctest.log") at $SECONDS s"
-grep -E "\((Failed|Timeout|SEGFAULT|Subprocess)|\*\*\*Failed" "$L/ctest.log" | head -20
+gpu_round_start || exit 1
+gpu_ctest 180
 demo=./build/tools/lplb_demo/lplb_demo
 lplb_variant() {  # $1 = patch name
   for r in 1 2; do echo "HEAD r$r: $(timeout 20 $demo --device cuda 2>&1 | grep -oE 'solve [0-9.]+ us')"; done
   if patch -p1 -s <tools/bench/ab/$1.patch && cmake --build build -j16 --target kreg_lplb >>/tmp/build.log 2>&1; then
-    timeout 40 ctest --test-dir build -j8 --output-on-failure -R LplbGpu >"$L/ctest_$1.log" 2>&1
-    echo "$1 ctest: $(grep -E 'tests passed' "$L/ctest_$1.log")"
-    grep -E "\((Failed|Timeout|SEGFAULT)|Failure" "$L/ctest_$1.log" | head -5
+    gpu_ctest 40 LplbGpu "_$1"
     for r in 1 2; do echo "$1 r$r: $(timeout 20 $demo --device cuda 2>&1 | grep -oE 'solve: .*|solve [0-9.]+ us' | tr '\n' ' ')"; done
-    left 40 && { timeout 30 compute-sanitizer --tool memcheck --error-exitcode 3 build/tests/kernels/lplb_test \
-      --gtest_filter='LplbGpu.SolveMatchesTheCpu*:LplbGpu.SolveReachesTheExact*' >"$L/memcheck_$1.log" 2>&1
-      echo "$1 memcheck rc=$?: $(grep -E 'ERROR SUMMARY' "$L/memcheck_$1.log")"; }
+    left 40 && gpu_memcheck lplb_test 'LplbGpu.SolveMatchesTheCpu*:LplbGpu.SolveReachesTheExact*' 30 "_$1"
     patch -R -p1 -s <tools/bench/ab/$1.patch
   else
     echo "$1: does not apply or build"; grep -E "error" /tmp/build.log | head -5
@@ -45,9 +36,7 @@ left 60 && lplb_variant lplb_cluster_read8
 for tc in "layernorm_activation_test GpuKernels.PdlChains*" "attention_test AttentionGpu.PdlChainsThrough*"; do
   set -- $tc
   left 60 || break
-  timeout 30 compute-sanitizer --tool memcheck --error-exitcode 3 build/tests/kernels/$1 \
-    --gtest_filter="$2" >"$L/memcheck_$1.log" 2>&1
-  echo "memcheck $2 rc=$?: $(grep -E 'ERROR SUMMARY' "$L/memcheck_$1.log")"
+  gpu_memcheck "$1" "$2" 30
 done
 if left 40; then
   for a in "layernorm.rmsnorm --shape T=64,H=7168" "layernorm.rmsnorm --shape T=16,H=4096" "layernorm.fused_add_rmsnorm --shape T=64,H=7168"; do
