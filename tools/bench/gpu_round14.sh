@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Issue 17, fourteenth round (prepared in session 13, not yet run), one device call, each
+# Issue 17, fourteenth round (prepared in session 13, ran in session 14 at b0e8740 with
+# UNTIL=540: docs/performance.md, "Thirteenth round"), one device call, each
 # step skipped once $SECONDS passes its deadline (UNTIL, default 480):
 #  1. Release build; the whole ctest suite (session 13's run stopped at 130 s with the three
 #     longest tests still running; the kvcache ones now build each case once);
