@@ -8,7 +8,8 @@
 #  2. lplb.solve reading A with a cluster of 8 blocks (tools/bench/ab/lplb_cluster_read8.patch):
 #     lplb_demo's solve time on HEAD and patched, the lplb GPU tests and memcheck patched;
 #     then memcheck of the layernorm and attention PDL chain tests;
-#  3. the norms' decode-size peer rows (--pdl);
+#  3. the norms' decode-size peer rows (--pdl); on an H200, the JIT odd widths and
+#     norm_scale_shift [B,H] (the targets missed only there);
 #  4. vs_torch (torch.compile included) for concat_mla_k;
 #  5. the cluster of 4 (lplb_cluster_read4.patch), as step 2;
 #  6. concat_mla_k with its former evict-first hints (concat_evict_first.patch) against HEAD,
@@ -42,6 +43,14 @@ if left 40; then
   for a in "layernorm.rmsnorm --shape T=64,H=7168" "layernorm.rmsnorm --shape T=16,H=4096" "layernorm.fused_add_rmsnorm --shape T=64,H=7168"; do
     echo "$a --pdl: $(timeout 20 ./build/tools/kreg bench $a --dtype bf16 --reps 200 --pdl 2>&1 | grep -oE 'median [0-9.]+ us|rror.*')"
   done
+fi
+# On an H200, the two targets missed only there: JIT odd widths and norm_scale_shift [B,H].
+if left 60 && nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
+  for h in 4096 4097 5121; do
+    be=jit; [ $h = 4096 ] && be=cuda
+    echo "rmsnorm T=32768 H=$h $be: $(timeout 30 ./build/tools/kreg bench layernorm.rmsnorm --shape T=32768,H=$h --backend $be --dtype bf16 --reps 100 2>&1 | grep -oE 'median.*of copy [0-9]+ GB/s')"
+  done
+  timeout 40 $PY tools/bench/vs_torch.py --reps 30 --no-compile --out /tmp/vsn --only "norm_scale_shift B=16" 2>&1 | grep -E "^diffusion" | cut -c1-150
 fi
 if left 40; then
   timeout $((UNTIL - SECONDS - 5)) $PY tools/bench/vs_torch.py --reps 30 --out /tmp/vst --only "concat_mla_k" >"$L/vs_torch.log" 2>&1
