@@ -14,7 +14,7 @@
 #  5. the cluster of 4 (lplb_cluster_read4.patch), as step 2;
 #  6. concat_mla_k with its former evict-first hints (concat_evict_first.patch) against HEAD,
 #     two rounds: the hints were dropped on an H100's measurement; on an H200 this says
-#     whether that holds there.
+#     whether that holds there; and blocks of 128 or 512 threads (concat_threads128/512).
 set -uo pipefail
 source tools/bench/gpu_common.sh
 gpu_round_frame 480
@@ -59,6 +59,7 @@ fi
 left 80 && lplb_variant lplb_cluster_read4
 if left 80; then
   bash tools/bench/gpu_plugin_ab.sh attention 2 '$PY tools/bench/vs_torch.py --reps 30 --no-compile --no-size-copy --only concat_mla_k --out /tmp/cab 2>&1 | grep -E "^attention" | cut -c1-110' \
-    evict_first=tools/bench/ab/concat_evict_first.patch 2>&1 | tee "$L/concat_ab.log"
+    evict_first=tools/bench/ab/concat_evict_first.patch t128=tools/bench/ab/concat_threads128.patch \
+    t512=tools/bench/ab/concat_threads512.patch 2>&1 | tee "$L/concat_ab.log"
 fi
 echo "done at $SECONDS s"
