@@ -94,7 +94,12 @@ TEST(LaunchStatus, ALaunchErrorIsAnInternalErrorNamingTheOp) {
                                         cudaGetErrorString(cudaErrorInvalidConfiguration));
 }
 
-int device_count();
+int device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
+  cudaGetLastError();
+  return n;
+}
 
 // device::launch only peeks at a launch error (it returns it): launch_status(ctx, op, err)
 // clears the runtime's last-error slot as it reports it, so that the next op's
@@ -116,13 +121,6 @@ TEST(Aligned16, SixteenByteAddressesOnly) {
   EXPECT_TRUE(device::aligned16(buf + 16));
   EXPECT_FALSE(device::aligned16(buf + 8));
   EXPECT_FALSE(device::aligned16(buf + 1));
-}
-
-int device_count() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
-  cudaGetLastError();
-  return n;
 }
 
 TEST(DeviceGuard, HostMemoryNeedsNoDevice) {
