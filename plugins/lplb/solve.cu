@@ -2,11 +2,16 @@
 // predictor-corrector (reference.cpp) in one thread block, in double precision.
 //
 // Launch shape: one block of kThreads threads; everything lives in dynamic shared memory.
+// On sm_90, when A is 16-byte aligned and longer than one round of the block's loads, the
+// block is the leader of a cluster of kReaders blocks that only help read A (step 1) and
+// then exit (H100, the 256/288/8 demo LP: 131.0 -> 123.8 us a solve).
 //   1. A (dense f32 in global memory) is read once when 16-byte aligned: chunks of 2048
 //      floats (16 float4 a lane in flight, behind a call so they do not share a register
-//      allocation with the iterations' values), chunk c to warp c % kWarps; a chunk's
-//      nonzeros are staged (flat index, value) with one shared atomic a chunk, then placed
-//      in row-major order by a scan of the chunk counts: A by rows (CSR). Unaligned, A is
+//      allocation with the iterations' values), chunk c to warp c % (kWarps * readers) of
+//      the cluster; a chunk's nonzeros are staged (flat index, value) in the leader's
+//      shared memory (distributed shared memory for the other blocks) with one atomic a
+//      chunk, then placed in row-major order by a scan of the chunk counts: A by rows
+//      (CSR). One SM alone reads the 314 KB of the demo LP at ~18 GB/s. Unaligned, A is
 //      read twice (count per warp range, then compact). A by columns (CSC) is filled from
 //      the CSR and each column sorted by row, so every sum below runs in a fixed order
 //      (bitwise deterministic).
@@ -49,6 +54,7 @@
 //        shared memory through the iterations (128 registers, no spills).
 // tools/bench/variants/lplb_solve_bench.cu holds the earlier kernels (V0, V1, V2) and this
 // one (V3), their per-phase profiles and the check of each against the CPU solve.
+#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 #include <atomic>
@@ -57,6 +63,7 @@
 
 #include "args.hpp"
 #include "kreg/device/launch.cuh"
+#include "kreg/device/pdl.cuh"
 #include "kreg/device/warp.cuh"
 #include "lplb.hpp"
 
@@ -692,14 +699,21 @@ __device__ void compact_a(const float* __restrict__ a, int64_t total, const int*
 // 16 float4 a lane in flight then do not share one register allocation with the values that
 // live through the iterations (inlined, the kernel spilled 52 bytes at 128 registers; as a
 // call, none, and no stack frame).
+//
+// With a cluster of `readers` blocks (sm_90), block `rank` takes chunks rank * kWarps + warp,
+// + readers * kWarps, ...: one SM keeps only so many bytes of loads in flight (~18 GB/s
+// measured for the whole 314 KB on one SM), so the read is spread over the cluster's SMs;
+// counter, staging and chunk table are the leader's (distributed shared memory), and the
+// leader's block takes the trailing floats.
 __device__ __noinline__ void read_a_once(const float* __restrict__ a, int64_t total, int nmain,
-                                         int* counter, uint32_t* stage_idx, float* stage_val,
-                                         int* chunk_soff, int* chunk_cnt) {
+                                         int first, int step, bool tail, int* counter,
+                                         uint32_t* stage_idx, float* stage_val, int* chunk_soff,
+                                         int* chunk_cnt) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const unsigned lt = (1u << lane) - 1u;
   const int64_t vecs = total / 4;
   const float4* a4 = reinterpret_cast<const float4*>(a);
-  for (int c = warp; c < nmain; c += kWarps) {
+  for (int c = first; c < nmain; c += step) {
     const int64_t base = static_cast<int64_t>(c) * kChunkVecs;
     float4 q[kReadUnroll];
 #pragma unroll
@@ -747,7 +761,7 @@ __device__ __noinline__ void read_a_once(const float* __restrict__ a, int64_t to
       run += all;
     }
   }
-  if (warp == nmain % kWarps) {
+  if (tail && warp == nmain % kWarps) {
     const int64_t flat = vecs * 4 + lane;
     const float v = flat < total ? a[flat] : 0.0f;
     const unsigned nz = __ballot_sync(kFullWarpMask, v != 0.0f);
@@ -771,7 +785,7 @@ __device__ __noinline__ void read_a_once(const float* __restrict__ a, int64_t to
 __global__ void __launch_bounds__(kThreads, 1)
     ipm_kernel(const float* __restrict__ a_g, const float* __restrict__ b_g,
                const float* __restrict__ c_g, float* __restrict__ x_out, float* __restrict__ status,
-               int m, int n, int max_iter, double tol, bool vec4) {
+               int m, int n, int max_iter, double tol, bool vec4, int readers) {
   extern __shared__ __align__(16) unsigned char smem[];
   const Layout L = make_layout(m, n);
   auto dv = [&](size_t off) { return reinterpret_cast<double*>(smem + off); };
@@ -809,6 +823,32 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (tid == 0) misc[kMiscStage] = 0;
   for (int j = tid; j < n; j += kThreads) col_fill[j] = 0;
   __syncthreads();
+  const int64_t vecs = total / 4;
+  const int nmain = static_cast<int>((vecs + kChunkVecs - 1) / kChunkVecs);
+  // nchunks is defined here on sm_90 and below the read of A elsewhere: ptxas keeps 128
+  // registers without spills only so (the other placement spills 40 bytes on sm_90, this
+  // one 16 on sm_80); the value is the same.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const int nchunks = nmain + 1;
+  namespace cg = cooperative_groups;
+  if (readers > 1) {
+    // The cluster's blocks: every rank zeroed its counter above; the leader's is the one
+    // used, and the barrier orders that zero before any remote add.
+    cg::cluster_group cluster = cg::this_cluster();
+    cluster.sync();
+    const int rank = static_cast<int>(cluster.block_rank());
+    if (rank != 0) {
+      if (vec4) {
+        read_a_once(a_g, total, nmain, rank * kWarps + warp, readers * kWarps, false,
+                    cluster.map_shared_rank(&misc[kMiscStage], 0),
+                    cluster.map_shared_rank(stage_idx, 0), cluster.map_shared_rank(stage_val, 0),
+                    cluster.map_shared_rank(chunk_soff, 0), cluster.map_shared_rank(chunk_cnt, 0));
+      }
+      cluster.sync();  // the leader reads the staging after this (release / acquire)
+      return;
+    }
+  }
+#endif
 
   // ---- One phase: the scales' partial maxima (b and c kept in registers) and A ----
   float bv[2], cv[4];
@@ -829,14 +869,23 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   for (int j = tid + 4 * kThreads; j < n; j += kThreads)
     scale[1] = fmax(scale[1], fabs(static_cast<double>(c_g[j])));
-  const int64_t vecs = total / 4;
-  const int nmain = static_cast<int>((vecs + kChunkVecs - 1) / kChunkVecs);
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ < 900
   const int nchunks = nmain + 1;
+#endif
   if (vec4) {
-    read_a_once(a_g, total, nmain, &misc[kMiscStage], stage_idx, stage_val, chunk_soff, chunk_cnt);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const int step = readers * kWarps;
+#else
+    constexpr int step = kWarps;  // no cluster below sm_90 (and no register kept for one)
+#endif
+    read_a_once(a_g, total, nmain, warp, step, true, &misc[kMiscStage], stage_idx, stage_val,
+                chunk_soff, chunk_cnt);
   } else {
     count_a<1>(a_g, total, misc);
   }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (readers > 1) cooperative_groups::this_cluster().sync();  // the other ranks' chunks
+#endif
   for (int off = 16; off > 0; off /= 2) {
     scale[0] = fmax(scale[0], __shfl_xor_sync(kFullWarpMask, scale[0], off));
     scale[1] = fmax(scale[1], __shfl_xor_sync(kFullWarpMask, scale[1], off));
@@ -1351,6 +1400,29 @@ __global__ void __launch_bounds__(kThreads, 1)
 constexpr int kMaxDevices = 64;
 std::atomic<int> g_smem_set[kMaxDevices];
 
+// Blocks of the cluster that reads A (sm_90): kReaders where a cluster of kReaders blocks
+// with `smem` bytes each can be resident, else 1. Cached per device and size (the answer
+// depends on both; the size changes rarely). 4 rather than 8 (H100, demo LP: 123.8 against
+// 124.7 us; one block 131.0).
+constexpr int kReaders = 4;
+std::atomic<int64_t> g_readers[kMaxDevices];  // (smem << 8) | readers, 0 = not asked
+
+int cluster_readers(int dev, size_t smem) {
+  const int64_t key = static_cast<int64_t>(smem) << 8;
+  if (dev >= 0 && dev < kMaxDevices) {
+    const int64_t known = g_readers[dev].load(std::memory_order_relaxed);
+    if (known != 0 && (known & ~int64_t{0xff}) == key) return static_cast<int>(known & 0xff);
+  }
+  int major = 0, readers = 1;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+      major >= 9 && device::max_active_clusters(ipm_kernel, kReaders, dim3(kThreads), smem) > 0) {
+    readers = kReaders;
+  }
+  cudaGetLastError();  // a failed attribute query leaves nothing for the next op either
+  if (dev >= 0 && dev < kMaxDevices) g_readers[dev].store(key | readers, std::memory_order_relaxed);
+  return readers;
+}
+
 }  // namespace
 
 KernelStatus solve_cuda(Context& ctx, const DLTensor& a, const DLTensor& b, const DLTensor& c,
@@ -1396,11 +1468,18 @@ KernelStatus solve_cuda(Context& ctx, const DLTensor& a, const DLTensor& b, cons
   }
   const float* a_ptr = data_ptr<const float>(a);
   const bool vec4 = device::aligned16(a_ptr);
-  ipm_kernel<<<1, kThreads, layout.total, static_cast<cudaStream_t>(ctx.stream())>>>(
-      a_ptr, data_ptr<const float>(b), data_ptr<const float>(c), data_ptr<float>(out_x),
+  // A of more than one round of the block's loads (kWarps chunks) is read by a cluster of
+  // kReaders blocks on sm_90, where kReaders SMs of one GPC can each hold the solver's
+  // shared memory (asked once per device); one block elsewhere.
+  const int64_t nmain = (m * n / 4 + kChunkVecs - 1) / kChunkVecs;
+  const int readers = vec4 && nmain > kWarps ? cluster_readers(dev, layout.total) : 1;
+  const cudaError_t err = device::launch_clusters(
+      ipm_kernel, dim3(static_cast<unsigned>(readers)), dim3(kThreads), layout.total,
+      static_cast<cudaStream_t>(ctx.stream()), false, static_cast<unsigned>(readers), a_ptr,
+      data_ptr<const float>(b), data_ptr<const float>(c), data_ptr<float>(out_x),
       data_ptr<float>(out_status), static_cast<int>(m), static_cast<int>(n),
-      static_cast<int>(max_iter), tol, vec4);
-  return device::launch_status(ctx, "lplb.solve");
+      static_cast<int>(max_iter), tol, vec4, readers);
+  return device::launch_status(ctx, "lplb.solve", err);
 }
 
 }  // namespace kreg::lplb

@@ -834,24 +834,14 @@ int wide_clusters_at_once(const Geometry& g) {
   }
   auto* kernel = &sampling_kernel<M, kWideCluster>;
   int clusters = 0;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(kWideCluster);
-  config.blockDim = dim3(static_cast<unsigned>(g.threads));
-  config.dynamicSmemBytes = g.smem;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = kWideCluster;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  config.attrs = attr;
-  config.numAttrs = 1;
-  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) !=
-          cudaSuccess ||
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) ==
+          cudaSuccess &&
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(g.smem)) != cudaSuccess ||
-      cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess) {
+                           static_cast<int>(g.smem)) == cudaSuccess) {
+    clusters = device::max_active_clusters(kernel, kWideCluster,
+                                           dim3(static_cast<unsigned>(g.threads)), g.smem);
+  } else {
     cudaGetLastError();  // not an error of the call: the portable size serves
-    clusters = 0;
   }
   known = Known{dev, g.smem, g.threads, clusters};
   return clusters;

@@ -54,6 +54,39 @@ inline bool pdl_supported() {
   return known[dev] > 0;
 }
 
+// The launch configuration of launch_clusters: `cluster_x` blocks a cluster along x (1: no
+// cluster attribute) and programmatic stream serialization when `programmatic`. Not
+// copyable: `config.attrs` points into the object.
+struct ClusterLaunchConfig {
+  cudaLaunchConfig_t config = {};
+  cudaLaunchAttribute attr[2] = {};
+
+  ClusterLaunchConfig(dim3 grid, dim3 block, size_t smem, cudaStream_t stream, unsigned cluster_x,
+                      bool programmatic) {
+    config.gridDim = grid;
+    config.blockDim = block;
+    config.dynamicSmemBytes = smem;
+    config.stream = stream;
+    unsigned n = 0;
+    if (cluster_x > 1) {
+      attr[n].id = cudaLaunchAttributeClusterDimension;
+      attr[n].val.clusterDim.x = cluster_x;
+      attr[n].val.clusterDim.y = 1;
+      attr[n].val.clusterDim.z = 1;
+      ++n;
+    }
+    if (programmatic) {
+      attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      attr[n].val.programmaticStreamSerializationAllowed = 1;
+      ++n;
+    }
+    config.attrs = attr;
+    config.numAttrs = n;
+  }
+  ClusterLaunchConfig(const ClusterLaunchConfig&) = delete;
+  ClusterLaunchConfig& operator=(const ClusterLaunchConfig&) = delete;
+};
+
 // Launches `kernel` in thread block clusters of `cluster_x` blocks along x (sm90+; 1: no
 // cluster), with programmatic stream serialization when `pdl` is asked for and the device
 // supports it; the launch's error is returned, and also left for cudaGetLastError
@@ -67,28 +100,25 @@ cudaError_t launch_clusters(void (*kernel)(Params...), dim3 grid, dim3 block, si
     kernel<<<grid, block, smem, stream>>>(std::forward<Args>(args)...);
     return cudaPeekAtLastError();
   }
-  cudaLaunchConfig_t config = {};
-  config.gridDim = grid;
-  config.blockDim = block;
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  cudaLaunchAttribute attr[2];
-  unsigned n = 0;
-  if (cluster_x > 1) {
-    attr[n].id = cudaLaunchAttributeClusterDimension;
-    attr[n].val.clusterDim.x = cluster_x;
-    attr[n].val.clusterDim.y = 1;
-    attr[n].val.clusterDim.z = 1;
-    ++n;
+  const ClusterLaunchConfig launch(grid, block, smem, stream, cluster_x, programmatic);
+  return cudaLaunchKernelEx(&launch.config, kernel,
+                            static_cast<Params>(std::forward<Args>(args))...);
+}
+
+// How many clusters of `cluster_x` blocks of `block` threads and `smem` bytes of dynamic
+// shared memory the current device runs at once (cudaOccupancyMaxActiveClusters); 0 when
+// it cannot or the query fails (the error is cleared: the caller falls back to a launch
+// without clusters or with fewer blocks). The kernel's shared-memory and non-portable
+// cluster attributes must be set first, as for the launch.
+template <typename... Params>
+int max_active_clusters(void (*kernel)(Params...), unsigned cluster_x, dim3 block, size_t smem) {
+  const ClusterLaunchConfig query(dim3(cluster_x), block, smem, nullptr, cluster_x, false);
+  int clusters = 0;
+  if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &query.config) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
   }
-  if (programmatic) {
-    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[n].val.programmaticStreamSerializationAllowed = 1;
-    ++n;
-  }
-  config.attrs = attr;
-  config.numAttrs = n;
-  return cudaLaunchKernelEx(&config, kernel, static_cast<Params>(std::forward<Args>(args))...);
+  return clusters;
 }
 
 // launch_clusters without clusters: the usual launch of a kernel that may take PDL.
