@@ -5,6 +5,10 @@
 // written once, so A needs no separate zero fill. An expert row's element checks the
 // expert's C replica ids (a few cached loads). Ids outside [0, R) act as padding and a
 // replica whose GPU is outside [0, num_gpus) is on no GPU: the CPU reference refuses both.
+//
+// Programmatic dependent launch (KREG_LAUNCH_PDL), as every lplb kernel: the next kernel
+// may be scheduled at once, and this one waits (griddepcontrol.wait) before it touches
+// global memory, since the kernel before it may still read A, b, c or write the topology.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -12,6 +16,7 @@
 
 #include "args.hpp"
 #include "kreg/device/launch.cuh"
+#include "kreg/device/pdl.cuh"
 #include "kreg/dtype.hpp"
 #include "lplb.hpp"
 
@@ -27,6 +32,8 @@ __global__ void __launch_bounds__(kBlock)
                     const int32_t* __restrict__ phy2gpu, float* __restrict__ a,
                     float* __restrict__ b, float* __restrict__ c, int64_t L, int64_t C, int64_t R,
                     int64_t G) {
+  device::pdl_launch_dependents();
+  device::pdl_wait();
   const int64_t m = L + G, n = R + 1 + G;
   const int64_t total = m * n + m + n;
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -76,11 +83,12 @@ KernelStatus build_lp_cuda(Context& ctx, const DLTensor& counts, const DLTensor&
   const auto stream = static_cast<cudaStream_t>(ctx.stream());
   return device::visit_dtype<int32_t, int64_t, float>(ctx, kOp, counts, [&](auto tag) {
     using Count = decltype(tag);
-    build_lp_kernel<Count><<<blocks, kBlock, 0, stream>>>(
+    const cudaError_t err = device::launch(
+        build_lp_kernel<Count>, dim3(blocks), dim3(kBlock), 0, stream, ctx.pdl(),
         data_ptr<const Count>(counts), data_ptr<const int32_t>(log2phy),
         data_ptr<const int32_t>(phy2gpu), data_ptr<float>(out_a), data_ptr<float>(out_b),
         data_ptr<float>(out_c), L, C, R, G);
-    return device::launch_status(ctx, kOp);
+    return device::launch_status(ctx, kOp, err);
   });
 }
 

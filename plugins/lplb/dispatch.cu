@@ -5,12 +5,17 @@
 // gathers from x, C stores. dispatch: one thread per (token, slot), grid-stride; the
 // expert's row of probabilities and ids (C values each) is read through the cache, the
 // tables being tiny (L x C) and shared by every token.
+//
+// Programmatic dependent launch (KREG_LAUNCH_PDL): both let the next kernel be scheduled
+// at once and wait (griddepcontrol.wait) before their first global access: x and status
+// come from solve, probs from replica_probabilities, topk_ids from the router.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
 
 #include "kreg/device/launch.cuh"
+#include "kreg/device/pdl.cuh"
 #include "kreg/dtype.hpp"
 #include "lplb.hpp"
 #include "replica_math.hpp"
@@ -31,6 +36,8 @@ __global__ void __launch_bounds__(kBlock)
     probabilities_kernel(const Count* __restrict__ counts, const int32_t* __restrict__ log2phy,
                          const float* __restrict__ x, const float* __restrict__ status,
                          float* __restrict__ probs, int64_t L, int64_t C, int64_t n_x) {
+  device::pdl_launch_dependents();
+  device::pdl_wait();
   const bool converged = status[kStatusConverged] == 1.0f;
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t l = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; l < L; l += step) {
@@ -43,6 +50,8 @@ __global__ void __launch_bounds__(kBlock)
     dispatch_kernel(const int32_t* __restrict__ topk_ids, const float* __restrict__ probs,
                     const int32_t* __restrict__ log2phy, const float* __restrict__ u,
                     int32_t* __restrict__ out, int64_t slots, int64_t L, int64_t C) {
+  device::pdl_launch_dependents();
+  device::pdl_wait();
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < slots;
        i += step) {
@@ -64,10 +73,11 @@ KernelStatus replica_probabilities_cuda(Context& ctx, const DLTensor& counts,
   const auto stream = static_cast<cudaStream_t>(ctx.stream());
   return device::visit_dtype<int32_t, int64_t, float>(ctx, kOp, counts, [&](auto tag) {
     using Count = decltype(tag);
-    probabilities_kernel<Count><<<blocks_for(L), kBlock, 0, stream>>>(
+    const cudaError_t err = device::launch(
+        probabilities_kernel<Count>, dim3(blocks_for(L)), dim3(kBlock), 0, stream, ctx.pdl(),
         data_ptr<const Count>(counts), data_ptr<const int32_t>(log2phy), data_ptr<const float>(x),
         data_ptr<const float>(status), data_ptr<float>(out_probs), L, C, x.shape[0]);
-    return device::launch_status(ctx, kOp);
+    return device::launch_status(ctx, kOp, err);
   });
 }
 
@@ -78,11 +88,12 @@ KernelStatus dispatch_cuda(Context& ctx, const DLTensor& topk_ids, const DLTenso
   if (slots == 0) return kOk;
   const device::DeviceGuard guard(topk_ids);
   if (!guard.ok()) return guard.fail(ctx, kOp);
-  dispatch_kernel<<<blocks_for(slots), kBlock, 0, static_cast<cudaStream_t>(ctx.stream())>>>(
-      data_ptr<const int32_t>(topk_ids), data_ptr<const float>(probs),
-      data_ptr<const int32_t>(log2phy), data_ptr<const float>(u), data_ptr<int32_t>(out_phy_ids),
-      slots, L, C);
-  return device::launch_status(ctx, kOp);
+  const cudaError_t err = device::launch(
+      dispatch_kernel, dim3(blocks_for(slots)), dim3(kBlock), 0,
+      static_cast<cudaStream_t>(ctx.stream()), ctx.pdl(), data_ptr<const int32_t>(topk_ids),
+      data_ptr<const float>(probs), data_ptr<const int32_t>(log2phy), data_ptr<const float>(u),
+      data_ptr<int32_t>(out_phy_ids), slots, L, C);
+  return device::launch_status(ctx, kOp, err);
 }
 
 }  // namespace kreg::lplb

@@ -786,6 +786,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     ipm_kernel(const float* __restrict__ a_g, const float* __restrict__ b_g,
                const float* __restrict__ c_g, float* __restrict__ x_out, float* __restrict__ status,
                int m, int n, int max_iter, double tol, bool vec4, int readers) {
+  // PDL (KREG_LAUNCH_PDL): the next kernel may be scheduled at once; A, b and c may be the
+  // previous kernel's output (build_lp), x and status may still be read by it.
+  device::pdl_launch_dependents();
+  device::pdl_wait();
   extern __shared__ __align__(16) unsigned char smem[];
   const Layout L = make_layout(m, n);
   auto dv = [&](size_t off) { return reinterpret_cast<double*>(smem + off); };
@@ -1475,7 +1479,7 @@ KernelStatus solve_cuda(Context& ctx, const DLTensor& a, const DLTensor& b, cons
   const int readers = vec4 && nmain > kWarps ? cluster_readers(dev, layout.total) : 1;
   const cudaError_t err = device::launch_clusters(
       ipm_kernel, dim3(static_cast<unsigned>(readers)), dim3(kThreads), layout.total,
-      static_cast<cudaStream_t>(ctx.stream()), false, static_cast<unsigned>(readers), a_ptr,
+      static_cast<cudaStream_t>(ctx.stream()), ctx.pdl(), static_cast<unsigned>(readers), a_ptr,
       data_ptr<const float>(b), data_ptr<const float>(c), data_ptr<float>(out_x),
       data_ptr<float>(out_status), static_cast<int>(m), static_cast<int>(n),
       static_cast<int>(max_iter), tol, vec4, readers);

@@ -857,6 +857,86 @@ TEST_F(LplbGpu, DispatchMatchesTheCpuReferenceAtScale) {
   EXPECT_TRUE(harness::device_synchronize().ok());
 }
 
+// Programmatic dependent launch (KREG_LAUNCH_PDL) through the group's four kernels, as a
+// model step chains them: build_lp -> solve -> (the next batch's build_lp, rewriting the A,
+// b and c that solve reads) -> replica_probabilities (reading solve's x and status, two
+// kernels back) -> dispatch, then the second batch's solve, probabilities and dispatch.
+// Bit for bit what the same chain gives without PDL, repeated so that a race has chances
+// to show.
+TEST_F(LplbGpu, PdlChainsReadWhatTheKernelBeforeWrote) {
+  const Instance in = large_instance(5);
+  Instance in2 = in;
+  std::mt19937_64 rng(3);
+  std::shuffle(in2.counts.begin(), in2.counts.end(), rng);
+  const int64_t T = 4096, K = 8;
+  std::vector<double> ids(static_cast<size_t>(T * K)), u(ids.size());
+  std::uniform_int_distribution<int64_t> e(0, in.L - 1);
+  std::uniform_real_distribution<double> ud(0.0, 1.0);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    ids[i] = static_cast<double>(e(rng));
+    u[i] = ud(rng);
+  }
+  KernelHandle build = handle("lplb.build_lp", kGpu, DType::kI32);
+  KernelHandle solve = handle("lplb.solve", kGpu, DType::kF32);
+  KernelHandle prob = handle("lplb.replica_probabilities", kGpu, DType::kI32);
+  KernelHandle disp = handle("lplb.dispatch", kGpu, DType::kI32);
+  const AttrList build_attrs = attrs(build, {{"num_gpus", in.G}});
+  const AttrList solve_attrs = attrs(solve, {{"max_iter", int64_t{30}}});
+  Buffer counts1 = make(kGpu, DType::kI32, {in.L}, in.counts);
+  Buffer counts2 = make(kGpu, DType::kI32, {in.L}, in2.counts);
+  Buffer l2p = make(kGpu, DType::kI32, {in.L, in.C}, in.log2phy);
+  Buffer p2g = make(kGpu, DType::kI32, {in.R}, in.phy2gpu);
+  Buffer idb = make(kGpu, DType::kI32, {T, K}, ids);
+  Buffer ub = make(kGpu, DType::kF32, {T, K}, u);
+  auto run_chain = [&](uint64_t flags) {
+    // A, b, c; then x, status, probs, phy_ids per batch; poisoned (make without values).
+    std::vector<Buffer> out;
+    out.push_back(make(kGpu, DType::kF32, {in.M(), in.N()}, {}));
+    out.push_back(make(kGpu, DType::kF32, {in.M()}, {}));
+    out.push_back(make(kGpu, DType::kF32, {in.N()}, {}));
+    for (int batch = 0; batch < 2; ++batch) {
+      out.push_back(make(kGpu, DType::kF32, {in.N()}, {}));
+      out.push_back(make(kGpu, DType::kF32, {8}, {}));
+      out.push_back(make(kGpu, DType::kF32, {in.L, in.C}, {}));
+      out.push_back(make(kGpu, DType::kI32, {T, K}, {}));
+    }
+    const CallOptions first{nullptr, nullptr, 0};
+    const CallOptions next{nullptr, nullptr, flags};
+    auto run_build = [&](Buffer& counts, const CallOptions& o) {
+      DLTensor* a[] = {counts.tensor(),    l2p.tensor(),       p2g.tensor(),
+                       out[0].tensor(), out[1].tensor(), out[2].tensor()};
+      EXPECT_TRUE(build.call(a, build_attrs.view(), o).ok());
+    };
+    auto run_solve = [&](size_t at) {
+      DLTensor* a[] = {out[0].tensor(), out[1].tensor(), out[2].tensor(), out[at].tensor(),
+                       out[at + 1].tensor()};
+      EXPECT_TRUE(solve.call(a, solve_attrs.view(), next).ok());
+    };
+    auto run_rest = [&](Buffer& counts, size_t at) {
+      DLTensor* p[] = {counts.tensor(), l2p.tensor(), out[at].tensor(), out[at + 1].tensor(),
+                       out[at + 2].tensor()};
+      EXPECT_TRUE(prob.call(p, {}, next).ok());
+      DLTensor* d[] = {idb.tensor(), out[at + 2].tensor(), l2p.tensor(), ub.tensor(),
+                       out[at + 3].tensor()};
+      EXPECT_TRUE(disp.call(d, {}, next).ok());
+    };
+    run_build(counts1, first);
+    run_solve(3);
+    run_build(counts2, next);  // rewrites A, b while the solve before it may read them
+    run_rest(counts1, 3);
+    run_solve(7);
+    run_rest(counts2, 7);
+    EXPECT_TRUE(harness::device_synchronize().ok());
+    std::vector<std::vector<uint8_t>> bytes;
+    for (const Buffer& b : out) bytes.push_back(test::bytes_of(b));
+    return bytes;
+  };
+  // The two batches must differ, or a solve reading the wrong b would go unseen.
+  const std::vector<std::vector<uint8_t>> plain = run_chain(0);
+  ASSERT_NE(plain[3], plain[7]) << "the two batches' solutions are equal";
+  test::expect_pdl_chain_matches_plain(run_chain, 5);
+}
+
 TEST_F(LplbGpu, CpuTensorsToTheCudaPathAreRefused) {
   Instance in;
   in.L = 2, in.C = 2, in.R = 3, in.G = 2;

@@ -41,6 +41,7 @@ struct Options {
   double zipf = 1.0;
   uint64_t seed = 1;
   int reps = 200;
+  bool pdl = false;  // CUDA: launch flag KREG_LAUNCH_PDL on every call
 };
 
 struct Placement {
@@ -135,6 +136,56 @@ double time_us(bool gpu, int reps, const std::function<bool()>& fn) {
   for (int i = 0; i < reps; ++i) fn();
   const auto t1 = std::chrono::steady_clock::now();
   return std::chrono::duration<double, std::micro>(t1 - t0).count() / reps;
+}
+
+// CUDA: the whole step (the four ops, as a model step runs them) as replays of a graph of
+// kGraphSteps steps on a stream of its own, with `flags` on every call; the median of
+// `reps` replays, per step. -1 when a call fails or the graph cannot be built.
+double step_graph_us(int reps, uint64_t flags,
+                     const std::function<bool(const kreg::CallOptions&)>& step) {
+#if defined(KREG_HAVE_CUDA)
+  constexpr int kGraphSteps = 16;
+  cudaStream_t stream = nullptr;
+  if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) return -1;
+  const kreg::CallOptions options{stream, nullptr, flags};
+  double result = -1;
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  cudaEvent_t start = nullptr, stop = nullptr;
+  bool ok = step(options) && cudaStreamSynchronize(stream) == cudaSuccess &&
+            cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) == cudaSuccess;
+  if (ok) {
+    for (int i = 0; i < kGraphSteps && ok; ++i) ok = step(options);
+    ok = cudaStreamEndCapture(stream, &graph) == cudaSuccess && ok;
+  }
+  ok = ok && cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess &&
+       cudaEventCreate(&start) == cudaSuccess && cudaEventCreate(&stop) == cudaSuccess &&
+       cudaGraphLaunch(exec, stream) == cudaSuccess;
+  if (ok) {
+    std::vector<double> samples;
+    for (int r = 0; r < reps; ++r) {
+      cudaEventRecord(start, stream);
+      cudaGraphLaunch(exec, stream);
+      cudaEventRecord(stop, stream);
+      cudaEventSynchronize(stop);
+      float ms = 0;
+      cudaEventElapsedTime(&ms, start, stop);
+      samples.push_back(1000.0 * ms / kGraphSteps);
+    }
+    std::sort(samples.begin(), samples.end());
+    if (cudaStreamSynchronize(stream) == cudaSuccess) result = samples[samples.size() / 2];
+  }
+  cudaGetLastError();  // a failed capture leaves its error here; the result says it failed
+  if (start != nullptr) cudaEventDestroy(start);
+  if (stop != nullptr) cudaEventDestroy(stop);
+  if (exec != nullptr) cudaGraphExecDestroy(exec);
+  if (graph != nullptr) cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+  return result;
+#else
+  (void)reps, (void)flags, (void)step;
+  return -1;
+#endif
 }
 
 int run(const Options& o) {
@@ -259,15 +310,30 @@ int run(const Options& o) {
     }
     return st.ok();
   };
-  auto call_build = [&] { return check(build.call(build_args, build_attrs->view())); };
-  auto call_solve = [&] { return check(solve.call(solve_args, solve_attrs->view())); };
-  auto call_prob = [&] { return check(prob.call(prob_args)); };
-  auto call_disp = [&] { return check(disp.call(disp_args)); };
+  const kreg::CallOptions plain{nullptr, nullptr, o.pdl ? uint64_t{KREG_LAUNCH_PDL} : 0};
+  auto call_build = [&] { return check(build.call(build_args, build_attrs->view(), plain)); };
+  auto call_solve = [&] { return check(solve.call(solve_args, solve_attrs->view(), plain)); };
+  auto call_prob = [&] { return check(prob.call(prob_args, {}, plain)); };
+  auto call_disp = [&] { return check(disp.call(disp_args, {}, plain)); };
   const double t_build = time_us(gpu, o.reps, call_build);
   const double t_solve = time_us(gpu, gpu ? o.reps : std::max(1, o.reps / 20), call_solve);
   const double t_prob = time_us(gpu, o.reps, call_prob);
   const double t_disp = time_us(gpu, o.reps, call_disp);
   if (t_build < 0 || t_solve < 0 || t_prob < 0 || t_disp < 0) return 1;
+  double t_step = -1;
+  if (gpu) {
+    t_step = step_graph_us(std::max(1, o.reps / 10), plain.launch_flags,
+                           [&](const kreg::CallOptions& opt) {
+                             return check(build.call(build_args, build_attrs->view(), opt)) &&
+                                    check(solve.call(solve_args, solve_attrs->view(), opt)) &&
+                                    check(prob.call(prob_args, {}, opt)) &&
+                                    check(disp.call(disp_args, {}, opt));
+                           });
+    if (t_step < 0) {
+      std::fprintf(stderr, "lplb_demo: the step's CUDA graph could not be built or run\n");
+      return 1;
+    }
+  }
   if (!kreg::harness::device_synchronize().ok()) return 1;
 
   const std::vector<double> st = *status.to_doubles();
@@ -301,6 +367,10 @@ int run(const Options& o) {
       "time per call (%s): build_lp %.2f us, solve %.2f us, replica_probabilities %.2f us, "
       "dispatch %.2f us\n",
       gpu ? "CUDA events, back-to-back launches" : "wall clock", t_build, t_solve, t_prob, t_disp);
+  if (gpu) {
+    std::printf("step (the four ops, CUDA graph replays%s): %.2f us\n",
+                o.pdl ? ", programmatic dependent launch" : "", t_step);
+  }
   return st[0] == 1.0 ? 0 : 1;
 }
 
@@ -327,6 +397,8 @@ int main(int argc, char** argv) {
   app.add_option("--max-iter", o.max_iter, "interior-point iterations at most");
   app.add_option("--seed", o.seed, "random seed");
   app.add_option("--reps", o.reps, "timed calls per op")->check(CLI::Range(1, 100000));
+  app.add_flag("--pdl", o.pdl,
+               "CUDA: ask for programmatic dependent launch (KREG_LAUNCH_PDL) on every call");
   CLI11_PARSE(app, argc, argv);
   if (o.experts % o.gpus != 0) {
     std::fprintf(stderr, "lplb_demo: --gpus must divide --experts\n");
