@@ -44,8 +44,10 @@ constexpr Op kOps[] = {
      .description = "out = silu(group_norm(x) * weight[c] + bias[c]); x, out [N,C,*] (rank >= 2, "
                     "trailing dims flattened), weight, bias [C]; num_groups divides C; statistics "
                     "over C/G channels x spatial (biased variance, eps); one dtype, fp32 math, one "
-                    "rounding. CUDA: one block per (sample, group): shifted one-pass statistics, "
-                    "then an L2 re-read to normalize.",
+                    "rounding. CUDA (16-byte vectors, sm_90): a group split over a cluster of "
+                    "blocks, shifted one-pass statistics reduced over the cluster, then an L2 "
+                    "re-read to normalize; small groups held in registers; else one block per "
+                    "(sample, group).",
      .impls = {cpu(bind<&group_norm_silu_cpu>, "reference.cpp"),
                KREG_IF_CUDA(cuda(bind<&group_norm_silu_cuda>, "group_norm_silu.cu"))}},
 };
