@@ -24,9 +24,9 @@ if left 40; then
 fi
 left 60 && gpu_memcheck lplb_test 'LplbGpu.*' 50
 if left 60; then
-  timeout 60 ncu --clock-control none -k regex:group_norm_silu -s 3 -c 1 \
+  timeout 60 ncu --clock-control none -k regex:group_norm_silu -s 2 -c 1 \
     --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sector_hit_rate.pct,dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_sectors_srcunit_tex_op_read.sum,sm__warps_active.avg.pct_of_peak_sustained_active \
-    $PY tools/bench/vs_torch.py --reps 3 --no-compile --no-size-copy --out /tmp/gn --only "group_norm_silu N=16 C=512" >"$L/ncu_gns.log" 2>&1
+    $PY tools/bench/ncu_case.py --only "group_norm_silu N=16 C=512" >"$L/ncu_gns.log" 2>&1
   echo "ncu gns rc=$?"
   grep -E "group_norm_silu|duration|bytes|hit_rate|throughput|sectors|warps_active" "$L/ncu_gns.log" | head -20
 fi
