@@ -8,7 +8,10 @@
 #     graph replays; compute-sanitizer memcheck of every lplb GPU test;
 #  3. ncu of group_norm_silu N=16 C=512 64x64 (vs_torch's case): DRAM bytes read and
 #     written against the tensors' 134 MB, L2 hit rate, duration, DRAM throughput: whether
-#     the 76% of copy is bytes (pass 2 missing L2) or time between them.
+#     the 76% of copy is bytes (pass 2 missing L2) or time between them;
+#  4. on an H200 (none lent in sessions 13-15): the targets missed only there (JIT odd
+#     widths, norm_scale_shift [B,H]), the issue's peer rows, concat_mla_k against
+#     torch.compile.
 set -uo pipefail
 source tools/bench/gpu_common.sh
 gpu_round_frame 420
@@ -29,5 +32,16 @@ if left 60; then
     $PY tools/bench/ncu_case.py --only "group_norm_silu N=16 C=512" >"$L/ncu_gns.log" 2>&1
   echo "ncu gns rc=$?"
   grep -E "group_norm_silu|duration|bytes|hit_rate|throughput|sectors|warps_active" "$L/ncu_gns.log" | head -20
+fi
+if left 60 && nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
+  for h in 4096 4097 5121; do
+    be=jit; [ $h = 4096 ] && be=cuda
+    echo "rmsnorm T=32768 H=$h $be: $(timeout 30 ./build/tools/kreg bench layernorm.rmsnorm --shape T=32768,H=$h --backend $be --dtype bf16 --reps 100 2>&1 | grep -oE 'median.*of copy [0-9]+ GB/s')"
+  done
+  timeout 40 $PY tools/bench/vs_torch.py --reps 30 --no-compile --out /tmp/vsn --only "norm_scale_shift B=16" 2>&1 | grep -E "^diffusion" | cut -c1-150
+  gpu_peer_rows 100
+  if left 60; then
+    timeout $((UNTIL - SECONDS - 5)) $PY tools/bench/vs_torch.py --reps 30 --out /tmp/vst --only "concat_mla_k,attention.decode B=1 ctx=4096" 2>&1 | grep -E "^[a-z]+\." | cut -c1-150
+  fi
 fi
 echo "done at $SECONDS s"
