@@ -14,6 +14,7 @@
 #include <cmath>
 #include <numeric>
 #include <random>
+#include <utility>
 
 #include "harness.hpp"
 #include "kernel_test.hpp"
@@ -807,6 +808,19 @@ TEST_F(LplbGpu, SolveRefusesWhatOneBlockCannotHold) {
 
 TEST_F(LplbGpu, ProbabilitiesAndDispatchMatchTheOracle) { check_probs_and_dispatch(kGpu); }
 
+// `slots` routing choices: expert ids uniform in [0, L) and dispatch's u uniform in [0, 1).
+std::pair<std::vector<double>, std::vector<double>> random_routing(std::mt19937_64& rng,
+                                                                   int64_t slots, int64_t L) {
+  std::vector<double> ids(static_cast<size_t>(slots)), u(ids.size());
+  std::uniform_int_distribution<int64_t> e(0, L - 1);
+  std::uniform_real_distribution<double> ud(0.0, 1.0);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    ids[i] = static_cast<double>(e(rng));
+    u[i] = ud(rng);
+  }
+  return {std::move(ids), std::move(u)};
+}
+
 TEST_F(LplbGpu, DispatchMatchesTheCpuReferenceAtScale) {
   // 32768 tokens x top-8 over the target topology, random u: exact equality with the CPU.
   const Instance in = large_instance(9);
@@ -816,13 +830,7 @@ TEST_F(LplbGpu, DispatchMatchesTheCpuReferenceAtScale) {
   for (auto& v : x) v = xv(rng);
   const std::vector<double> status = {1, 0, 0, 0, 10, 0, 0, 256};
   const int64_t T = 32768, K = 8;
-  std::vector<double> ids(static_cast<size_t>(T * K)), u(ids.size());
-  std::uniform_int_distribution<int64_t> e(0, in.L - 1);
-  std::uniform_real_distribution<double> ud(0.0, 1.0);
-  for (size_t i = 0; i < ids.size(); ++i) {
-    ids[i] = static_cast<double>(e(rng));
-    u[i] = ud(rng);
-  }
+  const auto [ids, u] = random_routing(rng, T * K, in.L);
   std::vector<std::vector<double>> outs;
   for (DLDevice dev : {kCpu, kGpu}) {
     Buffer counts = make(dev, DType::kI32, {in.L}, in.counts);
@@ -869,13 +877,7 @@ TEST_F(LplbGpu, PdlChainsReadWhatTheKernelBeforeWrote) {
   std::mt19937_64 rng(3);
   std::shuffle(in2.counts.begin(), in2.counts.end(), rng);
   const int64_t T = 4096, K = 8;
-  std::vector<double> ids(static_cast<size_t>(T * K)), u(ids.size());
-  std::uniform_int_distribution<int64_t> e(0, in.L - 1);
-  std::uniform_real_distribution<double> ud(0.0, 1.0);
-  for (size_t i = 0; i < ids.size(); ++i) {
-    ids[i] = static_cast<double>(e(rng));
-    u[i] = ud(rng);
-  }
+  const auto [ids, u] = random_routing(rng, T * K, in.L);
   KernelHandle build = handle("lplb.build_lp", kGpu, DType::kI32);
   KernelHandle solve = handle("lplb.solve", kGpu, DType::kF32);
   KernelHandle prob = handle("lplb.replica_probabilities", kGpu, DType::kI32);
