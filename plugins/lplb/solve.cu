@@ -1476,13 +1476,22 @@ KernelStatus solve_cuda(Context& ctx, const DLTensor& a, const DLTensor& b, cons
   // kReaders blocks on sm_90, where kReaders SMs of one GPC can each hold the solver's
   // shared memory (asked once per device); one block elsewhere.
   const int64_t nmain = (m * n / 4 + kChunkVecs - 1) / kChunkVecs;
+  auto launch = [&](int readers) {
+    return device::launch_clusters(
+        ipm_kernel, dim3(static_cast<unsigned>(readers)), dim3(kThreads), layout.total,
+        static_cast<cudaStream_t>(ctx.stream()), ctx.pdl(), static_cast<unsigned>(readers), a_ptr,
+        data_ptr<const float>(b), data_ptr<const float>(c), data_ptr<float>(out_x),
+        data_ptr<float>(out_status), static_cast<int>(m), static_cast<int>(n),
+        static_cast<int>(max_iter), tol, vec4, readers);
+  };
   const int readers = vec4 && nmain > kWarps ? cluster_readers(dev, layout.total) : 1;
-  const cudaError_t err = device::launch_clusters(
-      ipm_kernel, dim3(static_cast<unsigned>(readers)), dim3(kThreads), layout.total,
-      static_cast<cudaStream_t>(ctx.stream()), ctx.pdl(), static_cast<unsigned>(readers), a_ptr,
-      data_ptr<const float>(b), data_ptr<const float>(c), data_ptr<float>(out_x),
-      data_ptr<float>(out_status), static_cast<int>(m), static_cast<int>(n),
-      static_cast<int>(max_iter), tol, vec4, readers);
+  cudaError_t err = launch(readers);
+  if (err != cudaSuccess && readers > 1) {
+    // The cluster refused after all (the occupancy query does not see every limit, e.g. a
+    // partitioned GPU): one block reads A alone, as below sm_90.
+    cudaGetLastError();
+    err = launch(1);
+  }
   return device::launch_status(ctx, "lplb.solve", err);
 }
 
