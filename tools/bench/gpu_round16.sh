@@ -16,7 +16,7 @@ set -uo pipefail
 source tools/bench/gpu_common.sh
 gpu_round_frame 420
 gpu_round_start || exit 1
-gpu_ctest 180
+gpu_ctest 180 "${CTEST_R:-}"  # CTEST_R: a regex for a short call (all tests without it)
 demo=./build/tools/lplb_demo/lplb_demo
 if left 40; then
   for r in 1 2; do
