@@ -83,11 +83,11 @@ KernelStatus build_lp_cuda(Context& ctx, const DLTensor& counts, const DLTensor&
   const auto stream = static_cast<cudaStream_t>(ctx.stream());
   return device::visit_dtype<int32_t, int64_t, float>(ctx, kOp, counts, [&](auto tag) {
     using Count = decltype(tag);
-    const cudaError_t err = device::launch(
-        build_lp_kernel<Count>, dim3(blocks), dim3(kBlock), 0, stream, ctx.pdl(),
-        data_ptr<const Count>(counts), data_ptr<const int32_t>(log2phy),
-        data_ptr<const int32_t>(phy2gpu), data_ptr<float>(out_a), data_ptr<float>(out_b),
-        data_ptr<float>(out_c), L, C, R, G);
+    const cudaError_t err =
+        device::launch(build_lp_kernel<Count>, dim3(blocks), dim3(kBlock), 0, stream, ctx.pdl(),
+                       data_ptr<const Count>(counts), data_ptr<const int32_t>(log2phy),
+                       data_ptr<const int32_t>(phy2gpu), data_ptr<float>(out_a),
+                       data_ptr<float>(out_b), data_ptr<float>(out_c), L, C, R, G);
     return device::launch_status(ctx, kOp, err);
   });
 }

@@ -905,7 +905,7 @@ TEST_F(LplbGpu, PdlChainsReadWhatTheKernelBeforeWrote) {
     const CallOptions first{nullptr, nullptr, 0};
     const CallOptions next{nullptr, nullptr, flags};
     auto run_build = [&](Buffer& counts, const CallOptions& o) {
-      DLTensor* a[] = {counts.tensor(),    l2p.tensor(),       p2g.tensor(),
+      DLTensor* a[] = {counts.tensor(), l2p.tensor(),    p2g.tensor(),
                        out[0].tensor(), out[1].tensor(), out[2].tensor()};
       EXPECT_TRUE(build.call(a, build_attrs.view(), o).ok());
     };

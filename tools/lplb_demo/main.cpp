@@ -310,11 +310,11 @@ int run(const Options& o) {
     }
     return st.ok();
   };
-  const kreg::CallOptions plain{nullptr, nullptr, o.pdl ? uint64_t{KREG_LAUNCH_PDL} : 0};
-  auto call_build = [&] { return check(build.call(build_args, build_attrs->view(), plain)); };
-  auto call_solve = [&] { return check(solve.call(solve_args, solve_attrs->view(), plain)); };
-  auto call_prob = [&] { return check(prob.call(prob_args, {}, plain)); };
-  auto call_disp = [&] { return check(disp.call(disp_args, {}, plain)); };
+  const kreg::CallOptions on_default{nullptr, nullptr, o.pdl ? uint64_t{KREG_LAUNCH_PDL} : 0};
+  auto call_build = [&] { return check(build.call(build_args, build_attrs->view(), on_default)); };
+  auto call_solve = [&] { return check(solve.call(solve_args, solve_attrs->view(), on_default)); };
+  auto call_prob = [&] { return check(prob.call(prob_args, {}, on_default)); };
+  auto call_disp = [&] { return check(disp.call(disp_args, {}, on_default)); };
   const double t_build = time_us(gpu, o.reps, call_build);
   const double t_solve = time_us(gpu, gpu ? o.reps : std::max(1, o.reps / 20), call_solve);
   const double t_prob = time_us(gpu, o.reps, call_prob);
@@ -322,13 +322,12 @@ int run(const Options& o) {
   if (t_build < 0 || t_solve < 0 || t_prob < 0 || t_disp < 0) return 1;
   double t_step = -1;
   if (gpu) {
-    t_step = step_graph_us(std::max(1, o.reps / 10), plain.launch_flags,
-                           [&](const kreg::CallOptions& opt) {
-                             return check(build.call(build_args, build_attrs->view(), opt)) &&
-                                    check(solve.call(solve_args, solve_attrs->view(), opt)) &&
-                                    check(prob.call(prob_args, {}, opt)) &&
-                                    check(disp.call(disp_args, {}, opt));
-                           });
+    t_step = step_graph_us(
+        std::max(1, o.reps / 10), on_default.launch_flags, [&](const kreg::CallOptions& opt) {
+          return check(build.call(build_args, build_attrs->view(), opt)) &&
+                 check(solve.call(solve_args, solve_attrs->view(), opt)) &&
+                 check(prob.call(prob_args, {}, opt)) && check(disp.call(disp_args, {}, opt));
+        });
     if (t_step < 0) {
       std::fprintf(stderr, "lplb_demo: the step's CUDA graph could not be built or run\n");
       return 1;
