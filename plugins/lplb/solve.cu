@@ -1417,12 +1417,9 @@ int cluster_readers(int dev, size_t smem) {
     const int64_t known = g_readers[dev].load(std::memory_order_relaxed);
     if (known != 0 && (known & ~int64_t{0xff}) == key) return static_cast<int>(known & 0xff);
   }
-  int major = 0, readers = 1;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
-      major >= 9 && device::max_active_clusters(ipm_kernel, kReaders, dim3(kThreads), smem) > 0) {
-    readers = kReaders;
-  }
-  cudaGetLastError();  // a failed attribute query leaves nothing for the next op either
+  // Below sm_90 the query fails and max_active_clusters answers 0 (its error cleared).
+  const int readers =
+      device::max_active_clusters(ipm_kernel, kReaders, dim3(kThreads), smem) > 0 ? kReaders : 1;
   if (dev >= 0 && dev < kMaxDevices) g_readers[dev].store(key | readers, std::memory_order_relaxed);
   return readers;
 }

@@ -93,3 +93,14 @@ gpu_ncu_rmsnorm_odd() {
       "$L/ncu_rms_$h.log" | head -40
   done
 }
+# The targets missed only on the H200 (docs/performance.md's issue 17 table): JIT rmsnorm
+# at odd widths against the AOT kernel at H = 4096 (T = 32768 bf16, % of copy), and
+# vs_torch's norm_scale_shift [B,H] case. Meant for an H200; prints on any card.
+gpu_h200_only_targets() {
+  local h be
+  for h in 4096 4097 5121; do
+    be=jit; [ $h = 4096 ] && be=cuda
+    echo "rmsnorm T=32768 H=$h $be: $(timeout 30 ./build/tools/kreg bench layernorm.rmsnorm --shape T=32768,H=$h --backend $be --dtype bf16 --reps 100 2>&1 | grep -oE 'median.*of copy [0-9]+ GB/s')"
+  done
+  timeout 40 $PY tools/bench/vs_torch.py --reps 30 --no-compile --out /tmp/vsn --only "norm_scale_shift B=16" 2>&1 | grep -E "^diffusion" | cut -c1-150
+}

@@ -34,11 +34,7 @@ if left 60; then
   grep -E "group_norm_silu|duration|bytes|hit_rate|throughput|sectors|warps_active" "$L/ncu_gns.log" | head -20
 fi
 if left 60 && nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
-  for h in 4096 4097 5121; do
-    be=jit; [ $h = 4096 ] && be=cuda
-    echo "rmsnorm T=32768 H=$h $be: $(timeout 30 ./build/tools/kreg bench layernorm.rmsnorm --shape T=32768,H=$h --backend $be --dtype bf16 --reps 100 2>&1 | grep -oE 'median.*of copy [0-9]+ GB/s')"
-  done
-  timeout 40 $PY tools/bench/vs_torch.py --reps 30 --no-compile --out /tmp/vsn --only "norm_scale_shift B=16" 2>&1 | grep -E "^diffusion" | cut -c1-150
+  gpu_h200_only_targets
   gpu_peer_rows 100
   if left 60; then
     timeout $((UNTIL - SECONDS - 5)) $PY tools/bench/vs_torch.py --reps 30 --out /tmp/vst --only "concat_mla_k,attention.decode B=1 ctx=4096" 2>&1 | grep -E "^[a-z]+\." | cut -c1-150
