@@ -2,7 +2,8 @@
 // named shape): make_example leaves it absent (a null DLTensor*, no buffer), and every walk
 // over the parameters (copy_example, bytes_moved, check_against_reference) skips it and
 // still finds the right buffer for the tensors after it. A required rank-free tensor stays
-// an error. CPU only: ops registered in-process.
+// an error. Ops registered in-process. The graph timing's tests need a GPU (skipped
+// without one) except for its argument check.
 #include "harness.hpp"
 #include "example_values.hpp"
 
@@ -16,6 +17,10 @@
 
 #include "kreg/plugin.hpp"
 #include "kreg/registry.hpp"
+
+#if defined(KREG_HAVE_CUDA)
+#include <cuda_runtime.h>
+#endif
 
 namespace kreg {
 namespace {
@@ -381,6 +386,79 @@ TEST(Harness, FromDoublesRefusesIntegersOutsideTheirType) {
   EXPECT_FALSE(u->from_doubles({-1.0}).ok());
   EXPECT_TRUE(u->from_doubles({255.0}).ok());
 }
+
+TEST(Harness, GraphTimingRefusesCountsBelowOne) {
+  int called = 0;
+  auto count = [&](int) {
+    ++called;
+    return OkStatus();
+  };
+  for (auto [calls, reps] : {std::pair{0, 5}, std::pair{4, 0}, std::pair{-3, 5}}) {
+    auto t = harness::time_graph_replays(nullptr, calls, reps, count);
+    ASSERT_FALSE(t.ok());
+    EXPECT_EQ(t.status().code(), KREG_INVALID_ARGUMENT);
+    EXPECT_NE(t.status().message().find("calls (" + std::to_string(calls) + ")"),
+              std::string::npos)
+        << t.status().message();
+  }
+  EXPECT_EQ(called, 0);
+}
+
+#if defined(KREG_HAVE_CUDA)
+// The calls are captured once and replayed: the lambda runs `calls` times in all, the
+// replays leave the last call's bytes, and the times are positive.
+TEST(Harness, GraphTimingReplaysTheCapturedCalls) {
+  if (!harness::gpu_available()) GTEST_SKIP() << "no CUDA device: the graph timing is not run";
+  auto buf = harness::Buffer::make(DLDevice{kDLCUDA, 0}, DType::kU8, {4096});
+  ASSERT_TRUE(buf.ok()) << buf.status().message();
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  int called = 0;
+  auto t = harness::time_graph_replays(stream, 5, 7, [&](int i) {
+    ++called;
+    const cudaError_t e = cudaMemsetAsync(buf->tensor()->data, 10 + i, 4096, stream);
+    return e == cudaSuccess ? OkStatus() : Status(KREG_INTERNAL, cudaGetErrorString(e));
+  });
+  ASSERT_TRUE(t.ok()) << t.status().message();
+  EXPECT_EQ(called, 5);
+  EXPECT_GT(t->min_us, 0.0);
+  EXPECT_LE(t->min_us, t->median_us);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  auto bytes = buf->to_doubles();
+  ASSERT_TRUE(bytes.ok());
+  EXPECT_EQ(bytes->front(), 14.0);
+  EXPECT_EQ(bytes->back(), 14.0);
+  cudaStreamDestroy(stream);
+}
+
+// A call that fails during the capture comes back as the error, the capture is ended (the
+// stream is no longer capturing) and the stream runs work again.
+TEST(Harness, GraphTimingEndsTheCaptureOfAFailedCall) {
+  if (!harness::gpu_available()) GTEST_SKIP() << "no CUDA device: the graph timing is not run";
+  auto buf = harness::Buffer::make(DLDevice{kDLCUDA, 0}, DType::kU8, {256});
+  ASSERT_TRUE(buf.ok()) << buf.status().message();
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  int called = 0;
+  auto t = harness::time_graph_replays(stream, 6, 3, [&](int i) {
+    ++called;
+    if (i == 2) return Status(KREG_INVALID_ARGUMENT, "call 2 refused");
+    cudaMemsetAsync(buf->tensor()->data, 1, 256, stream);
+    return OkStatus();
+  });
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.status().message(), "call 2 refused");
+  EXPECT_EQ(called, 3);
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusActive;
+  ASSERT_EQ(cudaStreamIsCapturing(stream, &capturing), cudaSuccess);
+  EXPECT_EQ(capturing, cudaStreamCaptureStatusNone);
+  EXPECT_EQ(cudaMemsetAsync(buf->tensor()->data, 3, 256, stream), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  EXPECT_EQ(buf->to_doubles()->front(), 3.0);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  cudaStreamDestroy(stream);
+}
+#endif
 
 }  // namespace
 }  // namespace kreg

@@ -830,8 +830,81 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// A stream of the timing's own, destroyed on every path out.
+struct OwnedStream {
+  cudaStream_t s = nullptr;
+  OwnedStream() = default;
+  OwnedStream(const OwnedStream&) = delete;
+  OwnedStream& operator=(const OwnedStream&) = delete;
+  ~OwnedStream() {
+    if (s != nullptr) cudaStreamDestroy(s);
+  }
+};
+
+// What a capture makes, destroyed on every path out.
+struct OwnedGraph {
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  OwnedGraph() = default;
+  OwnedGraph(const OwnedGraph&) = delete;
+  OwnedGraph& operator=(const OwnedGraph&) = delete;
+  ~OwnedGraph() {
+    if (exec != nullptr) cudaGraphExecDestroy(exec);
+    if (graph != nullptr) cudaGraphDestroy(graph);
+  }
+};
+
 }  // namespace
 #endif
+
+Result<ReplayTiming> time_graph_replays(void* stream_ptr, int calls, int reps,
+                                        const std::function<Status(int)>& call) {
+  if (calls < 1 || reps < 1) {
+    return Status(KREG_INVALID_ARGUMENT, "graph timing: calls (" + std::to_string(calls) +
+                                             ") and reps (" + std::to_string(reps) +
+                                             ") must be positive");
+  }
+#if defined(KREG_HAVE_CUDA)
+  const auto stream = static_cast<cudaStream_t>(stream_ptr);
+  OwnedGraph g;
+  if (Status st = cuda_status(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal),
+                              "graph capture");
+      !st.ok()) {
+    return st;
+  }
+  Status failed = OkStatus();
+  for (int i = 0; i < calls && failed.ok(); ++i) failed = call(i);
+  // The capture begun here always ends here, so that the stream is usable again.
+  const cudaError_t ended = cudaStreamEndCapture(stream, &g.graph);
+  if (!failed.ok()) {
+    cudaGetLastError();  // the invalidated capture's error belongs to the failed call
+    return failed;
+  }
+  if (Status st = cuda_status(ended, "graph capture"); !st.ok()) return st;
+  if (Status st = cuda_status(cudaGraphInstantiate(&g.exec, g.graph, 0), "graph instantiate");
+      !st.ok()) {
+    return st;
+  }
+  Events ev;
+  if (Status st = cuda_status(cudaGraphLaunch(g.exec, stream), "graph replay"); !st.ok()) return st;
+  std::vector<double> samples;
+  samples.reserve(static_cast<size_t>(reps));
+  for (int r = 0; r < reps; ++r) {
+    cudaEventRecord(ev.start, stream);
+    cudaGraphLaunch(g.exec, stream);
+    cudaEventRecord(ev.stop, stream);
+    if (Status st = cuda_status(cudaEventSynchronize(ev.stop), "graph replay"); !st.ok()) return st;
+    samples.push_back(ev.ms() * 1000.0 / calls);
+  }
+  ReplayTiming t;
+  t.median_us = median(samples);
+  t.min_us = *std::min_element(samples.begin(), samples.end());
+  return t;
+#else
+  (void)stream_ptr, (void)call;
+  return no_cuda();
+#endif
+}
 
 Result<Timing> time_on_gpu(const KernelHandle& handle, const SymbolMap& symbols, DType dtype,
                            const AttrList& attrs, int reps, uint64_t seed, uint64_t launch_flags,
@@ -879,11 +952,12 @@ Result<Timing> time_on_gpu(const KernelHandle& handle, const SymbolMap& symbols,
       pre.push_back(std::move(a).value());
     }
   }
-  cudaStream_t stream = nullptr;
-  if (Status st = cuda_status(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+  OwnedStream owned;
+  if (Status st = cuda_status(cudaStreamCreateWithFlags(&owned.s, cudaStreamNonBlocking), "stream");
       !st.ok()) {
     return st;
   }
+  cudaStream_t stream = owned.s;
   auto run = [&](int i) {
     if (before != nullptr) {
       if (Status st = before->handle->call(
@@ -905,34 +979,16 @@ Result<Timing> time_on_gpu(const KernelHandle& handle, const SymbolMap& symbols,
   cudaEventRecord(ev.stop, stream);
   if (Status st = cuda_status(cudaStreamSynchronize(stream), "warm-up"); !st.ok()) return st;
   const double warm_us = ev.ms() * 1000.0 / sets;
-  std::vector<double> samples;
   if (warm_us < 20.0 && spec.graph_safe() &&
       (before == nullptr || before->handle->spec().graph_safe())) {
     // Graph of `batch` calls rotating over the sets; time replays.
     t.graph = true;
-    const int batch = std::max(sets, 64);
-    cudaGraph_t graph = nullptr;
-    cudaGraphExec_t exec = nullptr;
-    cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
-    for (int i = 0; i < batch; ++i) (void)run(i);
-    if (Status st = cuda_status(cudaStreamEndCapture(stream, &graph), "graph capture"); !st.ok()) {
-      return st;
-    }
-    if (Status st = cuda_status(cudaGraphInstantiate(&exec, graph, 0), "graph instantiate");
-        !st.ok()) {
-      return st;
-    }
-    cudaGraphLaunch(exec, stream);
-    for (int r = 0; r < reps; ++r) {
-      cudaEventRecord(ev.start, stream);
-      cudaGraphLaunch(exec, stream);
-      cudaEventRecord(ev.stop, stream);
-      cudaEventSynchronize(ev.stop);
-      samples.push_back(ev.ms() * 1000.0 / batch);
-    }
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
+    auto replays = time_graph_replays(stream, std::max(sets, 64), reps, run);
+    if (!replays) return replays.status();
+    t.median_us = replays->median_us;
+    t.min_us = replays->min_us;
   } else {
+    std::vector<double> samples;
     for (int r = 0; r < reps; ++r) {
       cudaEventRecord(ev.start, stream);
       (void)run(r);
@@ -940,11 +996,10 @@ Result<Timing> time_on_gpu(const KernelHandle& handle, const SymbolMap& symbols,
       cudaEventSynchronize(ev.stop);
       samples.push_back(ev.ms() * 1000.0);
     }
+    t.median_us = median(samples);
+    t.min_us = *std::min_element(samples.begin(), samples.end());
   }
   if (Status st = cuda_status(cudaStreamSynchronize(stream), "timed calls"); !st.ok()) return st;
-  cudaStreamDestroy(stream);
-  t.median_us = median(samples);
-  t.min_us = *std::min_element(samples.begin(), samples.end());
   t.gbps = static_cast<double>(t.bytes) / (t.median_us * 1e3);
   return t;
 #else

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <random>
@@ -159,6 +160,18 @@ struct Producer {
 Result<Timing> time_on_gpu(const KernelHandle& handle, const SymbolMap& symbols, DType dtype,
                            const AttrList& attrs, int reps, uint64_t seed,
                            uint64_t launch_flags = 0, const Producer* before = nullptr);
+
+// CUDA-graph timing shared by time_on_gpu and the demos: `calls` calls of `call(i)`
+// (i = 0..calls-1, each enqueuing its work on `stream`, a cudaStream_t) captured as one
+// graph, one untimed replay, then `reps` replays between CUDA events; per call, in us. A
+// failed call, capture or replay ends the capture it began, frees what it made and comes
+// back as the error.
+struct ReplayTiming {
+  double median_us = 0;
+  double min_us = 0;
+};
+Result<ReplayTiming> time_graph_replays(void* stream, int calls, int reps,
+                                        const std::function<Status(int)>& call);
 
 // Device-to-device copy bandwidth (bytes read + written per second), cudaMemcpyAsync of
 // `bytes`, median of several runs.

@@ -139,52 +139,35 @@ double time_us(bool gpu, int reps, const std::function<bool()>& fn) {
 }
 
 // CUDA: the whole step (the four ops, as a model step runs them) as replays of a graph of
-// kGraphSteps steps on a stream of its own, with `flags` on every call; the median of
-// `reps` replays, per step. -1 when a call fails or the graph cannot be built.
-double step_graph_us(int reps, uint64_t flags,
-                     const std::function<bool(const kreg::CallOptions&)>& step) {
+// kGraphSteps steps on a stream of its own (harness::time_graph_replays), with `flags` on
+// every call: the median of `reps` replays, per step, or the error that stopped it.
+kreg::Result<double> step_graph_us(
+    int reps, uint64_t flags, const std::function<kreg::Status(const kreg::CallOptions&)>& step) {
 #if defined(KREG_HAVE_CUDA)
   constexpr int kGraphSteps = 16;
   cudaStream_t stream = nullptr;
-  if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) return -1;
+  if (cudaError_t e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking); e != cudaSuccess) {
+    return kreg::Status(KREG_INTERNAL,
+                        std::string("cannot create a stream: ") + cudaGetErrorString(e));
+  }
   const kreg::CallOptions options{stream, nullptr, flags};
-  double result = -1;
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  cudaEvent_t start = nullptr, stop = nullptr;
-  bool ok = step(options) && cudaStreamSynchronize(stream) == cudaSuccess &&
-            cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) == cudaSuccess;
-  if (ok) {
-    for (int i = 0; i < kGraphSteps && ok; ++i) ok = step(options);
-    ok = cudaStreamEndCapture(stream, &graph) == cudaSuccess && ok;
-  }
-  ok = ok && cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess &&
-       cudaEventCreate(&start) == cudaSuccess && cudaEventCreate(&stop) == cudaSuccess &&
-       cudaGraphLaunch(exec, stream) == cudaSuccess;
-  if (ok) {
-    std::vector<double> samples;
-    for (int r = 0; r < reps; ++r) {
-      cudaEventRecord(start, stream);
-      cudaGraphLaunch(exec, stream);
-      cudaEventRecord(stop, stream);
-      cudaEventSynchronize(stop);
-      float ms = 0;
-      cudaEventElapsedTime(&ms, start, stop);
-      samples.push_back(1000.0 * ms / kGraphSteps);
+  // One step outside the graph first: what a first call sets up stays out of the capture.
+  kreg::Status st = step(options);
+  if (st.ok()) {
+    if (cudaError_t e = cudaStreamSynchronize(stream); e != cudaSuccess) {
+      st = kreg::Status(KREG_INTERNAL, std::string("the step failed: ") + cudaGetErrorString(e));
     }
-    std::sort(samples.begin(), samples.end());
-    if (cudaStreamSynchronize(stream) == cudaSuccess) result = samples[samples.size() / 2];
   }
-  cudaGetLastError();  // a failed capture leaves its error here; the result says it failed
-  if (start != nullptr) cudaEventDestroy(start);
-  if (stop != nullptr) cudaEventDestroy(stop);
-  if (exec != nullptr) cudaGraphExecDestroy(exec);
-  if (graph != nullptr) cudaGraphDestroy(graph);
+  kreg::Result<kreg::harness::ReplayTiming> t =
+      st.ok() ? kreg::harness::time_graph_replays(stream, kGraphSteps, reps,
+                                                  [&](int) { return step(options); })
+              : kreg::Result<kreg::harness::ReplayTiming>(st);
   cudaStreamDestroy(stream);
-  return result;
+  if (!t) return t.status();
+  return t->median_us;
 #else
   (void)reps, (void)flags, (void)step;
-  return -1;
+  return kreg::Status(KREG_UNAVAILABLE, "this build has no CUDA");
 #endif
 }
 
@@ -322,16 +305,20 @@ int run(const Options& o) {
   if (t_build < 0 || t_solve < 0 || t_prob < 0 || t_disp < 0) return 1;
   double t_step = -1;
   if (gpu) {
-    t_step = step_graph_us(
-        std::max(1, o.reps / 10), on_default.launch_flags, [&](const kreg::CallOptions& opt) {
-          return check(build.call(build_args, build_attrs->view(), opt)) &&
-                 check(solve.call(solve_args, solve_attrs->view(), opt)) &&
-                 check(prob.call(prob_args, {}, opt)) && check(disp.call(disp_args, {}, opt));
-        });
-    if (t_step < 0) {
-      std::fprintf(stderr, "lplb_demo: the step's CUDA graph could not be built or run\n");
+    auto step = step_graph_us(std::max(1, o.reps / 10), on_default.launch_flags,
+                              [&](const kreg::CallOptions& opt) {
+                                kreg::Status st = build.call(build_args, build_attrs->view(), opt);
+                                if (st.ok()) st = solve.call(solve_args, solve_attrs->view(), opt);
+                                if (st.ok()) st = prob.call(prob_args, {}, opt);
+                                if (st.ok()) st = disp.call(disp_args, {}, opt);
+                                return st;
+                              });
+    if (!step) {
+      std::fprintf(stderr, "lplb_demo: timing the step as a CUDA graph: %s\n",
+                   kreg::terminal_message(step.status().message()).c_str());
       return 1;
     }
+    t_step = *step;
   }
   if (!kreg::harness::device_synchronize().ok()) return 1;
 
