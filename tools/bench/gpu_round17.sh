@@ -6,7 +6,10 @@
 #  2. lplb_demo plain and --pdl (the step timed through harness::time_graph_replays);
 #  3. the issue's peer rows through kreg bench's graph path (to compare with the fourteenth
 #     round's numbers on the same kind of card: the timing's refactor must not move them);
-#  4. on an H200 (none lent in sessions 13-16 so far): the targets missed only there (JIT odd
+#  4. ncu of lplb.solve's kernel (the demo LP): the pipes' utilization (FP64 among them),
+#     the warp stall reasons and the issue rate: whether the six iterations are dependent
+#     latency in one block (as docs/ops/lplb.md says) or the SM's FP64 issue throughput;
+#  5. on an H200 (none lent in sessions 13-16 so far): the targets missed only there (JIT odd
 #     widths, norm_scale_shift [B,H]), concat_mla_k and decode B=1 against torch.compile.
 set -uo pipefail
 source tools/bench/gpu_common.sh
@@ -20,6 +23,13 @@ if left 40; then
   done
 fi
 gpu_peer_rows 120
+if left 60; then
+  timeout 60 ncu --clock-control none -k regex:ipm_kernel -s 2 -c 1 --section ComputeWorkloadAnalysis \
+    --section WarpStateStats --section SchedulerStats --section InstructionStats --section LaunchStats \
+    $demo --device cuda --reps 3 >"$L/ncu_lplb.log" 2>&1
+  echo "ncu lplb rc=$?"
+  grep -E "Duration|Pipe|Stall|Issue|Warp Cycles|Ipc|FP64|fp64|Eligible|Active Warps|Executed Instructions|Registers" "$L/ncu_lplb.log" | head -50
+fi
 if left 60 && nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
   gpu_h200_only_targets
   if left 60; then
