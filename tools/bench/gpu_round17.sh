@@ -26,10 +26,10 @@ gpu_peer_rows 120
 if left 60; then
   timeout 60 ncu --clock-control none -k regex:ipm_kernel -s 2 -c 1 --section ComputeWorkloadAnalysis \
     --section WarpStateStats --section SchedulerStats --section InstructionStats --section LaunchStats \
-    --metrics sm__pipe_fp64_cycles_active.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_fp64.sum,smsp__inst_executed.sum,sm__cycles_elapsed.max,smsp__average_warp_latency_issue_stalled_barrier \
+    --metrics sm__pipe_fp64_cycles_active.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_fp64.sum,smsp__inst_executed.sum,sm__cycles_elapsed.max \
     $demo --device cuda --reps 3 >"$L/ncu_lplb.log" 2>&1
   echo "ncu lplb rc=$?"
-  grep -E "pipe_fp64|inst_executed|cycles_elapsed|stalled_barrier|Duration|Pipe|Stall|Issue|Warp Cycles|Ipc|FP64|fp64|Eligible|Active Warps|Executed Instructions|Registers" "$L/ncu_lplb.log" | head -50
+  grep -E "pipe_fp64|inst_executed|cycles_elapsed|Duration|Pipe|Stall|Issue|Warp Cycles|Ipc|FP64|fp64|Eligible|Active Warps|Executed Instructions|Registers" "$L/ncu_lplb.log" | head -50
 fi
 if left 60 && nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
   gpu_h200_only_targets
