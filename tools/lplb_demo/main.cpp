@@ -204,16 +204,30 @@ int run(const Options& o) {
         1.0 / std::pow(static_cast<double>(rank[static_cast<size_t>(e)]), o.zipf);
   std::discrete_distribution<int64_t> pick(weight.begin(), weight.end());
   std::vector<double> topk(static_cast<size_t>(T * K)), counts(static_cast<size_t>(E), 0.0);
+  std::vector<char> taken(static_cast<size_t>(E), 0);
+  std::vector<double> rest(static_cast<size_t>(E));
   for (int64_t t = 0; t < T; ++t) {
     for (int64_t k = 0; k < K; ++k) {
-      int64_t e;
-      do {
-        e = pick(rng);
-      } while (std::find(topk.begin() + t * K, topk.begin() + t * K + k, static_cast<double>(e)) !=
-               topk.begin() + t * K + k);
+      // A draw that repeats an expert of the token is drawn again; after kRedraws repeats
+      // the draw is made from the weights of the experts not yet taken. Both sample the
+      // same distribution (the weights renormalized over the rest), but the second always
+      // ends: skewed weights with K close to E would take without bound to hit the rest.
+      constexpr int kRedraws = 16;
+      int64_t e = pick(rng);
+      for (int i = 0; taken[static_cast<size_t>(e)] && i < kRedraws; ++i) e = pick(rng);
+      if (taken[static_cast<size_t>(e)]) {
+        for (int64_t f = 0; f < E; ++f) {
+          rest[static_cast<size_t>(f)] =
+              taken[static_cast<size_t>(f)] ? 0.0 : weight[static_cast<size_t>(f)];
+        }
+        e = std::discrete_distribution<int64_t>(rest.begin(), rest.end())(rng);
+      }
+      taken[static_cast<size_t>(e)] = 1;
       topk[static_cast<size_t>(t * K + k)] = static_cast<double>(e);
       counts[static_cast<size_t>(e)] += 1;
     }
+    for (int64_t k = 0; k < K; ++k)
+      taken[static_cast<size_t>(topk[static_cast<size_t>(t * K + k)])] = 0;
   }
   const Placement p = place(o, weight);
   const int64_t M = E + G, N = p.R + 1 + G;
@@ -379,13 +393,20 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(int64_t{1}, int64_t{64}));
   app.add_option("--extra", o.extra, "redundant replicas")
       ->check(CLI::Range(int64_t{0}, int64_t{4096}));
-  app.add_option("--zipf", o.zipf, "Zipf exponent of the routing skew");
-  app.add_option("--max-iter", o.max_iter, "interior-point iterations at most");
+  app.add_option("--zipf", o.zipf, "Zipf exponent of the routing skew, 0 (uniform) to 16");
+  app.add_option("--max-iter", o.max_iter, "interior-point iterations at most")
+      ->check(CLI::Range(int64_t{0}, int64_t{1000}));
   app.add_option("--seed", o.seed, "random seed");
   app.add_option("--reps", o.reps, "timed calls per op")->check(CLI::Range(1, 100000));
   app.add_flag("--pdl", o.pdl,
                "CUDA: ask for programmatic dependent launch (KREG_LAUNCH_PDL) on every call");
   CLI11_PARSE(app, argc, argv);
+  // Checked here rather than by CLI::Range, which lets NaN through. Up to 16 every weight
+  // (rank^-s, rank <= 4096) stays a normal double.
+  if (!(o.zipf >= 0.0 && o.zipf <= 16.0)) {
+    std::fprintf(stderr, "lplb_demo: --zipf %g is outside 0..16\n", o.zipf);
+    return 2;
+  }
   if (o.experts % o.gpus != 0) {
     std::fprintf(stderr, "lplb_demo: --gpus must divide --experts\n");
     return 2;
