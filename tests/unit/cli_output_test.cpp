@@ -312,6 +312,8 @@ TEST(CliOutput, EveryUsageErrorExitsTwo) {
       {"validate", "--bogus"},
       {"validate", "--timeout", "-1"},
       {"validate", "--timeout", "abc"},
+      {"validate", "--timeout", "nan"},
+      {"validate", "--timeout", "inf"},
       {"validate", "--timeout"},
       {"validate", "--expect-groups", "/nonexistent/groups.txt"},
       {"validate", "--plugins-src", "/nonexistent/plugins"},
@@ -356,6 +358,39 @@ TEST(CliOutput, EveryUsageErrorExitsTwo) {
     EXPECT_EQ(r.exit_code, 2) << cmd << "\n" << r.all();
     EXPECT_FALSE(r.all().empty()) << cmd << ": a usage error says what is wrong";
     expect_plain(r.all(), cmd);
+  }
+}
+
+// Every float option of every tool refuses NaN and infinities (CLI11's own range checks let
+// NaN through: a "--timeout nan" once killed kreg-tp-demo's ranks at once, a "--zipf nan"
+// hung lplb_demo) and values past its range, naming the option: a usage error, exit 2.
+TEST(CliOutput, FloatOptionsRefuseNonFiniteValues) {
+  struct Tool {
+    std::string path;
+    std::vector<std::string> before;  // a subcommand and required arguments
+    std::string option;
+  };
+  const std::vector<Tool> tools = {
+      {KREG_CLI, {"validate"}, "--timeout"},
+      {KREG_HOST, {}, "--duration"},
+      {KREG_HOST, {}, "--precheck-timeout"},
+      {KREG_STORE_CLI, {"get", "key", "--store", "file:///nonexistent"}, "--timeout"},
+      {KREG_STORE_CLI, {"set", "key", "v", "--store", "file:///nonexistent"}, "--timeout"},
+      {KREG_TP_DEMO, {"--cpu", "--ranks", "1"}, "--timeout"},
+      {KREG_LPLB_DEMO, {}, "--zipf"},
+  };
+  for (const Tool& t : tools) {
+    for (const char* value : {"nan", "inf", "-inf", "1e400", "-5", "3x"}) {
+      std::vector<std::string> args{t.path};
+      args.insert(args.end(), t.before.begin(), t.before.end());
+      args.insert(args.end(), {t.option, value});
+      Outcome r = run(args, KREG_PLUGIN_DIR);
+      std::string cmd;
+      for (const auto& a : args) cmd += " '" + a + "'";
+      EXPECT_EQ(r.exit_code, 2) << cmd << "\n" << r.all();
+      EXPECT_NE(r.err.find(t.option), std::string::npos) << cmd << "\n" << r.all();
+      expect_plain(r.all(), cmd);
+    }
   }
 }
 

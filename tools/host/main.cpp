@@ -13,6 +13,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "cli_numbers.hpp"
+
 #include "harness.hpp"
 #include "hot_swap.hpp"
 #include "kreg/registry.hpp"
@@ -160,7 +162,8 @@ int main(int argc, char** argv) {
   double duration = 10;
   app.add_flag("--watch", watch, "hot swap: reload a group when its library file changes");
   app.add_option("--stress", stress, "N threads calling the loaded ops continuously, checked");
-  app.add_option("--duration", duration, "seconds to run --watch / --stress (default 10)");
+  app.add_option("--duration", duration, "seconds to run --watch / --stress (default 10)")
+      ->check(kreg::cli::finite_range(0, 86400));
   bool no_precheck = false;
   double precheck_timeout = 10;
   app.add_flag("--no-precheck", no_precheck,
@@ -169,7 +172,7 @@ int main(int argc, char** argv) {
   app.add_option("--precheck-timeout", precheck_timeout,
                  "--watch: seconds a child may take to load and initialize a new build before "
                  "it is rejected (default 10)")
-      ->check(CLI::Range(0.001, 3600.0));
+      ->check(kreg::cli::finite_range(0.001, 3600));
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

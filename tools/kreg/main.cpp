@@ -10,6 +10,8 @@
 #include <unistd.h>
 #include <CLI/CLI.hpp>
 
+#include "cli_numbers.hpp"
+
 #include "harness.hpp"
 #include "json.hpp"
 #include "kreg/jit.hpp"
@@ -958,7 +960,7 @@ int main(int argc, char** argv) {
       ->add_option("--timeout", va.timeout_s,
                    "seconds a plugin's child process may take to load, init and unload "
                    "(default 10)")
-      ->check(CLI::PositiveNumber);
+      ->check(kreg::cli::finite_range(0.001, 86400));
   validate->add_option("--plugins-src", va.plugins_src,
                        "plugin source tree for groups-guard and sources-built (default: the "
                        "plugins folder next to the manifest)");

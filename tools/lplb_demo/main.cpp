@@ -22,6 +22,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "cli_numbers.hpp"
+
 #include "harness.hpp"
 #include "kreg/registry.hpp"
 #include "kreg/text.hpp"
@@ -393,18 +395,23 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(int64_t{1}, int64_t{64}));
   app.add_option("--extra", o.extra, "redundant replicas")
       ->check(CLI::Range(int64_t{0}, int64_t{4096}));
-  app.add_option("--zipf", o.zipf, "Zipf exponent of the routing skew, 0 (uniform) to 16");
+  // Up to 16 every weight (rank^-s, rank <= 4096) stays a normal double.
+  app.add_option("--zipf", o.zipf, "Zipf exponent of the routing skew, 0 (uniform) to 16")
+      ->check(kreg::cli::finite_range(0, 16));
   app.add_option("--max-iter", o.max_iter, "interior-point iterations at most")
       ->check(CLI::Range(int64_t{0}, int64_t{1000}));
   app.add_option("--seed", o.seed, "random seed");
   app.add_option("--reps", o.reps, "timed calls per op")->check(CLI::Range(1, 100000));
   app.add_flag("--pdl", o.pdl,
                "CUDA: ask for programmatic dependent launch (KREG_LAUNCH_PDL) on every call");
-  CLI11_PARSE(app, argc, argv);
-  // Checked here rather than by CLI::Range, which lets NaN through. Up to 16 every weight
-  // (rank^-s, rank <= 4096) stays a normal double.
-  if (!(o.zipf >= 0.0 && o.zipf <= 16.0)) {
-    std::fprintf(stderr, "lplb_demo: --zipf %g is outside 0..16\n", o.zipf);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    // The message quotes the command line: escaped on its way to the terminal.
+    std::fprintf(stderr, "lplb_demo: %s\nRun with --help for more information.\n",
+                 kreg::terminal_message(e.what()).c_str());
     return 2;
   }
   if (o.experts % o.gpus != 0) {

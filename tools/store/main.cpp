@@ -20,6 +20,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "cli_numbers.hpp"
+
 #include "store.hpp"
 
 namespace {
@@ -143,17 +145,17 @@ int main(int argc, char** argv) {
   add_common(set);
   set->add_option("value", value, "value")->required();
   set->add_option("--timeout", timeout_s, "seconds to keep trying to connect (default 10)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(kreg::cli::finite_range(0, 86400));
   auto* get = app.add_subcommand("get", "wait for KEY and print its value");
   add_common(get);
   get->add_option("--timeout", timeout_s,
                   "seconds to wait for the server and for the key (default 10)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(kreg::cli::finite_range(0, 86400));
   auto* add = app.add_subcommand("add", "add DELTA to the integer at KEY, print the new value");
   add_common(add);
   add->add_option("delta", delta, "a signed integer")->required();
   add->add_option("--timeout", timeout_s, "seconds to keep trying to connect (default 10)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(kreg::cli::finite_range(0, 86400));
 
   try {
     app.parse(argc, argv);

@@ -36,6 +36,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "cli_numbers.hpp"
+
 #include "harness.hpp"
 #include "kreg/registry.hpp"
 #include "kreg/text.hpp"
@@ -529,7 +531,7 @@ int main(int argc, char** argv) {
   app.add_option("--manifest", o.manifest,
                  "registry manifest (default $KREG_MANIFEST or ./registry.yaml)");
   app.add_option("--timeout", o.timeout, "seconds a rank may take before it is killed")
-      ->check(CLI::Range(0.1, 86400.0));
+      ->check(kreg::cli::finite_range(0.1, 86400));
   // A rank's options, set by the launcher.
   app.add_option("--rank", o.rank, "(internal) run as this rank")
       ->group("")
