@@ -14,16 +14,12 @@
 #include <CLI/CLI.hpp>
 
 #include "cli_numbers.hpp"
+#include "cublas_matmul.hpp"
 
 #include "harness.hpp"
 #include "hot_swap.hpp"
 #include "kreg/registry.hpp"
 #include "terminal.hpp"
-
-#if defined(KREG_HAVE_CUDA)
-#include <cublas_v2.h>
-#include <cuda_runtime.h>
-#endif
 
 namespace {
 
@@ -39,31 +35,7 @@ struct Shapes {
 // out[T,N] = a[T,K] @ b[K,N], fp32 accumulation, rounded to the buffers' dtype.
 Status host_matmul(Buffer& a, Buffer& b, Buffer& out, const Shapes& s) {
   const int64_t T = s.tokens, K = s.hidden, N = 2 * s.intermediate;
-  if (out.on_gpu()) {
-#if defined(KREG_HAVE_CUDA)
-    static cublasHandle_t handle = [] {
-      cublasHandle_t h = nullptr;
-      cublasCreate(&h);
-      return h;
-    }();
-    const float alpha = 1.0f, beta = 0.0f;
-    const cudaDataType_t t = a.dtype() == DType::kBF16  ? CUDA_R_16BF
-                             : a.dtype() == DType::kF16 ? CUDA_R_16F
-                                                        : CUDA_R_32F;
-    // Row-major C = A B is column-major C^T = B^T A^T.
-    cublasStatus_t st =
-        cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(N), static_cast<int>(T),
-                     static_cast<int>(K), &alpha, b.tensor()->data, t, static_cast<int>(N),
-                     a.tensor()->data, t, static_cast<int>(K), &beta, out.tensor()->data, t,
-                     static_cast<int>(N), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-    if (st != CUBLAS_STATUS_SUCCESS) {
-      return Status(KREG_INTERNAL, "cublasGemmEx failed with status " + std::to_string(st));
-    }
-    return kreg::OkStatus();
-#else
-    return Status(KREG_UNAVAILABLE, "no CUDA in this build");
-#endif
-  }
+  if (out.on_gpu()) return kreg::harness::cublas_matmul(a, b, out, T, N, K);
   auto av = a.to_doubles();
   auto bv = b.to_doubles();
   if (!av.ok()) return av.status();

@@ -37,6 +37,7 @@
 #include <CLI/CLI.hpp>
 
 #include "cli_numbers.hpp"
+#include "cublas_matmul.hpp"
 
 #include "harness.hpp"
 #include "kreg/registry.hpp"
@@ -44,7 +45,6 @@
 #include "store.hpp"
 
 #if defined(KREG_HAVE_CUDA)
-#include <cublas_v2.h>
 #include <cuda_runtime.h>
 #endif
 
@@ -193,46 +193,13 @@ bool partial_on_cpu(const Options& o, const Inputs& in, const std::vector<double
   return true;
 }
 
-#if defined(KREG_HAVE_CUDA)
-const char* cublas_text(cublasStatus_t s) {
-  switch (s) {
-    case CUBLAS_STATUS_SUCCESS:
-      return "success";
-    case CUBLAS_STATUS_NOT_INITIALIZED:
-      return "not initialized";
-    case CUBLAS_STATUS_ALLOC_FAILED:
-      return "allocation failed";
-    case CUBLAS_STATUS_INVALID_VALUE:
-      return "invalid value";
-    case CUBLAS_STATUS_ARCH_MISMATCH:
-      return "architecture mismatch";
-    case CUBLAS_STATUS_EXECUTION_FAILED:
-      return "execution failed";
-    case CUBLAS_STATUS_NOT_SUPPORTED:
-      return "not supported";
-    default:
-      return "error";
-  }
+// Row-major C[m,n] = A[m,k] B[k,n] on the rank's GPU (cuBLAS, fp32 accumulation).
+bool gemm(int64_t m, int64_t n, int64_t k, const Buffer& a, const Buffer& b, Buffer& c,
+          const char* what, std::string* error) {
+  const kreg::Status st = kreg::harness::cublas_matmul(a, b, c, m, n, k);
+  if (!st.ok()) *error = std::string(what) + ": " + st.message();
+  return st.ok();
 }
-
-// Row-major C[m,n] = A[m,k] B[k,n] on the device: cuBLAS is column-major, so it computes
-// C^T = B^T A^T, the same memory. fp32 accumulation for both dtypes.
-bool gemm(cublasHandle_t handle, DType dt, int64_t m, int64_t n, int64_t k, const Buffer& a,
-          const Buffer& b, Buffer& c, const char* what, std::string* error) {
-  const float one = 1.0f, zero = 0.0f;
-  const cudaDataType_t type = dt == DType::kBF16 ? CUDA_R_16BF : CUDA_R_32F;
-  const cublasStatus_t s =
-      cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
-                   static_cast<int>(k), &one, b.tensor()->data, type, static_cast<int>(n),
-                   a.tensor()->data, type, static_cast<int>(k), &zero, c.tensor()->data, type,
-                   static_cast<int>(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-  if (s != CUBLAS_STATUS_SUCCESS) {
-    *error = std::string("cublasGemmEx (") + what + "): " + cublas_text(s);
-    return false;
-  }
-  return true;
-}
-#endif
 
 struct RankError {
   std::string message;
@@ -310,25 +277,17 @@ int run_rank_checked(const Options& o) {
     if (cudaError_t e = cudaSetDevice(r); e != cudaSuccess) {
       throw RankError{"cudaSetDevice(" + std::to_string(r) + "): " + cudaGetErrorString(e)};
     }
-    cublasHandle_t handle = nullptr;
-    if (cublasStatus_t s = cublasCreate(&handle); s != CUBLAS_STATUS_SUCCESS) {
-      throw RankError{std::string("cublasCreate: ") + cublas_text(s)};
-    }
-    struct Guard {
-      cublasHandle_t h;
-      ~Guard() { cublasDestroy(h); }
-    } guard{handle};
     Buffer x = buffer(dev, dt, {T, H}, in.x);
     Buffer w1 = buffer(dev, dt, {H, Fr}, w1_r), w2 = buffer(dev, dt, {Fr, H}, w2_r);
     Buffer h = buffer(dev, dt, {T, Fr}, {});
     y = buffer(dev, dt, {T, H}, {});
-    if (!gemm(handle, dt, T, Fr, H, x, w1, h, "x W1_r", &error)) throw RankError{error};
+    if (!gemm(T, Fr, H, x, w1, h, "x W1_r", &error)) throw RankError{error};
     // The ReLU on a host copy (the copies synchronize with the GEMM on the default stream):
     // a demo of the collective, not of an activation kernel.
     std::vector<double> hv = take(h.to_doubles(), "copying h to the host");
     for (double& v : hv) v = std::max(v, 0.0);
     check(h.from_doubles(hv), "copying relu(h) to the device");
-    if (!gemm(handle, dt, T, H, Fr, h, w2, y, "relu(h) W2_r", &error)) throw RankError{error};
+    if (!gemm(T, H, Fr, h, w2, y, "relu(h) W2_r", &error)) throw RankError{error};
     check(kreg::harness::device_synchronize(), "after the GEMMs");
 #else
     throw RankError{"GPU mode is not built (a CPU-only build): use --cpu"};
