@@ -5,6 +5,7 @@
 // an error. Ops registered in-process. The graph timing's tests need a GPU (skipped
 // without one) except for its argument check.
 #include "harness.hpp"
+#include "cublas_matmul.hpp"
 #include "example_values.hpp"
 
 #include <gtest/gtest.h>
@@ -397,14 +398,58 @@ TEST(Harness, GraphTimingRefusesCountsBelowOne) {
     auto t = harness::time_graph_replays(nullptr, calls, reps, count);
     ASSERT_FALSE(t.ok());
     EXPECT_EQ(t.status().code(), KREG_INVALID_ARGUMENT);
-    EXPECT_NE(t.status().message().find("calls (" + std::to_string(calls) + ")"),
-              std::string::npos)
+    EXPECT_NE(t.status().message().find("calls (" + std::to_string(calls) + ")"), std::string::npos)
         << t.status().message();
   }
   EXPECT_EQ(called, 0);
 }
 
+// The tools' matmul refuses buffers that are not all on one GPU or do not hold the shapes.
+TEST(Harness, CublasMatmulRefusesBuffersItCannotMultiply) {
+  auto a = harness::Buffer::make(kCpuDev, DType::kF32, {2, 3});
+  auto b = harness::Buffer::make(kCpuDev, DType::kF32, {3, 4});
+  auto c = harness::Buffer::make(kCpuDev, DType::kF32, {2, 4});
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+  const Status st = harness::cublas_matmul(*a, *b, *c, 2, 4, 3);
+  EXPECT_EQ(st.code(), KREG_INVALID_ARGUMENT);
+  EXPECT_NE(st.message().find("one GPU"), std::string::npos) << st.message();
+}
+
 #if defined(KREG_HAVE_CUDA)
+// Row-major [5,7] @ [7,3] through cuBLAS against a double loop, f32 and bf16 (inputs exact
+// in bf16, so the two differ only by the output's rounding); wrong shapes are refused.
+TEST(Harness, CublasMatmulMatchesALoop) {
+  if (!harness::gpu_available()) GTEST_SKIP() << "no CUDA device: cuBLAS is not loaded";
+  const int64_t m = 5, n = 3, k = 7;
+  std::vector<double> av(m * k), bv(k * n);
+  for (size_t i = 0; i < av.size(); ++i)
+    av[i] = static_cast<double>(static_cast<int>(i % 9) - 4) / 4;
+  for (size_t i = 0; i < bv.size(); ++i)
+    bv[i] = static_cast<double>(static_cast<int>(i % 5) - 2) / 2;
+  std::vector<double> want(m * n, 0.0);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j)
+      for (int64_t p = 0; p < k; ++p) want[i * n + j] += av[i * k + p] * bv[p * n + j];
+  const DLDevice gpu{kDLCUDA, 0};
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    auto a = harness::Buffer::make(gpu, dt, {m, k});
+    auto b = harness::Buffer::make(gpu, dt, {k, n});
+    auto c = harness::Buffer::make(gpu, dt, {m, n});
+    ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+    ASSERT_TRUE(a->from_doubles(av).ok());
+    ASSERT_TRUE(b->from_doubles(bv).ok());
+    const Status st = harness::cublas_matmul(*a, *b, *c, m, n, k);
+    ASSERT_TRUE(st.ok()) << st.message();
+    auto got = c->to_doubles();
+    ASSERT_TRUE(got.ok());
+    for (size_t i = 0; i < want.size(); ++i) {
+      EXPECT_NEAR((*got)[i], want[i], dt == DType::kF32 ? 1e-6 : 0.02 * (1 + std::fabs(want[i])))
+          << "element " << i;
+    }
+    EXPECT_EQ(harness::cublas_matmul(*a, *b, *c, m, n + 1, k).code(), KREG_INVALID_ARGUMENT);
+  }
+}
+
 // The calls are captured once and replayed: the lambda runs `calls` times in all, the
 // replays leave the last call's bytes, and the times are positive.
 TEST(Harness, GraphTimingReplaysTheCapturedCalls) {
