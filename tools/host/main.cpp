@@ -15,7 +15,6 @@
 
 #include "cli_numbers.hpp"
 #include "cublas_matmul.hpp"
-
 #include "harness.hpp"
 #include "hot_swap.hpp"
 #include "kreg/registry.hpp"

@@ -11,7 +11,6 @@
 #include <CLI/CLI.hpp>
 
 #include "cli_numbers.hpp"
-
 #include "harness.hpp"
 #include "json.hpp"
 #include "kreg/jit.hpp"

@@ -23,7 +23,6 @@
 #include <CLI/CLI.hpp>
 
 #include "cli_numbers.hpp"
-
 #include "harness.hpp"
 #include "kreg/registry.hpp"
 #include "kreg/text.hpp"

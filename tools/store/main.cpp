@@ -21,7 +21,6 @@
 #include <CLI/CLI.hpp>
 
 #include "cli_numbers.hpp"
-
 #include "store.hpp"
 
 namespace {

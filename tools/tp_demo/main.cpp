@@ -38,7 +38,6 @@
 
 #include "cli_numbers.hpp"
 #include "cublas_matmul.hpp"
-
 #include "harness.hpp"
 #include "kreg/registry.hpp"
 #include "kreg/text.hpp"
