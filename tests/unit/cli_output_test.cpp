@@ -361,6 +361,34 @@ TEST(CliOutput, EveryUsageErrorExitsTwo) {
   }
 }
 
+// kreg-host's shapes and thread count: a value outside its range, or a step whose tensors
+// or CPU reference matmul would be too large (once a std::bad_alloc abort, or hours in the
+// reference loop), is a usage error naming the problem, exit 2, before any work.
+TEST(CliOutput, HostRefusesStepsItCannotRun) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--tokens", "0"}, "--tokens"},
+      {{"--tokens", "-5"}, "--tokens"},
+      {{"--tokens", "99999999999999999999"}, "--tokens"},
+      {{"--hidden", "3037000500", "--intermediate", "3037000500"}, "--hidden"},
+      {{"--tokens", "100000", "--hidden", "100000"}, "more than 2^28 elements"},
+      {{"--tokens", "16", "--hidden", "65536", "--intermediate", "4096"}, "2^28 elements"},
+      {{"--tokens", "4096", "--hidden", "4096", "--intermediate", "16384"}, "2^33 multiply-adds"},
+      {{"--stress", "100000"}, "--stress"},
+      {{"--stress", "-1"}, "--stress"},
+  };
+  for (const auto& [args, words] : cases) {
+    std::vector<std::string> argv{kHost, "--manifest", KREG_SOURCE_DIR "/registry.yaml"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    Outcome r = run(argv, KREG_PLUGIN_DIR);
+    std::string cmd;
+    for (const auto& a : argv) cmd += " '" + a + "'";
+    EXPECT_EQ(r.exit_code, 2) << cmd << "\n" << r.all();
+    EXPECT_NE(r.err.find(words), std::string::npos) << cmd << "\n" << r.all();
+    EXPECT_EQ(r.out, "") << cmd << ": nothing runs";
+    expect_plain(r.all(), cmd);
+  }
+}
+
 // Every float option of every tool refuses NaN and infinities (CLI11's own range checks let
 // NaN through: a "--timeout nan" once killed kreg-tp-demo's ranks at once, a "--zipf nan"
 // hung lplb_demo) and values past its range, naming the option: a usage error, exit 2.

@@ -113,6 +113,21 @@ int fail(const std::string& msg) {
   return 1;
 }
 
+// Why the step's shapes are too large for the host (its tensors, or the CPU reference's
+// matmul, T x H x 2I multiply-adds), or null. The default step (16, 2048, 5632) is 3.7e8.
+const char* step_too_large(const Shapes& s) {
+  constexpr int64_t kMaxElements = int64_t{1} << 28;
+  constexpr int64_t kMaxMultiplyAdds = int64_t{1} << 33;
+  const int64_t T = s.tokens, H = s.hidden, N = 2 * s.intermediate;
+  if (T * H > kMaxElements || H * N > kMaxElements || T * N > kMaxElements) {
+    return "a tensor of the step would hold more than 2^28 elements";
+  }
+  if (T * H * N > kMaxMultiplyAdds) {
+    return "the CPU reference's matmul would take more than 2^33 multiply-adds";
+  }
+  return nullptr;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -125,14 +140,18 @@ int main(int argc, char** argv) {
   app.add_option("--device", device, "auto, cuda or cpu")
       ->check(CLI::IsMember({"auto", "cuda", "cpu"}));
   app.add_option("--dtype", dtype_name, "bf16, f16 or f32");
-  app.add_option("--tokens", shapes.tokens, "tokens in the batch");
-  app.add_option("--hidden", shapes.hidden, "hidden size");
-  app.add_option("--intermediate", shapes.intermediate, "MLP intermediate size");
+  constexpr int64_t kMaxDim = int64_t{1} << 20;
+  app.add_option("--tokens", shapes.tokens, "tokens in the batch")
+      ->check(CLI::Range(int64_t{1}, kMaxDim));
+  app.add_option("--hidden", shapes.hidden, "hidden size")->check(CLI::Range(int64_t{1}, kMaxDim));
+  app.add_option("--intermediate", shapes.intermediate, "MLP intermediate size")
+      ->check(CLI::Range(int64_t{1}, kMaxDim));
   bool watch = false;
   int stress = 0;
   double duration = 10;
   app.add_flag("--watch", watch, "hot swap: reload a group when its library file changes");
-  app.add_option("--stress", stress, "N threads calling the loaded ops continuously, checked");
+  app.add_option("--stress", stress, "N threads calling the loaded ops continuously, checked")
+      ->check(CLI::Range(0, 256));
   app.add_option("--duration", duration, "seconds to run --watch / --stress (default 10)")
       ->check(kreg::cli::finite_range(0, 86400));
   bool no_precheck = false;
@@ -151,6 +170,15 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     // CLI11 quotes the command line: one escaped line. A usage error exits 2, as in kreg.
     err << "kreg-host: " << e.what() << "\nRun with --help for more information.\n";
+    return 2;
+  }
+  // Every step also runs on the CPU (the reference chain, the host's matmul a plain loop):
+  // bounded so that a large shape is a usage error, not hours of work or a failed
+  // allocation. Each dimension is at most 2^20, so the products below cannot overflow.
+  if (const char* too_big = step_too_large(shapes)) {
+    err << "kreg-host: " << kreg::cli::raw(too_big) << " (--tokens " << shapes.tokens
+        << " --hidden " << shapes.hidden << " --intermediate " << shapes.intermediate
+        << ")\nRun with --help for more information.\n";
     return 2;
   }
 
