@@ -569,4 +569,51 @@ TEST(KregStoreCli, ServesUntilSigterm) {
   EXPECT_FALSE(fs::exists(port_file)) << "the port file outlived the server";
 }
 
+// The port file is only ever a regular file: a FIFO, a link or a directory at the path is
+// refused (exit 1, left as it was) instead of being renamed over and removed at the stop;
+// and a port file replaced while the server runs (another server's) is left at the stop.
+TEST(KregStoreCli, PortFileReplacesOnlyARegularFile) {
+  kreg::test::Scratch tmp;
+  const std::string fifo = (tmp.root() / "fifo").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const std::string link = (tmp.root() / "link").string();
+  fs::create_symlink(tmp.root() / "elsewhere", link);
+  // Bounded: a server that took the path would serve until killed.
+  const std::string cli = "timeout 10 " + std::string(KREG_STORE_CLI) + " serve --port-file ";
+  std::string out;
+  for (const std::string& path : {fifo, link, tmp.root().string()}) {
+    EXPECT_EQ(run(cli + path + " 2>&1", &out), 1) << path;
+    EXPECT_NE(out.find("is not a regular file"), std::string::npos) << out;
+  }
+  EXPECT_TRUE(fs::is_fifo(fifo));
+  EXPECT_TRUE(fs::is_symlink(link));
+  EXPECT_FALSE(fs::exists(tmp.root() / "elsewhere"));
+
+  const std::string port_file = (tmp.root() / "port").string();
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    if (!std::freopen("/dev/null", "w", stdout)) _exit(127);
+    ::execl(KREG_STORE_CLI, KREG_STORE_CLI, "serve", "--port-file", port_file.c_str(), nullptr);
+    _exit(127);
+  }
+  std::string port;
+  for (int i = 0; i < 500 && port.empty(); ++i) {
+    std::ifstream(port_file) >> port;
+    if (port.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_FALSE(port.empty()) << "no port file";
+  // Another writer's file now holds the path (a rename, as a second server would).
+  const std::string other = port_file + ".other";
+  std::ofstream(other) << "12345\n";
+  ASSERT_EQ(::rename(other.c_str(), port_file.c_str()), 0);
+  ASSERT_EQ(::kill(pid, SIGTERM), 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
+  std::string kept;
+  std::ifstream(port_file) >> kept;
+  EXPECT_EQ(kept, "12345") << "the server removed a port file it had not written";
+}
+
 }  // namespace

@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -39,17 +40,32 @@ int fail(int code, const std::string& line) {
 // A URL the parser refuses is the user's to fix (2); a store that does not answer is 1.
 bool is_url_error(const std::string& error) { return error.rfind("store URL '", 0) == 0; }
 
+// The port file as written: its device and inode, so that only this file is removed at the
+// stop (not one another process has put there since).
+struct PortFile {
+  dev_t dev = 0;
+  ino_t ino = 0;
+};
+
 // Writes the port to path through a temporary file and rename(), so a launcher polling for
-// the file reads a whole number or nothing.
-bool write_port_file(const std::string& path, int port, std::string* error) {
+// the file reads a whole number or nothing. Only a regular file (or nothing) is replaced:
+// a FIFO, device, socket or directory at the path is refused, not renamed over and later
+// removed; the temporary name is created exclusively and never followed as a link.
+bool write_port_file(const std::string& path, int port, PortFile* written, std::string* error) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+    *error = "the port file " + escape(path, 4096) + " exists and is not a regular file";
+    return false;
+  }
   const std::string tmp = path + ".tmp" + std::to_string(::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
   if (fd < 0) {
     *error = "cannot write the port file " + escape(tmp, 4096) + ": " + std::strerror(errno);
     return false;
   }
   const std::string text = std::to_string(port) + "\n";
-  const bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+  const bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()) &&
+                  ::fstat(fd, &st) == 0;
   const int e = errno;
   if (::close(fd) != 0 || !ok) {
     ::unlink(tmp.c_str());
@@ -64,7 +80,16 @@ bool write_port_file(const std::string& path, int port, std::string* error) {
              std::strerror(re);
     return false;
   }
+  *written = PortFile{st.st_dev, st.st_ino};
   return true;
+}
+
+// Removes the port file if it is still the one written.
+void remove_port_file(const std::string& path, const PortFile& written) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) == 0 && st.st_dev == written.dev && st.st_ino == written.ino) {
+    ::unlink(path.c_str());
+  }
 }
 
 int cmd_serve(const std::string& host, int port, const std::string& port_file) {
@@ -88,7 +113,8 @@ int cmd_serve(const std::string& host, int port, const std::string& port_file) {
   std::string error;
   auto server = kreg::comm::TcpStoreServer::start(host, port, &error);
   if (!server) return fail(kExitFailed, error);
-  if (!port_file.empty() && !write_port_file(port_file, server->port(), &error)) {
+  PortFile written;
+  if (!port_file.empty() && !write_port_file(port_file, server->port(), &written, &error)) {
     return fail(kExitFailed, error);
   }
   std::printf("kreg-store: serving on %s:%d\n", escape(host).c_str(), server->port());
@@ -97,7 +123,7 @@ int cmd_serve(const std::string& host, int port, const std::string& port_file) {
   while (sigwait(&set, &sig) != 0) {
   }
   server->stop();
-  if (!port_file.empty()) ::unlink(port_file.c_str());
+  if (!port_file.empty()) remove_port_file(port_file, written);
   std::fprintf(stderr, "kreg-store: stopped (%s)\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
   return kExitOk;
 }
