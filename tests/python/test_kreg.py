@@ -659,6 +659,16 @@ def test_set_pdl_sets_the_launch_flags_every_cuda_call_carries():
         with pytest.raises(ValueError, match="stable_inputs needs enabled=True"):
             kreg.set_pdl(False, stable_inputs=True)
         assert kreg._kreg.launch_flags() == 3
+        # A flag is True or False (0 and 1 too): "no" or a stray number is refused, and
+        # changes nothing.
+        for bad in ("no", "yes", 10**30, 2, -1, 0.5, float("nan"), None, [1]):
+            with pytest.raises(TypeError, match="must be True or False"):
+                kreg.set_pdl(bad)
+            with pytest.raises(TypeError, match="must be True or False"):
+                kreg.set_pdl(True, stable_inputs=bad)
+        assert kreg._kreg.launch_flags() == 3
+        kreg.set_pdl(1, stable_inputs=0)
+        assert kreg._kreg.launch_flags() == 1
     finally:
         kreg.set_pdl(False)
     assert not kreg.pdl() and kreg._kreg.launch_flags() == 0

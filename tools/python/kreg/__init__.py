@@ -21,6 +21,16 @@ __all__ = [
 ]
 
 
+def _flag(value, name):
+    """True or False (numpy's bool_, 0 and 1 too); anything else is a TypeError, so that a
+    string such as "no" or a stray number does not turn a flag on."""
+    if value is True or value is False:
+        return value
+    if type(value).__name__ == "bool_" or (type(value) is int and value in (0, 1)):
+        return bool(value)
+    raise TypeError(f"kreg.set_pdl: {name} must be True or False, not {value!r:.60}")
+
+
 def set_pdl(enabled, stable_inputs=False):
     """Programmatic dependent launch (sm90+) for every CUDA call of this process, from
     kreg.Op and from kreg.torch's torch ops: a kernel that honours it may start while the
@@ -32,7 +42,7 @@ def set_pdl(enabled, stable_inputs=False):
     written before the previous kernel on the stream started, so kernels may read them
     before waiting for it (rmsnorm prefetches its weight). Asking for stable inputs
     without PDL raises ValueError."""
-    _kreg.set_pdl(bool(enabled), bool(stable_inputs))
+    _kreg.set_pdl(_flag(enabled, "enabled"), _flag(stable_inputs, "stable_inputs"))
     kt = sys.modules.get("kreg.torch")
     if kt is not None:
         kt._native.set_launch_flags(_kreg.launch_flags())
