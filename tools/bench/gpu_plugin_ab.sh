@@ -13,7 +13,7 @@
 #     one_item=tools/bench/ab/rmsnorm_small_one_item.patch
 # CMD runs from the repository root with PYTHONPATH and KREG_MANIFEST set; $PY is the
 # Python with torch. Expects ./build to be configured or configurable (GPU machine: PY and
-# .deps as in gpu_quick.sh; AB_CMAKE_ARGS adds configure options). Variant trees go to
+# .deps as in gpu_common.sh; AB_CMAKE_ARGS adds configure options). Variant trees go to
 # ${AB_TMP:-/tmp/kreg-ab}.
 set -uo pipefail
 [ $# -ge 4 ] || { sed -n 2,19p "$0" >&2; exit 2; }

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Issue 17's H200 evidence, one device call per preset (docs/performance.md, "Fourth
 # round"); each preset is a set of gpu_quick.sh knobs. Run from the repository root:
-#   tools/bench/gpu_issue17.sh torch     # decode and the small shapes against torch, ncu of decode B=1
-#   tools/bench/gpu_issue17.sh moe       # align_block_size and routing (kreg bench, plain and --pdl), vs_torch
-#   tools/bench/gpu_issue17.sh norms     # JIT rmsnorm at odd widths, decode norms with and without PDL, dispatch
-#   tools/bench/gpu_issue17.sh round5    # the whole suite, the gate/copy probe, decode norms, vs_torch of the
+#   tools/bench/rounds/gpu_issue17.sh torch     # decode and the small shapes against torch, ncu of decode B=1
+#   tools/bench/rounds/gpu_issue17.sh moe       # align_block_size and routing (kreg bench, plain and --pdl), vs_torch
+#   tools/bench/rounds/gpu_issue17.sh norms     # JIT rmsnorm at odd widths, decode norms with and without PDL, dispatch
+#   tools/bench/rounds/gpu_issue17.sh round5    # the whole suite, the gate/copy probe, decode norms, vs_torch of the
 #                                        # kernels changed on 2026-12-02 ("Fifth round")
-#   tools/bench/gpu_issue17.sh round6    # the sixth round's A/B runs: fused_qk_norm_rope and rmsnorm plugin
+#   tools/bench/rounds/gpu_issue17.sh round6    # the sixth round's A/B runs: fused_qk_norm_rope and rmsnorm plugin
 #                                        # builds (gpu_plugin_ab.sh), vs_torch output placement, gate_probe
 # The variant benchmarks behind the fifth round's changes: tools/bench/variants/README.md.
 set -uo pipefail
