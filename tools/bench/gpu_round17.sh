@@ -37,11 +37,4 @@ if left 60 && nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; 
     timeout $((UNTIL - SECONDS - 5)) $PY tools/bench/vs_torch.py --reps 30 --out /tmp/vst --only "concat_mla_k,attention.decode B=1 ctx=4096" 2>&1 | grep -E "^[a-z]+\." | cut -c1-150
   fi
 fi
-# 6. A/B (prepared in session 16): plain rmsnorm signalling launch_dependents after its
-#    stores (FlashInfer's placement) instead of at its start, T=64 H=7168 and T=16 H=4096.
-if left 150; then
-  tools/bench/gpu_plugin_ab.sh layernorm 2 \
-    'for s in T=64,H=7168 T=16,H=4096; do echo "$s $(./build/tools/kreg bench layernorm.rmsnorm --shape $s --dtype bf16 --reps 200 --pdl 2>&1 | grep -oE "median [0-9.]+ us")"; done' \
-    trigger_end=tools/bench/ab/rmsnorm_pdl_trigger_end.patch 2>&1 | tail -12
-fi
 echo "done at $SECONDS s"
