@@ -524,22 +524,35 @@ int run(const std::string& cmd, std::string* out) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
-TEST(KregStoreCli, ServesUntilSigterm) {
-  kreg::test::Scratch tmp;
-  const std::string port_file = (tmp.root() / "port").string();
-  const std::string log = (tmp.root() / "log").string();
+// `kreg-store serve --port-file port_file` in a child, its stdout to `log`; -1 if the fork
+// failed.
+pid_t start_server(const std::string& port_file, const std::string& log) {
   const pid_t pid = ::fork();
-  ASSERT_GE(pid, 0);
   if (pid == 0) {
     if (!std::freopen(log.c_str(), "w", stdout)) _exit(127);
     ::execl(KREG_STORE_CLI, KREG_STORE_CLI, "serve", "--port-file", port_file.c_str(), nullptr);
     _exit(127);
   }
+  return pid;
+}
+
+// The port the server wrote, once the file holds it (empty after 5 s).
+std::string wait_for_port(const std::string& port_file) {
   std::string port;
   for (int i = 0; i < 500 && port.empty(); ++i) {
     std::ifstream(port_file) >> port;
     if (port.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
+  return port;
+}
+
+TEST(KregStoreCli, ServesUntilSigterm) {
+  kreg::test::Scratch tmp;
+  const std::string port_file = (tmp.root() / "port").string();
+  const std::string log = (tmp.root() / "log").string();
+  const pid_t pid = start_server(port_file, log);
+  ASSERT_GE(pid, 0);
+  const std::string port = wait_for_port(port_file);
   ASSERT_FALSE(port.empty()) << "no port file";
   const std::string cli = std::string(KREG_STORE_CLI) + " ";
   const std::string url = "--store tcp://127.0.0.1:" + port + " ";
@@ -590,19 +603,9 @@ TEST(KregStoreCli, PortFileReplacesOnlyARegularFile) {
   EXPECT_FALSE(fs::exists(tmp.root() / "elsewhere"));
 
   const std::string port_file = (tmp.root() / "port").string();
-  const pid_t pid = ::fork();
+  const pid_t pid = start_server(port_file, "/dev/null");
   ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    if (!std::freopen("/dev/null", "w", stdout)) _exit(127);
-    ::execl(KREG_STORE_CLI, KREG_STORE_CLI, "serve", "--port-file", port_file.c_str(), nullptr);
-    _exit(127);
-  }
-  std::string port;
-  for (int i = 0; i < 500 && port.empty(); ++i) {
-    std::ifstream(port_file) >> port;
-    if (port.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  ASSERT_FALSE(port.empty()) << "no port file";
+  ASSERT_FALSE(wait_for_port(port_file).empty()) << "no port file";
   // Another writer's file now holds the path (a rename, as a second server would).
   const std::string other = port_file + ".other";
   std::ofstream(other) << "12345\n";

@@ -14,6 +14,7 @@
 #include <CLI/CLI.hpp>
 
 #include "cli_numbers.hpp"
+#include "cli_parse.hpp"
 #include "cublas_matmul.hpp"
 #include "harness.hpp"
 #include "hot_swap.hpp"
@@ -163,15 +164,7 @@ int main(int argc, char** argv) {
                  "--watch: seconds a child may take to load and initialize a new build before "
                  "it is rejected (default 10)")
       ->check(kreg::cli::finite_range(0.001, 3600));
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    // CLI11 quotes the command line: one escaped line. A usage error exits 2, as in kreg.
-    err << "kreg-host: " << e.what() << "\nRun with --help for more information.\n";
-    return 2;
-  }
+  if (auto code = kreg::cli::parse_command_line(app, argc, argv, "kreg-host")) return *code;
   // Every step also runs on the CPU (the reference chain, the host's matmul a plain loop):
   // bounded so that a large shape is a usage error, not hours of work or a failed
   // allocation. Each dimension is at most 2^20, so the products below cannot overflow.

@@ -23,6 +23,7 @@
 #include <CLI/CLI.hpp>
 
 #include "cli_numbers.hpp"
+#include "cli_parse.hpp"
 #include "harness.hpp"
 #include "kreg/registry.hpp"
 #include "kreg/text.hpp"
@@ -403,16 +404,7 @@ int main(int argc, char** argv) {
   app.add_option("--reps", o.reps, "timed calls per op")->check(CLI::Range(1, 100000));
   app.add_flag("--pdl", o.pdl,
                "CUDA: ask for programmatic dependent launch (KREG_LAUNCH_PDL) on every call");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    // The message quotes the command line: escaped on its way to the terminal.
-    std::fprintf(stderr, "lplb_demo: %s\nRun with --help for more information.\n",
-                 kreg::terminal_message(e.what()).c_str());
-    return 2;
-  }
+  if (auto code = kreg::cli::parse_command_line(app, argc, argv, "lplb_demo")) return *code;
   if (o.experts % o.gpus != 0) {
     std::fprintf(stderr, "lplb_demo: --gpus must divide --experts\n");
     return 2;

@@ -37,6 +37,7 @@
 #include <CLI/CLI.hpp>
 
 #include "cli_numbers.hpp"
+#include "cli_parse.hpp"
 #include "cublas_matmul.hpp"
 #include "harness.hpp"
 #include "kreg/registry.hpp"
@@ -496,15 +497,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, kMaxRanks - 1));
   app.add_option("--store", o.store, "(internal) the launcher's store URL")->group("");
   app.add_option("--name", o.name, "(internal) the comm's name")->group("");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "kreg-tp-demo: %s\nRun with --help for more information.\n",
-                 kreg::terminal_message(e.what()).c_str());
-    return kExitUsage;
-  }
+  if (auto code = kreg::cli::parse_command_line(app, argc, argv, "kreg-tp-demo")) return *code;
   auto usage = [](const std::string& message) {
     std::fprintf(stderr, "kreg-tp-demo: %s\n", message.c_str());
     return kExitUsage;
