@@ -14,7 +14,7 @@ set -uo pipefail
 source tools/bench/gpu_common.sh
 gpu_round_frame 420
 gpu_round_start || exit 1
-gpu_ctest 60 'Layernorm|Pdl'
+CTEST_R=${CTEST_R:-Layernorm|Pdl}; [ "${SKIP_CTEST:-0}" = 1 ] || gpu_ctest 60 "$CTEST_R"
 left 120 && tools/bench/gpu_plugin_ab.sh layernorm 2 \
   'for s in T=64,H=7168 T=16,H=4096 T=32768,H=4096; do for f in "" --pdl; do echo "$s ${f:-plain} $(./build/tools/kreg bench layernorm.rmsnorm --shape $s --dtype bf16 --reps 200 $f 2>&1 | grep -oE "median [0-9.]+ us")"; done; done' \
   trigger_end=tools/bench/ab/rmsnorm_pdl_trigger_end.patch \
