@@ -42,7 +42,10 @@ constexpr int kShortRowBlockThreads = 256;
 template <typename T, int kItems, int kRows, bool kFusedAdd>
 constexpr int kMinBlocksPerSm = (kItems * kRows <= (kFusedAdd || sizeof(T) == 4 ? 1 : 2)) ? 2 : 1;
 
-template <typename T, int kVec, int kItems, int kRows, bool kFusedAdd, bool kGemma>
+// kSignalLate: plain rmsnorm lets the next kernel be scheduled after its stores rather than
+// at its start (the decode-size launch below; FlashInfer's placement).
+template <typename T, int kVec, int kItems, int kRows, bool kFusedAdd, bool kGemma,
+          bool kSignalLate = false>
 __global__ void __launch_bounds__(kMaxThreadsPerRow, (kMinBlocksPerSm<T, kItems, kRows, kFusedAdd>))
     rmsnorm_kernel(const T* in, T* residual, const T* __restrict__ weight, T* out, int64_t rows,
                    int vecs_per_row, float eps, bool weight_early) {
@@ -106,7 +109,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow, (kMinBlocksPerSm<T, kItems,
   // 1.84 us against signalling after the reduction, T = 64 H = 7168 3.15 -> 3.13). The fused
   // form signals after its reduction: at once was slower there (T = 64 H = 7168 3.25 ->
   // 3.30). x and residual may be the previous kernel's output.
-  if constexpr (!kFusedAdd) device::pdl_launch_dependents();
+  if constexpr (!kFusedAdd && !kSignalLate) device::pdl_launch_dependents();
   device::pdl_wait();
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
@@ -161,6 +164,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow, (kMinBlocksPerSm<T, kItems,
       normalize_store(r, v, s, wv, scale);
     }
   }
+  if constexpr (kSignalLate) device::pdl_launch_dependents();
 }
 
 struct NormArgs {
@@ -175,14 +179,15 @@ struct NormArgs {
   bool stable = false;  // with pdl: the weight is not the previous kernel's output
 };
 
-template <typename T, int kVec, int kItems, int kRows, bool kFusedAdd, bool kGemma>
+template <typename T, int kVec, int kItems, int kRows, bool kFusedAdd, bool kGemma,
+          bool kSignalLate = false>
 void launch(const NormArgs& a, dim3 block, cudaStream_t stream) {
   // Fewer block rows than the call has rows would leave threads idle; keep the grid.
   const int64_t row_groups = (a.rows + kRows - 1) / kRows;
   block.y = static_cast<unsigned>(std::min<int64_t>(block.y, row_groups));
   const dim3 grid(static_cast<unsigned>((row_groups + block.y - 1) / block.y));
-  device::launch(rmsnorm_kernel<T, kVec, kItems, kRows, kFusedAdd, kGemma>, grid, block, 0, stream,
-                 a.pdl, static_cast<const T*>(a.in), static_cast<T*>(a.residual),
+  device::launch(rmsnorm_kernel<T, kVec, kItems, kRows, kFusedAdd, kGemma, kSignalLate>, grid,
+                 block, 0, stream, a.pdl, static_cast<const T*>(a.in), static_cast<T*>(a.residual),
                  static_cast<const T*>(a.weight), static_cast<T*>(a.out), a.rows,
                  static_cast<int>(a.hidden / kVec), a.eps, a.stable);
 }
@@ -206,6 +211,18 @@ void launch_with_vec(const NormArgs& a, cudaStream_t stream) {
   // half as many threads, one row a block, rather than 512-1024-thread blocks with two
   // rows a thread. H200, 32768 rows: H = 4096 84.7% -> 92.4% of copy bandwidth, H = 7168
   // 72% -> 88% (one row a thread at 896 threads: 64.5%).
+  if constexpr (kFullWidth && !kFusedAdd && sizeof(T) == 2) {
+    // Decode sizes (at most 512 rows): FlashInfer's launch, a vector a thread and one row a
+    // block (896 threads x T blocks at H = 7168), signalling the next kernel after the
+    // stores. H100, kreg bench graph chains, two rounds (docs/performance.md, session 16):
+    // T = 64 H = 7168 with PDL 3.13 -> 2.44 us (plain 3.86 -> 3.25), T = 16 H = 4096 1.84
+    // -> 1.51 (plain 2.38 -> 2.05). The shape alone gave 2.65 / 1.48, the late signal alone
+    // 3.15 / 1.91; two rows a thread at 896 threads (sixth round) 3.44.
+    if (vecs >= 512 && items == 1 && a.rows <= 512) {
+      return launch<T, kVec, 1, 1, kFusedAdd, kGemma, true>(
+          a, dim3(round_up(vecs, device::kWarpSize), 1), stream);
+    }
+  }
   if (kFullWidth && !kFusedAdd && sizeof(T) == 2 && vecs >= 512 && items == 1) items = 2;
   dim3 block(std::min(kMaxThreadsPerRow, round_up((vecs + items - 1) / items, device::kWarpSize)));
   block.y = std::max(1u, kShortRowBlockThreads / block.x);

@@ -140,7 +140,11 @@ TEST(Kernels, CpuReferencesMatchTheOracle) {
   }
 }
 
-class GpuKernels : public test::GpuTest {};
+class GpuKernels : public test::GpuTest {
+ protected:
+  // PdlChainsReadWhatTheKernelBeforeWrote at one shape.
+  void pdl_chain_case(int64_t t, int64_t h);
+};
 
 TEST_F(GpuKernels, MatchTheCpuReferenceOverAShapeSweep) {
   const DType dtypes[] = {DType::kBF16, DType::kF16, DType::kF32};
@@ -271,8 +275,16 @@ TEST_F(GpuKernels, MisalignedPointersAndZeroTokens) {
 // every link reads the previous link's output (behind a large first kernel, so that an
 // early read would see stale memory) must give bit for bit what the same chain gives
 // without PDL, repeated so that a race has chances to show.
+// Two shapes: 8192 x 4096 (two vectors a thread, the signal at the start) and 64 x 7168
+// (the decode-size launch: a vector a thread, the signal after the stores).
 TEST_F(GpuKernels, PdlChainsReadWhatTheKernelBeforeWrote) {
-  const int64_t t = 8192, h = 4096;
+  for (auto [t, h] : {std::pair<int64_t, int64_t>{8192, 4096}, {64, 7168}}) {
+    SCOPED_TRACE("T=" + std::to_string(t) + " H=" + std::to_string(h));
+    pdl_chain_case(t, h);
+  }
+}
+
+void GpuKernels::pdl_chain_case(int64_t t, int64_t h) {
   auto make = [&](std::vector<int64_t> shape, uint64_t seed) {
     auto b = Buffer::make(kGpu, DType::kBF16, std::move(shape));
     EXPECT_TRUE(b.ok());
