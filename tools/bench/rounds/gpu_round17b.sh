@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Issue 17, seventeenth round, second call (prepared in session 16, when no GPU was lent):
+# Issue 17, seventeenth round, second call (session 16; ran at eabacf6, SKIP_CTEST=1 UNTIL=500;
+# the patches it names are merged or kept in tools/bench/ab/ since):
 # rmsnorm T=64 H=7168 with PDL, the one peer row still behind (3.07 us against FlashInfer's
 # 2.57 on the H200). A/B of plugin builds, alternating, two rounds, kreg bench graph chains:
 #  - trigger_end: plain rmsnorm signals launch_dependents after its stores (FlashInfer's

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 17, seventeenth round (session 16), each step skipped once $SECONDS passes its deadline
+# Issue 17, seventeenth round (session 16; ran at 1dc454e with UNTIL=540), each step skipped once $SECONDS passes its deadline
 # (UNTIL, default 420):
 #  1. Release build; the whole ctest suite (the harness's graph timing, now one function
 #     shared by time_on_gpu and lplb_demo, and its two GPU tests);
