@@ -3,23 +3,29 @@
 # and runs each for a while on a working copy of its seed corpus (tests/fuzz/corpus/<name>).
 # Any crash, leak, hang (-timeout) or blow-up (-rss_limit_mb) fails the run; the input is
 # left in build-fuzz/findings/<name>/ to become a fixture.
-# Usage: tools/fuzz.sh [-t SECONDS_PER_TARGET] [-r RUNS] [-j WORKERS] [name ...]
-#   (default: 60 s, all targets, one worker; -j N runs N workers per target on one corpus and
-#   sums their counts: the long campaigns before a release)
+# Usage: tools/fuzz.sh [-t SECONDS_PER_TARGET] [-r RUNS] [-j WORKERS] [-p TARGETS] [name ...]
+#   (default: 60 s, all targets, one worker, one target at a time; -j N runs N workers per
+#   target on one corpus and sums their counts: the long campaigns before a release; -p N runs
+#   N targets at once, each on one core: CI's smoke run on its 2 cores)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=60
 runs=""
 workers=1
-while getopts "t:r:j:" opt; do
+targets_at_once=1
+while getopts "t:r:j:p:" opt; do
   case "$opt" in
     t) seconds=$OPTARG ;;
     r) runs=$OPTARG ;;
     j) workers=$OPTARG ;;
-    *) echo "usage: tools/fuzz.sh [-t SECONDS] [-r RUNS] [-j WORKERS] [name ...]" >&2; exit 2 ;;
+    p) targets_at_once=$OPTARG ;;
+    *) echo "usage: tools/fuzz.sh [-t SECONDS] [-r RUNS] [-j WORKERS] [-p TARGETS] [name ...]" >&2; exit 2 ;;
   esac
 done
 shift $((OPTIND - 1))
+for v in "$seconds" "$workers" "$targets_at_once" ${runs:+"$runs"}; do
+  [[ "$v" =~ ^[1-9][0-9]{0,6}$ ]] || { echo "tools/fuzz.sh: '$v' is not a count from 1 to 9999999" >&2; exit 2; }
+done
 if ! command -v clang++ >/dev/null; then
   echo "tools/fuzz.sh: clang++ not found (apt-get install clang); the fuzz targets need libFuzzer" >&2
   exit 2
@@ -37,16 +43,18 @@ if [ ${#names[@]} -eq 0 ]; then
   done
 fi
 cmake --build build-fuzz -j"$(nproc)" --target $(printf 'kreg-fuzz-%s ' "${names[@]}")
-status=0
-for n in "${names[@]}"; do
-  work=build-fuzz/corpus/$n findings=build-fuzz/findings/$n
+# One target: its run, then its summary line; a finding or a failed run leaves the target's
+# name in build-fuzz/failed/ (the targets may run in parallel subshells).
+run_target() {
+  local n=$1
+  local work=build-fuzz/corpus/$n findings=build-fuzz/findings/$n
   mkdir -p "$work" "$findings"
-  seeds=tests/fuzz/corpus/$n
+  local seeds=tests/fuzz/corpus/$n
   [ -d "$seeds" ] || seeds=""
-  limit=(-max_total_time="$seconds")
+  local limit=(-max_total_time="$seconds")
   [ -n "$runs" ] && limit=(-runs="$runs")
-  log=$PWD/build-fuzz/$n.log
-  parallel=()
+  local log=$PWD/build-fuzz/$n.log
+  local parallel=()
   [ "$workers" -gt 1 ] && parallel=(-jobs="$workers" -workers="$workers")
   echo "tools/fuzz.sh: $n: ${runs:-$seconds s} x $workers worker(s)"
   rm -f build-fuzz/$n-workers/fuzz-*.log; mkdir -p build-fuzz/$n-workers
@@ -61,14 +69,25 @@ for n in "${names[@]}"; do
           "$PWD/../corpus/$n" ${seeds:+"$OLDPWD/$seeds"}) >"$log" 2>&1; then
     echo "tools/fuzz.sh: $n: FINDING (see $log, build-fuzz/$n-workers/ and $findings/)" >&2
     tail -40 "$log" >&2
-    status=1
+    touch "build-fuzz/failed/$n"
   fi
-  [ "$(ls "$findings" | wc -l)" -gt 0 ] && { echo "tools/fuzz.sh: $n: findings in $findings/" >&2; status=1; }
+  [ "$(ls "$findings" | wc -l)" -gt 0 ] && { echo "tools/fuzz.sh: $n: findings in $findings/" >&2; touch "build-fuzz/failed/$n"; }
   # (the worker logs exist only with -j; under pipefail a failing cat would end the script)
   { cat "$log"; cat build-fuzz/$n-workers/fuzz-*.log 2>/dev/null || true; } | awk -v n="$n" '
     /stat::number_of_executed_units/ {e += $2}
     /stat::average_exec_per_sec/ {r += $2}
     /stat::peak_rss_mb/ {if ($2 > m) m = $2}
     END {printf "  %s: %d executions, %d exec/s (all workers), peak RSS %d MB\n", n, e, r, m}'
+}
+rm -rf build-fuzz/failed; mkdir -p build-fuzz/failed
+for n in "${names[@]}"; do
+  if [ "$targets_at_once" -gt 1 ]; then
+    while [ "$(jobs -rp | wc -l)" -ge "$targets_at_once" ]; do wait -n || true; done
+    run_target "$n" &
+  else
+    run_target "$n"
+  fi
 done
-exit $status
+wait
+failed=$(ls build-fuzz/failed)
+[ -z "$failed" ] || { echo "tools/fuzz.sh: findings or failed runs:" $failed >&2; exit 1; }
