@@ -9,7 +9,8 @@
 #     with PDL was 2.44 us on the H100 against FlashInfer's 2.57 on the H200);
 #  4. on an H200 (none lent in sessions 13-16): the targets missed only there (JIT odd
 #     widths, norm_scale_shift [B,H]), the norms against torch.compile at decode sizes and
-#     32768 rows, concat_mla_k and decode B=1 against torch.compile.
+#     32768 rows, concat_mla_k and decode B=1 against torch.compile;
+#  5. the dispatch benchmark on the card's host (between 3 and 4).
 set -uo pipefail
 source tools/bench/gpu_common.sh
 gpu_round_frame 480
@@ -18,6 +19,9 @@ gpu_ctest 200 "${CTEST_R:-}"
 left 80 && gpu_memcheck layernorm_activation_test \
   'GpuKernels.Pdl*:GpuKernels.Misaligned*:GpuKernels.MatchTheCpuReferenceOverAShapeSweep' 70
 gpu_peer_rows 90
+# The dispatch row on this card's host (pinned, three repetitions).
+left 100 && timeout 30 taskset -c 3 ./build/tests/bench/kreg-bench-dispatch --benchmark_repetitions=3 \
+  --benchmark_report_aggregates_only=true 2>&1 | grep -E "_median" | cut -c1-100
 if left 60 && nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
   gpu_h200_only_targets
   if left 60; then
