@@ -104,3 +104,27 @@ gpu_h200_only_targets() {
   done
   timeout 40 $PY tools/bench/vs_torch.py --reps 30 --no-compile --out /tmp/vsn --only "norm_scale_shift B=16" 2>&1 | grep -E "^diffusion" | cut -c1-150
 }
+# An lplb.solve variant (tools/bench/ab/$1.patch) against this tree in one run: lplb_demo's
+# solve on HEAD, then patched (plugin rebuilt), alternating twice; the lplb GPU tests and
+# memcheck of the solve tests patched; the patch is reverted and HEAD's plugin rebuilt.
+gpu_lplb_variant() {
+  local demo=./build/tools/lplb_demo/lplb_demo r
+  if ! patch -p1 -s --dry-run <tools/bench/ab/$1.patch; then echo "$1: does not apply"; return 0; fi
+  cp build/plugins/libkreg_lplb.so /tmp/lplb_head.so
+  patch -p1 -s <tools/bench/ab/$1.patch
+  if ! cmake --build build -j16 --target kreg_lplb >>/tmp/build.log 2>&1; then
+    echo "$1: does not build"; grep -E "error" /tmp/build.log | head -5
+  else
+    cp build/plugins/libkreg_lplb.so /tmp/lplb_variant.so
+    gpu_ctest 40 LplbGpu "_$1"
+    for r in 1 2; do
+      cp /tmp/lplb_head.so build/plugins/libkreg_lplb.so
+      echo "HEAD r$r: $(timeout 20 $demo --device cuda 2>&1 | grep -oE 'after [0-9]+ iterations|z = [0-9.]+|solve [0-9.]+ us' | tr '\n' ' ')"
+      cp /tmp/lplb_variant.so build/plugins/libkreg_lplb.so
+      echo "$1 r$r: $(timeout 20 $demo --device cuda 2>&1 | grep -oE 'after [0-9]+ iterations|z = [0-9.]+|solve [0-9.]+ us' | tr '\n' ' ')"
+    done
+    left 40 && gpu_memcheck lplb_test 'LplbGpu.SolveMatchesTheCpu*:LplbGpu.SolveReachesTheExact*' 30 "_$1"
+  fi
+  patch -R -p1 -s <tools/bench/ab/$1.patch
+  cp /tmp/lplb_head.so build/plugins/libkreg_lplb.so
+}

@@ -10,7 +10,9 @@
 #  4. on an H200 (none lent in sessions 13-16): the targets missed only there (JIT odd
 #     widths, norm_scale_shift [B,H]), the norms against torch.compile at decode sizes and
 #     32768 rows, concat_mla_k and decode B=1 against torch.compile;
-#  5. the dispatch benchmark on the card's host (between 3 and 4).
+#  5. the dispatch benchmark on the card's host (between 3 and 4);
+#  6. lplb.solve with S^-1 by Gauss-Jordan (tools/bench/ab/lplb_gj_inverse.patch) against
+#     HEAD: lplb_demo's solve alternating, the lplb GPU tests and memcheck patched.
 set -uo pipefail
 source tools/bench/gpu_common.sh
 gpu_round_frame 480
@@ -30,4 +32,7 @@ if left 60 && nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; 
       grep -E "^[a-z]+\." | cut -c1-150
   fi
 fi
+# lplb.solve: S^-1 by Gauss-Jordan in warp 0's registers (r <= 8) instead of the Cholesky
+# and two triangular solves (the corrector's solve becomes a product).
+left 90 && gpu_lplb_variant lplb_gj_inverse
 echo "done at $SECONDS s"
