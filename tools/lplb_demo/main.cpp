@@ -25,12 +25,16 @@
 #include "cli_numbers.hpp"
 #include "cli_parse.hpp"
 #include "harness.hpp"
+#include "kreg/parse_number.hpp"
 #include "kreg/registry.hpp"
 #include "kreg/text.hpp"
 
 #if defined(KREG_HAVE_CUDA)
 #include <cuda_runtime.h>
 #endif
+
+// The CUDA solver's limits (kMaxRows, kMaxCols, kMaxNnz), from the plugin's own header.
+#include "../../plugins/lplb/lplb.hpp"
 
 namespace {
 
@@ -41,6 +45,9 @@ struct Options {
   std::string device = "cpu";
   int64_t tokens = 4096, topk = 8, experts = 256, gpus = 8, extra = 32, max_iter = 30;
   double zipf = 1.0;
+  // Taken as text and parsed by kreg/parse_number.hpp, as kreg run's: whole, in range,
+  // never wrapped ("--seed -1" is an error, not 2^64-1).
+  std::string seed_text = "1";
   uint64_t seed = 1;
   int reps = 200;
   bool pdl = false;  // CUDA: launch flag KREG_LAUNCH_PDL on every call
@@ -193,7 +200,7 @@ int run(const Options& o) {
     return 1;
   }
   const DLDevice dev{gpu ? kDLCUDA : kDLCPU, 0};
-  const int64_t E = o.experts, G = o.gpus, T = o.tokens, K = std::min(o.topk, o.experts);
+  const int64_t E = o.experts, G = o.gpus, T = o.tokens, K = o.topk;  // K <= E: checked
 
   // Routing: each token picks K distinct experts by Zipf weight (ranks shuffled).
   std::mt19937_64 rng(o.seed);
@@ -376,6 +383,70 @@ int run(const Options& o) {
   return st[0] == 1.0 ? 0 : 1;
 }
 
+// The demo's bounds, checked before any work (docs/validation.md, "The limits that remain").
+// Slots of the batch (--tokens x --topk): each a few tensors' element, the routing sampler
+// and dispatch walk them all.
+constexpr int64_t kMaxSlots = int64_t{1} << 22;
+// Element operations of the whole run, counted from above (below): the routing (at worst a
+// redraw over all experts a slot), every timed call of the four ops on its tensors, and
+// every solve's iterations; kreg-host's CPU reference is held to the same 2^33.
+constexpr int64_t kMaxWork = int64_t{1} << 33;
+
+// Replicas place() makes: E primaries, then extra replica i for the (i mod E)-th hottest
+// expert unless it is on every GPU already. Depends on E, G and extra only.
+int64_t replicas(const Options& o) {
+  const int64_t E = o.experts, G = o.gpus, q = o.extra / E, rem = o.extra % E;
+  int64_t R = E;
+  for (int64_t p = 0; p < E; ++p) R += std::min(G - 1, q + (p < rem ? 1 : 0));
+  return R;
+}
+
+// Why the options are refused (a usage error, before anything runs), or an empty string.
+std::string usage_error(const Options& o) {
+  auto n = [](int64_t v) { return std::to_string(v); };
+  if (o.experts % o.gpus != 0) return "--gpus must divide --experts";
+  if (o.topk > o.experts) {
+    return "--topk " + n(o.topk) + " is more than --experts " + n(o.experts) +
+           " (each token picks --topk distinct experts)";
+  }
+  const int64_t E = o.experts, G = o.gpus, T = o.tokens, K = o.topk, R = replicas(o);
+  // build_lp's LP: E + G rows, R + 1 + G columns, two nonzeros a replica and two a GPU.
+  // The CUDA solver refuses more rows or columns than one block holds and gives up on more
+  // nonzeros (lplb.hpp); the demo's LP is the one either device solves.
+  const int64_t M = E + G, N = R + 1 + G, nnz = 2 * R + 2 * G;
+  if (M > kreg::lplb::kMaxRows) {
+    return "--experts " + n(E) + " + --gpus " + n(G) + " = " + n(M) +
+           " LP rows; lplb.solve takes at most " + n(kreg::lplb::kMaxRows);
+  }
+  if (N > kreg::lplb::kMaxCols || nnz > kreg::lplb::kMaxNnz) {
+    return "--experts " + n(E) + ", --gpus " + n(G) + " and --extra " + n(o.extra) +
+           " make " + n(R) + " replicas: an LP of " + n(N) + " columns and " + n(nnz) +
+           " nonzeros; lplb.solve takes at most " + n(kreg::lplb::kMaxCols) + " columns and " +
+           n(kreg::lplb::kMaxNnz) + " nonzeros";
+  }
+  if (T * K > kMaxSlots) {
+    return "--tokens " + n(T) + " x --topk " + n(K) + " = " + n(T * K) + " slots; at most " +
+           n(kMaxSlots) + " (2^22)";
+  }
+  // Within the bounds above every term fits int64 (reps <= 1e5, max_iter <= 1000).
+  const bool gpu = o.device == "cuda";
+  const int64_t reps = o.reps, C = std::min<int64_t>(G, R - E + 1);
+  const int64_t calls = reps + 1;  // time_us: a warm-up, then reps
+  const int64_t solves = (gpu ? reps : std::max<int64_t>(1, reps / 20)) + 1;
+  // CUDA: the step graph of 16 steps, captured once, a warm-up replay and reps/10 replays.
+  const int64_t steps = gpu ? 1 + 16 * (std::max<int64_t>(1, reps / 10) + 2) : 0;
+  const int64_t per_call = M * N + E * C + T * K;  // build_lp's A, probabilities, dispatch
+  const int64_t per_solve = M * N + o.max_iter * (nnz + E * G + G * G * G);
+  const int64_t work = T * K * E + (calls + steps) * per_call + (solves + steps) * per_solve;
+  if (work > kMaxWork) {
+    return "--reps " + n(reps) + " x the step of --tokens " + n(T) + ", --topk " + n(K) +
+           ", --experts " + n(E) + ", --gpus " + n(G) + ", --extra " + n(o.extra) +
+           ", --max-iter " + n(o.max_iter) + " would take " + n(work) +
+           " element operations; at most " + n(kMaxWork) + " (2^33)";
+  }
+  return {};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -400,13 +471,19 @@ int main(int argc, char** argv) {
       ->check(kreg::cli::finite_range(0, 16));
   app.add_option("--max-iter", o.max_iter, "interior-point iterations at most")
       ->check(CLI::Range(int64_t{0}, int64_t{1000}));
-  app.add_option("--seed", o.seed, "random seed");
+  app.add_option("--seed", o.seed_text, "random seed, in [0, 2^64-1]");
   app.add_option("--reps", o.reps, "timed calls per op")->check(CLI::Range(1, 100000));
   app.add_flag("--pdl", o.pdl,
                "CUDA: ask for programmatic dependent launch (KREG_LAUNCH_PDL) on every call");
   if (auto code = kreg::cli::parse_command_line(app, argc, argv, "lplb_demo")) return *code;
-  if (o.experts % o.gpus != 0) {
-    std::fprintf(stderr, "lplb_demo: --gpus must divide --experts\n");
+  auto seed = kreg::parse_uint(o.seed_text, "--seed");
+  if (!seed) {
+    std::fprintf(stderr, "lplb_demo: %s\n", kreg::terminal_message(seed.status().message()).c_str());
+    return 2;
+  }
+  o.seed = *seed;
+  if (const std::string why = usage_error(o); !why.empty()) {
+    std::fprintf(stderr, "lplb_demo: %s\n", kreg::terminal_message(why).c_str());
     return 2;
   }
   return run(o);
