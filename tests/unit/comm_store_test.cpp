@@ -582,6 +582,36 @@ TEST(KregStoreCli, ServesUntilSigterm) {
   EXPECT_FALSE(fs::exists(port_file)) << "the port file outlived the server";
 }
 
+// add's DELTA is a plain decimal int64 (digits, an optional '-'), the grammar the store
+// parses its counters with: past int64 it was clamped, and "", "0x10", " 5" and "+5" were
+// taken; now each is a usage error (exit 2) naming DELTA and the escaped value, and the
+// counter is left as it was.
+TEST(KregStoreCli, AddTakesOnlyADecimalInt64) {
+  kreg::test::Scratch tmp;
+  const std::string cli = std::string(KREG_STORE_CLI) + " add --store file://" +
+                          (tmp.root() / "fs").string() + " -- c ";
+  std::string out;
+  ASSERT_EQ(run(cli + "5", &out), 0);
+  EXPECT_EQ(out, "5\n");
+  for (const std::string& bad :
+       {"99999999999999999999", "-99999999999999999999", "9223372036854775808", "", "0x10",
+        " 5", "+5", "5 ", "-", "1e3", "\x1b[31m"}) {
+    EXPECT_EQ(run(cli + "'" + bad + "' 2>&1", &out), 2) << bad;
+    std::string shown = bad == "\x1b[31m" ? "\\x1b[31m" : bad;
+    EXPECT_NE(out.find("kreg-store: DELTA '" + shown + "' is not a decimal integer in "
+                       "[-9223372036854775808, 9223372036854775807]"),
+              std::string::npos)
+        << out;
+  }
+  // The extremes are taken, and the counter was not touched by the refusals.
+  ASSERT_EQ(run(cli + "-9223372036854775808", &out), 0);
+  EXPECT_EQ(out, "-9223372036854775803\n");
+  ASSERT_EQ(run(cli + "9223372036854775807", &out), 0);
+  EXPECT_EQ(out, "4\n");
+  ASSERT_EQ(run(cli + "-0004", &out), 0);
+  EXPECT_EQ(out, "0\n");
+}
+
 // The port file is only ever a regular file: a FIFO, a link or a directory at the path is
 // refused (exit 1, left as it was) instead of being renamed over and removed at the stop;
 // and a port file replaced while the server runs (another server's) is left at the stop.

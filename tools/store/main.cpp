@@ -159,7 +159,11 @@ int main(int argc, char** argv) {
                     "write the bound port here (atomically) once serving");
 
   std::string url, key, value;
-  int64_t delta = 0;
+  // Taken as text and parsed by the store's own int64 parser (detail::parse_int64, the one
+  // add applies to the value at the key): a plain decimal, an optional '-', in int64's range.
+  // CLI11's conversion clamped "99999999999999999999" to INT64_MAX and took "", "0x10",
+  // " 5" and "+5".
+  std::string delta_text;
   double timeout_s = 10;
   auto add_common = [&](CLI::App* sub) {
     sub->add_option("--store", url, "store URL: tcp://HOST:PORT or file:///absolute/dir")
@@ -178,7 +182,9 @@ int main(int argc, char** argv) {
       ->check(kreg::cli::finite_range(0, 86400));
   auto* add = app.add_subcommand("add", "add DELTA to the integer at KEY, print the new value");
   add_common(add);
-  add->add_option("delta", delta, "a signed integer")->required();
+  add->add_option("delta", delta_text,
+                  "a signed decimal integer in [-9223372036854775808, 9223372036854775807]")
+      ->required();
   add->add_option("--timeout", timeout_s, "seconds to keep trying to connect (default 10)")
       ->check(kreg::cli::finite_range(0, 86400));
 
@@ -193,6 +199,13 @@ int main(int argc, char** argv) {
   }
 
   if (*serve) return cmd_serve(host, port, port_file);
+  // Every argument is checked before the store is opened.
+  int64_t delta = 0;
+  if (*add && !kreg::comm::detail::parse_int64(delta_text, &delta)) {
+    return fail(kExitUsage, "DELTA '" + escape(delta_text) +
+                                "' is not a decimal integer in [-9223372036854775808, "
+                                "9223372036854775807] (digits, an optional leading '-')");
+  }
   int rc = kExitOk;
   auto store = open_store(url, timeout_s, &rc);
   if (!store) return rc;
