@@ -63,6 +63,14 @@ constexpr uint64_t kSeed = 20261202;  // the same inputs on every rank
 constexpr double kEps = 1e-6;
 // Each of x, W1, W2 (and h on a rank) at most this many elements: 1 GiB of f32.
 constexpr int64_t kMaxElements = int64_t{1} << 28;
+// Every rank holds the whole W1 and W2 (and x, residual, the reference) in fp64 and checks
+// the whole block on the host: the ranks' host memory together at most 16 GiB, the CPU's
+// multiply-adds at most 2^34 a rank and 2^37 for all ranks. The documented 8-GPU run
+// (T=128, H=4096, F=14336: about 1.6 GB and 1.5e10 a rank) fits; a rank past them would
+// only be killed at --timeout, or take the host's memory.
+constexpr int64_t kMaxHostBytes = int64_t{1} << 34;
+constexpr int64_t kMaxRankMultiplyAdds = int64_t{1} << 34;
+constexpr int64_t kMaxMultiplyAdds = int64_t{1} << 37;
 
 struct Options {
   int ranks = 0;
@@ -512,6 +520,29 @@ int main(int argc, char** argv) {
         "--tokens x --hidden, --hidden x --ffn and --tokens x --ffn must each be at "
         "most " +
         std::to_string(kMaxElements) + " elements");
+  }
+  // Within the checks above none of these overflows: T*H*F <= 2^48, N <= 64.
+  const int64_t N = o.ranks, Fr = F / N;
+  // A rank's fp64 vectors at their peak (make_inputs, the shards, the partial sum, the
+  // reference, the copies read back), counted from above.
+  const int64_t rank_bytes = 8 * (7 * T * H + 3 * H * F + 2 * H * Fr + 2 * T * Fr + F);
+  // The fp64 reference of the whole block on every rank; with --cpu, the rank's shard too.
+  const int64_t rank_madds = 2 * T * H * F + (o.cpu ? 2 * T * H * Fr : 0);
+  const std::string shape = "--ranks " + std::to_string(N) + ", --tokens " + std::to_string(T) +
+                            ", --hidden " + std::to_string(H) + ", --ffn " + std::to_string(F);
+  if (N * rank_bytes > kMaxHostBytes) {
+    return usage(shape + ": the ranks would hold about " + std::to_string(N * rank_bytes) +
+                 " bytes of host memory; at most " + std::to_string(kMaxHostBytes) + " (16 GiB)");
+  }
+  if (rank_madds > kMaxRankMultiplyAdds) {
+    return usage(shape + ": a rank's CPU work (the reference block" +
+                 (o.cpu ? std::string(" and its shard") : std::string()) + ") would take " +
+                 std::to_string(rank_madds) + " multiply-adds; at most " +
+                 std::to_string(kMaxRankMultiplyAdds) + " (2^34)");
+  }
+  if (N * rank_madds > kMaxMultiplyAdds) {
+    return usage(shape + ": the ranks' CPU work would take " + std::to_string(N * rank_madds) +
+                 " multiply-adds; at most " + std::to_string(kMaxMultiplyAdds) + " (2^37)");
   }
   if (o.rank >= 0) {
     if (o.rank >= o.ranks) {
