@@ -121,10 +121,16 @@ Result<LoadedGeneration> load_generation(const GenerationRequest& req) {
 
 Result<ReloadReport> Registry::reload(std::string_view group_name, const ReloadOptions& options) {
   const auto t0 = std::chrono::steady_clock::now();
+  // A group name is a C string everywhere else (manifest, plugins): a NUL would name a
+  // shorter group, so it is refused rather than cut; an unknown name is quoted as an excerpt.
+  if (group_name.find('\0') != std::string_view::npos) {
+    return Status(KREG_INVALID_ARGUMENT,
+                  "reload: the group name '" + excerpt(group_name) + "' contains a NUL character");
+  }
   std::lock_guard lock(mu_);
   Group* found = find_group(group_name);
   if (found == nullptr) {
-    return Status(KREG_NOT_FOUND, "reload: unknown group '" + std::string(group_name) + "'");
+    return Status(KREG_NOT_FOUND, "reload: unknown group '" + excerpt(group_name) + "'");
   }
   Group& g = *found;
   if (!g.entry && options.library.empty()) {
@@ -132,7 +138,7 @@ Result<ReloadReport> Registry::reload(std::string_view group_name, const ReloadO
                   "reload of group '" + g.name + "': the group has no manifest entry");
   }
   const fs::path source = options.library.empty() ? g.entry->library : options.library;
-  const std::string where = "reload of group '" + g.name + "' from " + source.string();
+  const std::string where = "reload of group '" + g.name + "' from " + escape_control(source.string());
   const Group::OpMap* old = g.table.load(std::memory_order_acquire);
   if (g.library == nullptr || old == nullptr) {
     return Status(KREG_FAILED_PRECONDITION,

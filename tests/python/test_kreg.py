@@ -672,3 +672,81 @@ def test_set_pdl_sets_the_launch_flags_every_cuda_call_carries():
     finally:
         kreg.set_pdl(False)
     assert not kreg.pdl() and kreg._kreg.launch_flags() == 0
+
+
+# ---- Outside values in messages: escaped and shortened, a NUL refused ----
+
+
+def _plain_and_short(text, limit=300):
+    """kreg's message for an outside value: no control character, at most `limit` chars."""
+    assert len(text) <= limit, f"{len(text)} characters: {text[:120]!r}..."
+    assert all(c == "\n" or (" " <= c and c != "\x7f") for c in text), repr(text)
+
+
+def test_reload_quotes_a_hostile_group_name_and_refuses_a_nul(reg):
+    with pytest.raises(kreg.NotFound, match=r"unknown group '\\x1b\[31m'") as info:
+        reg.reload("\x1b[31m")
+    _plain_and_short(str(info.value))
+    with pytest.raises(kreg.NotFound) as info:
+        reg.reload("a" * 10**6)
+    _plain_and_short(str(info.value))
+    assert "(1000000 bytes)" in str(info.value)
+    # Not cut at the NUL (that would name the loaded group 'layernorm'): refused.
+    with pytest.raises(kreg.InvalidArgument, match="contains a NUL character") as info:
+        reg.reload("layernorm\0junk")
+    _plain_and_short(str(info.value))
+    assert info.value.code == "INVALID_ARGUMENT"
+
+
+def test_ops_attribute_errors_quote_the_name_escaped_and_short(reg):
+    for get in (lambda: getattr(reg.ops, "\x1b[31m"),
+                lambda: getattr(reg.ops, "a" * 10**6),
+                lambda: getattr(reg.ops, "x\ud800y"),
+                lambda: getattr(reg.ops.layernorm, "rms\0norm"),
+                lambda: getattr(reg.ops.layernorm, "\x1b]0;title\x07"),
+                lambda: getattr(reg.ops.layernorm, "a" * 10**6)):
+        with pytest.raises(AttributeError) as info:
+            get()
+        _plain_and_short(str(info.value))
+    with pytest.raises(AttributeError, match=r"no group '\\x1b\[31m'"):
+        getattr(reg.ops, "\x1b[31m")
+    with pytest.raises(AttributeError, match=r"no op 'layernorm.rms\\0norm'"):
+        getattr(reg.ops.layernorm, "rms\0norm")
+
+
+def test_open_quotes_a_huge_manifest_path_short(tmp_path):
+    with pytest.raises(kreg.Error) as info:
+        kreg.open("a" * 10**6)
+    _plain_and_short(str(info.value), 600)
+    assert "cannot read the manifest" in str(info.value) and "bytes)" in str(info.value)
+    with pytest.raises(kreg.Error, match=r"\\x1b") as info:
+        kreg.open(str(tmp_path / "\x1b[31m.yaml"))
+    _plain_and_short(str(info.value), 600)
+
+
+def test_stream_out_of_range_names_the_argument(reg):
+    x = randn((2, 8), 12)
+    out = np.empty((2, 4), np.float32)
+    op = reg.op("activation.silu_and_mul")
+    for bad in (2**70, -(2**70)):
+        with pytest.raises(OverflowError, match="stream="):
+            op(x, out, stream=bad)
+
+    class Stream:
+        cuda_stream = 2**64
+
+    with pytest.raises(OverflowError, match="stream="):
+        op(x, out, stream=Stream())
+    op(x, out, stream=0)  # the handle still works
+
+
+def test_float_attribute_refuses_arrays_takes_0d_scalars(reg):
+    x, w = randn((2, 16), 3), randn((16,), 4)
+    out = np.empty((2, 16), np.float32)
+    op = reg.op("layernorm.rmsnorm")
+    for bad in (np.array([1.0]), np.array([[0.5]]), np.array([1.0], np.float32)):
+        with pytest.raises(TypeError, match=r"attribute 'eps' must be float, not .*array"):
+            op(x, w, out, eps=bad)
+    for good in (np.array(0.5), np.float32(0.5), np.float64(0.5), 0.5):
+        op(x, w, out, eps=good)
+        close(out, rmsnorm_ref(x, w, 0.5))

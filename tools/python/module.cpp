@@ -4,6 +4,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <filesystem>
+
 #include "kreg/backend.hpp"
 #include "kreg/manifest.hpp"
 #include "kreg/registry.hpp"
@@ -21,6 +23,10 @@ struct PyRegistry {
   Manifest manifest;
   std::unique_ptr<Registry> registry;
 };
+
+// A path is quoted in full up to this many characters (an op or group name up to
+// excerpt's default): long enough for any real path, short enough for one line.
+constexpr size_t kPathExcerptChars = 256;
 
 [[noreturn]] void throw_status(const Status& st) {
   raise_status(st);
@@ -123,6 +129,23 @@ py::dict info(const PyRegistry& r, const std::string& op) {
   return d;
 }
 
+// The core names a manifest it cannot read by its whole absolute path (escaped); the path
+// is the caller's value, so a huge one is quoted as an excerpt, as every other value is.
+Status shorten_manifest_path(const Status& st, const std::string& path) {
+  std::error_code ec;
+  std::filesystem::path abs = std::filesystem::absolute(path, ec);
+  const std::string raw = (ec ? std::filesystem::path(path) : abs).lexically_normal().string();
+  const std::string shown = escape_control(raw);
+  const std::string shorter = excerpt(raw, kPathExcerptChars);
+  std::string message = st.message();
+  if (shorter.size() >= shown.size()) return st;
+  for (size_t at = message.find(shown); at != std::string::npos;
+       at = message.find(shown, at + shorter.size())) {
+    message.replace(at, shown.size(), shorter);
+  }
+  return Status(st.code(), std::move(message));
+}
+
 std::unique_ptr<PyRegistry> open_registry(const std::string& path,
                                           const std::optional<std::string>& plugin_dir,
                                           bool load_lazy, bool precheck) {
@@ -143,7 +166,7 @@ std::unique_ptr<PyRegistry> open_registry(const std::string& path,
     auto manifest = load_manifest(path, mo);
     if (!manifest) {
       py::gil_scoped_acquire acquire;
-      throw_status(manifest.status());
+      throw_status(shorten_manifest_path(manifest.status(), path));
     }
     OpenOptions oo;
     oo.load_lazy_groups = load_lazy;
@@ -290,6 +313,18 @@ PYBIND11_MODULE(_kreg, m) {
   m.def(
       "launch_flags", [] { return launch_flags(); },
       "The KREG_LAUNCH_* bits every CUDA call from Python carries (kreg.set_pdl sets them).");
+  m.def(
+      "_excerpt",
+      [](py::handle s) -> std::string {
+        // str, with lone surrogates kept as bytes so they are escaped rather than an error.
+        py::object b = py::reinterpret_steal<py::object>(
+            PyUnicode_AsEncodedString(s.ptr(), "utf-8", "surrogatepass"));
+        if (!b) throw py::error_already_set();
+        return kreg::excerpt(std::string(py::bytes(b)));
+      },
+      py::arg("s"),
+      "kreg's excerpt of an outside value for a message: controls escaped, cut to about 80 "
+      "characters (kreg/text.hpp).");
   m.def("open", &open_registry, py::arg("manifest") = "registry.yaml",
         py::arg("plugin_dir") = py::none(), py::arg("load_lazy") = false,
         py::arg("precheck") = false,

@@ -44,6 +44,7 @@ PyObject* g_str_stream = nullptr;
 PyObject* g_str_dlpack = nullptr;
 PyObject* g_str_dlpack_device = nullptr;
 PyObject* g_str_cuda_stream = nullptr;
+PyObject* g_str_ndim = nullptr;
 
 const TorchHooks* torch_hooks() {
   if (g_torch != nullptr) return g_torch;
@@ -304,6 +305,21 @@ bool attr_range_error(const OpState& s, const AttrSpec& spec, const char* proble
   return false;
 }
 
+// Whether `v` is an array of one or more dimensions (an object whose .ndim is not 0): a
+// one-element array has __float__ too, but it is not a scalar. -1 with an error set.
+int is_nonscalar_array(PyObject* v) {
+  PyObject* ndim = PyObject_GetAttr(v, g_str_ndim);
+  if (ndim == nullptr) {
+    if (!PyErr_ExceptionMatches(PyExc_AttributeError)) return -1;
+    PyErr_Clear();
+    return 0;
+  }
+  const int zero = PyLong_Check(ndim) && PyLong_AsLongLong(ndim) == 0;
+  Py_DECREF(ndim);
+  if (PyErr_Occurred()) PyErr_Clear();
+  return zero ? 0 : 1;
+}
+
 // Converts one keyword value to the attribute's type; false with TypeError set for a wrong
 // type, kreg.InvalidArgument for a value out of range (ints past int64, floats past
 // double or not finite, strings with a NUL).
@@ -316,7 +332,16 @@ bool convert_attr(const OpState& s, const AttrSpec& spec, PyObject* v, kreg_attr
         out->value.f = PyFloat_AS_DOUBLE(v);
       } else if (!is_bool && Py_TYPE(v)->tp_as_number != nullptr &&
                  (Py_TYPE(v)->tp_as_number->nb_float != nullptr || PyLong_Check(v))) {
-        // ints, numpy scalars: anything with __float__ that is not a bool or a string.
+        // ints, numpy scalars: anything with __float__ that is not a bool, a string or an
+        // array (0-d arrays are scalars).
+        const int array = PyLong_Check(v) ? 0 : is_nonscalar_array(v);
+        if (array < 0) return false;
+        if (array > 0) {
+          PyErr_Format(PyExc_TypeError,
+                       "%s(): attribute '%U' must be float, not %s (an array; pass a scalar)",
+                       s.requested.c_str(), spec.name, Py_TYPE(v)->tp_name);
+          return false;
+        }
         out->value.f = PyFloat_AsDouble(v);
         if (out->value.f == -1.0 && PyErr_Occurred()) {
           if (!PyErr_ExceptionMatches(PyExc_OverflowError)) return false;
@@ -397,7 +422,13 @@ bool parse_stream(PyObject* v, std::optional<int64_t>* out) {
   }
   const long long s = PyLong_AsLongLong(num);
   Py_DECREF(num);
-  if (s == -1 && PyErr_Occurred()) return false;
+  if (s == -1 && PyErr_Occurred()) {
+    if (!PyErr_ExceptionMatches(PyExc_OverflowError)) return false;
+    PyErr_Clear();
+    PyErr_SetString(PyExc_OverflowError,
+                    "stream= is out of range for a cudaStream_t handle: it must fit in int64");
+    return false;
+  }
   *out = s;
   return true;
 }
@@ -847,8 +878,9 @@ int init_op_module(PyObject* module) {
   g_str_dlpack = PyUnicode_InternFromString("__dlpack__");
   g_str_dlpack_device = PyUnicode_InternFromString("__dlpack_device__");
   g_str_cuda_stream = PyUnicode_InternFromString("cuda_stream");
+  g_str_ndim = PyUnicode_InternFromString("ndim");
   if (!g_str_torch || !g_str_stream || !g_str_dlpack || !g_str_dlpack_device ||
-      !g_str_cuda_stream) {
+      !g_str_cuda_stream || !g_str_ndim) {
     return -1;
   }
 

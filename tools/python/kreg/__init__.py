@@ -61,7 +61,8 @@ class _Group:
         try:
             op = self._registry.op(f"{self._name}.{name}")
         except NotFound:
-            raise AttributeError(f"kreg: no op '{self._name}.{name}'") from None
+            shown = _kreg._excerpt(f"{self._name}.{name}")
+            raise AttributeError(f"kreg: no op '{shown}'") from None
         setattr(self, name, op)  # later lookups hit the instance dict
         return op
 
@@ -83,7 +84,7 @@ class _Ops:
         if name.startswith("__"):
             raise AttributeError(name)
         if not any(g["name"] == name for g in self._registry.groups()):
-            raise AttributeError(f"kreg: no group '{name}'")
+            raise AttributeError(f"kreg: no group '{_kreg._excerpt(name)}'")
         group = _Group(self._registry, name)
         setattr(self, name, group)
         return group
