@@ -4,6 +4,7 @@
 // JSON valid, and every kind of usage error must exit 2 in every subcommand.
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -446,6 +447,69 @@ TEST(CliOutput, FailuresExitOne) {
       1);
   EXPECT_EQ(kreg({"list"}, KREG_PLUGIN_DIR).exit_code, 0);
   EXPECT_EQ(kreg({"--help"}).exit_code, 0);
+}
+
+// A huge value on the command line is echoed as a short excerpt (escaped and cut, with its
+// length), never in full: one line of kreg's own text, not 130 KB of the user's.
+TEST(CliOutput, LongCommandLineValuesAreShortened) {
+  const std::string L(130000, 'A'), X(60000, 'X');
+  const std::string base = "T=2,H=4";
+  const std::vector<std::vector<std::string>> cases = {
+      {"run", "layernorm.rmsnorm", "--shape", base, "--dtype", L},
+      {"run", "layernorm.rmsnorm", "--shape", base, "--backend", L},
+      {"bench", "layernorm.rmsnorm", "--shape", base, "--backend", L},
+      {"info", L},
+      {"info", "layernorm." + L},
+      {"list", "--group", L},
+      {"run", "layernorm.rmsnorm", "--shape", base + "," + L + "=1", "--backend", "cpu"},
+      {"run", "layernorm.rmsnorm", "--shape", X + "=1," + X + "=2", "--backend", "cpu"},
+      {"run", "layernorm.rmsnorm", "--shape", base + "," + X + "=x", "--backend", "cpu"},
+      {"run", "layernorm.rmsnorm", "--shape", base, "--backend", "cpu", "--attr", X + "=1",
+       "--attr", X + "=2"},
+      {"run", "layernorm.rmsnorm", "--shape", base, "--backend", "cpu", "--attr", L},
+      {"jit", "build", "--op", L, "--arch", "sm_90a", "--shape", "H=8"},
+      {"jit", "build", "--op", "layernorm.rmsnorm", "--arch", "sm_90a", "--shape", "H=8",
+       "--dtype", L},
+  };
+  for (const auto& args : cases) {
+    Outcome r = kreg(args, KREG_PLUGIN_DIR);
+    std::string cmd = "kreg";
+    for (const auto& a : args) cmd += " '" + a.substr(0, 40) + (a.size() > 40 ? "...'" : "'");
+    EXPECT_EQ(r.exit_code, 2) << cmd << "\n" << r.all().substr(0, 2000);
+    EXPECT_LT(r.all().size(), 1000u) << cmd << "\n" << r.all().substr(0, 2000);
+    EXPECT_NE(r.err.find(" bytes)"), std::string::npos) << cmd << "\n" << r.all().substr(0, 2000);
+    expect_plain(r.all(), cmd);
+  }
+}
+
+// kreg-host checks its --dtype with the other arguments, before loading any group, and a
+// manifest it cannot use is a usage error (2), as for kreg.
+TEST(CliOutput, HostUsageErrorsExitTwoBeforeLoading) {
+  Scratch s;
+  const fs::path fifo = s.root() / "fifo.yaml";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const std::string manifest_arg = KREG_SOURCE_DIR "/registry.yaml";
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--device", "cpu", "--dtype", "bogus", "--manifest", manifest_arg}, "--dtype 'bogus'"},
+      {{"--device", "cpu", "--dtype", std::string(100000, 'D'), "--manifest", manifest_arg},
+       "bytes)"},
+      {{"--device", "cpu", "--manifest", fifo.string()}, "FIFO"},
+      {{"--device", "cpu", "--manifest", "/nonexistent/registry.yaml"}, "cannot read"},
+      {{"--device", "cpu", "--manifest", KREG_TEST_FIXTURES "/manifests/bad/duplicate_group.yaml"},
+       "duplicate"},
+  };
+  for (const auto& [args, words] : cases) {
+    std::vector<std::string> argv{kHost};
+    argv.insert(argv.end(), args.begin(), args.end());
+    Outcome r = run(argv, KREG_PLUGIN_DIR);
+    std::string cmd;
+    for (const auto& a : argv) cmd += " '" + a.substr(0, 60) + "'";
+    EXPECT_EQ(r.exit_code, 2) << cmd << "\n" << r.all().substr(0, 2000);
+    EXPECT_NE(r.err.find(words), std::string::npos) << cmd << "\n" << r.all().substr(0, 2000);
+    EXPECT_EQ(r.out, "") << cmd << ": nothing is loaded";
+    EXPECT_LT(r.all().size(), 1500u) << cmd;
+    expect_plain(r.all(), cmd);
+  }
 }
 
 }  // namespace

@@ -444,10 +444,11 @@ Result<SymbolMap> parse_shape_spec(const std::string& text, const std::string& f
       return Status(KREG_INVALID_ARGUMENT,
                     flag + ": '" + excerpt(item, 40) + "' is not NAME=SIZE (e.g. T=64,H=4096)");
     }
-    auto n = parse_int(item.substr(eq + 1), flag + " " + name, 0);
+    auto n = parse_int(item.substr(eq + 1), flag + " " + excerpt(name, 40), 0);
     if (!n) return n.status();
     if (!out.emplace(name, *n).second) {
-      return Status(KREG_INVALID_ARGUMENT, flag + ": dimension '" + name + "' is given twice");
+      return Status(KREG_INVALID_ARGUMENT,
+                    flag + ": dimension '" + excerpt(name, 40) + "' is given twice");
     }
     if (comma == std::string::npos) break;
     pos = comma + 1;

@@ -174,12 +174,23 @@ int main(int argc, char** argv) {
         << ")\nRun with --help for more information.\n";
     return 2;
   }
+  // Checked with the other arguments, before anything loads: a usage error (2).
+  auto dtype = kreg::parse_dtype(dtype_name);
+  if (!dtype) {
+    err << "kreg-host: unknown --dtype '" << kreg::excerpt(dtype_name)
+        << "' (bf16, f16 or f32)\nRun with --help for more information.\n";
+    return 2;
+  }
 
   const auto t0 = std::chrono::steady_clock::now();
   auto manifest = kreg::load_manifest(manifest_path, kreg::manifest_options_from_env());
-  if (!manifest.ok())
-    return fail("manifest " + kreg::escape_control(manifest_path) + ":\n" +
-                manifest.status().message());
+  // A manifest that cannot be read or does not parse is a usage error (2), as for kreg:
+  // nothing can run from it.
+  if (!manifest.ok()) {
+    err << "kreg-host: manifest " << kreg::excerpt(manifest_path, 256) << ":"
+        << kreg::cli::message("\n" + manifest.status().message()) << "\n";
+    return 2;
+  }
   // Watch mode: every generation, the first included, is mapped from a private copy (a
   // build rewriting a library in place must not truncate the code running here) and is
   // first loaded in a child process (kreg-probe, kreg/plugin_probe.hpp).
@@ -217,8 +228,6 @@ int main(int argc, char** argv) {
   // From here on printf prints only kreg's own words and values it checked (a parsed
   // dtype, op ids it asked for); both write to the same FILE*, so the order holds.
 
-  auto dtype = kreg::parse_dtype(dtype_name);
-  if (!dtype) return fail("unknown --dtype " + kreg::excerpt(dtype_name));
   const bool gpu = device == "cuda" || (device == "auto" && kreg::harness::gpu_available());
   if (device == "cuda" && !kreg::harness::gpu_available())
     return fail("--device cuda: no CUDA device");

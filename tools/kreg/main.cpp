@@ -161,7 +161,7 @@ int cmd_list(const std::string& manifest, const std::string& group, bool json) {
           << impls.front()->traits_string() << "\n";
     }
   }
-  if (!found) return fail(kExitUsage, "kreg: no group named '", group, "' in ", manifest);
+  if (!found) return fail(kExitUsage, "kreg: no group named '", kreg::excerpt(group), "' in ", manifest);
   return kExitOk;
 }
 
@@ -188,10 +188,10 @@ int cmd_info(const std::string& manifest, const std::string& op, bool json) {
   }
   if (impls.empty()) {
     if (chain) {
-      return fail(kExitUsage, "kreg: unknown op '", op, "' (an alias: ", chain->text(),
+      return fail(kExitUsage, "kreg: unknown op '", kreg::excerpt(op), "' (an alias: ", chain->text(),
                   ", and no group registers ", id, ")");
     }
-    return fail(kExitUsage, "kreg: unknown op '", op, "'");
+    return fail(kExitUsage, "kreg: unknown op '", kreg::excerpt(op), "'");
   }
   kreg::GroupInfo group;
   for (const auto& g : o.registry->groups()) {
@@ -472,7 +472,7 @@ int check_dimensions(const kreg::KernelSpec& spec, const kreg::harness::SymbolMa
   }
   for (const auto& [name, size] : symbols) {
     if (std::find(sig.symbols.begin(), sig.symbols.end(), name) == sig.symbols.end()) {
-      return fail(kExitUsage, "kreg: ", spec.op, ": ", flag, " names '", name,
+      return fail(kExitUsage, "kreg: ", spec.op, ": ", flag, " names '", kreg::excerpt(name),
                   "', which is not a dimension of its signature ", sig.text,
                   all.empty() ? " (it has none)" : "; e.g. " + flag + " " + all);
     }
@@ -484,7 +484,7 @@ int prepare(const std::string& manifest, const RunArgs& a, Opened* o, kreg::Kern
             kreg::harness::SymbolMap* symbols, kreg::DType* dtype, kreg::AttrList* attrs) {
   if (int rc = open_registry(manifest, o, true)) return rc;
   auto d = kreg::parse_dtype(a.dtype);
-  if (!d) return fail(kExitUsage, "kreg: unknown --dtype '", a.dtype, "'");
+  if (!d) return fail(kExitUsage, "kreg: unknown --dtype '", kreg::excerpt(a.dtype), "'");
   *dtype = *d;
   auto sym = kreg::harness::parse_shape_spec(a.shape, a.shape_flag);
   if (!sym) return fail(kExitUsage, "kreg: ", message(sym.status().message()));
@@ -497,7 +497,8 @@ int prepare(const std::string& manifest, const RunArgs& a, Opened* o, kreg::Kern
     backend = a.backend;
     const kreg::KernelBackend* be = kreg::find_backend(a.backend);
     if (be == nullptr) {
-      return fail(kExitUsage, "kreg: unknown --backend '", a.backend, "' (cpu, cuda, jit)");
+      return fail(kExitUsage, "kreg: unknown --backend '", kreg::excerpt(a.backend),
+                  "' (cpu, cuda, jit)");
     }
     // A machine without the backend is not the user's mistake: the run cannot happen here.
     if (!be->available()) {
@@ -531,11 +532,13 @@ int prepare(const std::string& manifest, const RunArgs& a, Opened* o, kreg::Kern
   for (const std::string& kv : a.attrs) {
     const size_t eq = kv.find('=');
     if (eq == std::string::npos) {
-      return fail(kExitUsage, "kreg: --attr '", kv, "' is not NAME=VALUE");
+      return fail(kExitUsage, "kreg: --attr '", kreg::excerpt(kv), "' is not NAME=VALUE");
     }
     const std::string name = kv.substr(0, eq), value = kv.substr(eq + 1);
     for (const kreg::NamedAttr& earlier : named) {
-      if (earlier.name == name) return fail(kExitUsage, "kreg: --attr ", name, " is given twice");
+      if (earlier.name == name) {
+        return fail(kExitUsage, "kreg: --attr ", kreg::excerpt(name, 60), " is given twice");
+      }
     }
     const kreg::Param* p = h->spec().signature.find(name);
     if (p && p->kind == kreg::ArgKind::kResource) {
@@ -631,7 +634,7 @@ int cmd_bench(const std::string& manifest, const RunArgs& a) {
   ra.bench = true;
   if (const kreg::KernelBackend* be = kreg::find_backend(ra.backend);
       be != nullptr && be->device_type() == kDLCPU) {
-    return fail(kExitUsage, "kreg bench: times GPU kernels; --backend ", ra.backend,
+    return fail(kExitUsage, "kreg bench: times GPU kernels; --backend ", kreg::excerpt(ra.backend),
                 " runs on the CPU (use kreg run to check it)");
   }
   // Without a GPU the arguments are still checked, against the CPU implementation, so a
@@ -792,7 +795,7 @@ int cmd_jit_build(const std::string& manifest, const JitArgs& a) {
   std::vector<kreg::DType> dtypes;
   for (const std::string& text : a.dtypes) {
     auto d = kreg::parse_dtype(text);
-    if (!d) return fail(kExitUsage, "kreg jit build: unknown --dtype '", text, "'");
+    if (!d) return fail(kExitUsage, "kreg jit build: unknown --dtype '", kreg::excerpt(text), "'");
     dtypes.push_back(*d);
   }
   // What to build: every jit implementation of the ops asked for (default: all), for
@@ -809,7 +812,9 @@ int cmd_jit_build(const std::string& manifest, const JitArgs& a) {
   for (const std::string& op : ops) {
     const auto chain = o.registry->resolve_alias(op);
     const auto impls = o.registry->implementations(chain ? chain->op() : op);
-    if (impls.empty()) return fail(kExitUsage, "kreg jit build: unknown op '", op, "'");
+    if (impls.empty()) {
+      return fail(kExitUsage, "kreg jit build: unknown op '", kreg::excerpt(op), "'");
+    }
     bool any = false;
     for (const kreg::KernelSpec* s : impls) {
       if (!s->jit) continue;
@@ -835,7 +840,7 @@ int cmd_jit_build(const std::string& manifest, const JitArgs& a) {
       }
     }
     if (!any && !a.ops.empty())
-      return fail(kExitUsage, "kreg jit build: ", op, " has no jit implementation");
+      return fail(kExitUsage, "kreg jit build: ", kreg::excerpt(op), " has no jit implementation");
   }
   if (items.empty()) return fail(kExitUsage, "kreg jit build: no jit implementation to build");
   const bool bar = items.size() > 1 && isatty(STDERR_FILENO);
