@@ -6,6 +6,7 @@
 #include <dlfcn.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -36,6 +37,7 @@ struct Nvrtc {
   int (*lowered)(Program, const char*, const char**) = nullptr;
   int (*destroy)(Program*) = nullptr;
   std::string version_text;
+  std::vector<int> archs;  // the SM numbers it compiles for (empty: it cannot say)
 };
 
 // Where libnvrtc may be: $KREG_NVRTC (a file), the loader's path, then the toolkit's
@@ -100,6 +102,17 @@ const Nvrtc* load_nvrtc(std::string* why) {
       return;
     }
     n->version_text = std::to_string(major) + "." + std::to_string(minor);
+    // Optional (NVRTC 11.2+): the architectures it compiles for, so that an architecture it
+    // does not know is refused before a compile, once, with the list.
+    using CountFn = int (*)(int*);
+    using ListFn = int (*)(int*);
+    auto count = reinterpret_cast<CountFn>(::dlsym(h, "nvrtcGetNumSupportedArchs"));
+    auto list = reinterpret_cast<ListFn>(::dlsym(h, "nvrtcGetSupportedArchs"));
+    int num = 0;
+    if (count != nullptr && list != nullptr && count(&num) == 0 && num > 0 && num < 1024) {
+      n->archs.resize(static_cast<size_t>(num));
+      if (list(n->archs.data()) != 0) n->archs.clear();
+    }
     lib = n;
   });
   if (lib == nullptr && why != nullptr) *why = reason;
@@ -118,6 +131,15 @@ std::vector<std::string> options_for(const JitSource& src, std::string_view arch
                                 "-default-device", "-DKREG_JIT=1"};
   o.insert(o.end(), src.options.begin(), src.options.end());
   return o;
+}
+
+// The SM number of a well-formed architecture name ("sm_90a" -> 90).
+int arch_number(std::string_view arch) {
+  int sm = 0;
+  for (size_t i = 3; i < arch.size() && arch[i] >= '0' && arch[i] <= '9'; ++i) {
+    sm = sm * 10 + (arch[i] - '0');
+  }
+  return sm;
 }
 
 bool valid_arch(std::string_view arch) {
@@ -174,6 +196,14 @@ Result<Compiled> build(const KernelSpec& spec, const JitSource& src, const Speci
   std::string why;
   const Nvrtc* n = load_nvrtc(&why);
   if (n == nullptr) return Status(KREG_UNAVAILABLE, why);
+  if (!n->archs.empty() &&
+      std::find(n->archs.begin(), n->archs.end(), arch_number(arch)) == n->archs.end()) {
+    std::string known;
+    for (int a : n->archs) known += (known.empty() ? "sm_" : ", sm_") + std::to_string(a);
+    return Status(KREG_INVALID_ARGUMENT, "architecture '" + excerpt(arch) +
+                                             "' is not one NVRTC " + n->version_text +
+                                             " compiles for (" + known + ")");
+  }
   auto key = cache_key(src, s, arch);
   if (!key) return key.status();
   const std::string expr = kernel_expression(src, s);

@@ -162,6 +162,23 @@ Result<std::shared_ptr<const JitSource>> read_jit_source(const void* raw, const 
 
 namespace jit {
 
+namespace {
+
+// A specialized dimension becomes a template argument of the kernel (an int in kreg's
+// kernels): 0 would compile a kernel for empty rows and a value past int32 one NVRTC
+// refuses with a template error, so both are refused before any source is generated, on
+// the command line (kreg jit build) and in a resolve alike.
+constexpr int64_t kMaxSpecializedExtent = 2147483647;
+
+Status check_extent(const KernelSpec& spec, const std::string& p, int64_t v) {
+  if (v >= 1 && v <= kMaxSpecializedExtent) return OkStatus();
+  return Status(KREG_INVALID_ARGUMENT, spec.op + " (jit): " + p + " = " + std::to_string(v) +
+                                           " is out of range for a specialization: it must be "
+                                           "1 to 2147483647");
+}
+
+}  // namespace
+
 std::string Specialization::text() const {
   std::string s;
   for (const auto& [k, v] : values) s += (s.empty() ? "" : ",") + k + "=" + v;
@@ -191,7 +208,9 @@ Result<Specialization> specialize(const KernelSpec& spec, std::span<DLTensor* co
       return Status(KREG_INVALID_ARGUMENT,
                     spec.op + ": no tensor gives " + p + " to specialize on");
     }
-    s.values.emplace_back(p, std::to_string(args[site->first]->shape[site->second]));
+    const int64_t extent = args[site->first]->shape[site->second];
+    if (Status st = check_extent(spec, p, extent); !st.ok()) return st;
+    s.values.emplace_back(p, std::to_string(extent));
   }
   return s;
 }
@@ -220,8 +239,7 @@ Result<Specialization> specialize(const KernelSpec& spec,
       return Status(KREG_INVALID_ARGUMENT,
                     spec.op + " specializes on " + p + ": give --shape " + p + "=N");
     }
-    if (it->second < 0)
-      return Status(KREG_INVALID_ARGUMENT, p + " = " + std::to_string(it->second) + " is negative");
+    if (Status st = check_extent(spec, p, it->second); !st.ok()) return st;
     s.values.emplace_back(p, std::to_string(it->second));
   }
   return s;

@@ -512,4 +512,48 @@ TEST(CliOutput, HostUsageErrorsExitTwoBeforeLoading) {
   }
 }
 
+// kreg jit build refuses what it cannot build before compiling anything: an --arch NVRTC
+// does not compile for (said once, not once per dtype), and specialization values a kernel's
+// int template argument cannot take (0, past int32): usage errors, exit 2.
+TEST(CliOutput, JitBuildRefusesBadArchAndOutOfRangeValues) {
+  Scratch s;
+  const std::string cache = (s.root() / "jit-cache").string();
+  auto jit = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), {kCli, "jit", "build", "--op", "layernorm.rmsnorm"});
+    ::setenv("KREG_JIT_CACHE", cache.c_str(), 1);
+    Outcome r = run(args, KREG_PLUGIN_DIR);
+    ::unsetenv("KREG_JIT_CACHE");
+    return r;
+  };
+  for (const char* h : {"H=0", "H=2147483648", "H=9223372036854775807"}) {
+    Outcome r = jit({"--arch", "sm_90a", "--shape", h, "--dtype", "f32"});
+    EXPECT_EQ(r.exit_code, 2) << h << "\n" << r.all();
+    EXPECT_NE(r.err.find("out of range for a specialization: it must be 1 to 2147483647"),
+              std::string::npos)
+        << h << "\n" << r.all();
+    EXPECT_EQ(r.err.find("NVRTC"), std::string::npos) << h << ": nothing compiled\n" << r.all();
+    expect_plain(r.all(), h);
+  }
+  // Refused by its form (sm_0), or by NVRTC's own list of what it compiles for (sm_10):
+  // each said once, though the op has three dtypes to build.
+  for (const auto& [arch, said] :
+       std::vector<std::pair<std::string, std::string>>{
+           {"sm_0", "architecture 'sm_0' is not of the form sm_90 or sm_90a"},
+           {"compute_90", "architecture 'compute_90' is not of the form sm_90 or sm_90a"},
+           {"sm_10", "architecture 'sm_10' is not one NVRTC"}}) {
+    Outcome r = jit({"--arch", arch, "--shape", "H=8"});
+    if (r.err.find("NVRTC not found") != std::string::npos) {
+      GTEST_SKIP() << "no NVRTC here: " << r.err;
+    }
+    EXPECT_EQ(r.exit_code, 2) << arch << "\n" << r.all();
+    const size_t first = r.err.find(said);
+    EXPECT_NE(first, std::string::npos) << arch << "\n" << r.all();
+    EXPECT_EQ(r.err.find(said, first + 1), std::string::npos)
+        << arch << ": said more than once:\n"
+        << r.all();
+    EXPECT_EQ(r.out, "") << arch << "\n" << r.all();
+    expect_plain(r.all(), arch);
+  }
+}
+
 }  // namespace

@@ -859,6 +859,11 @@ int cmd_jit_build(const std::string& manifest, const JitArgs& a) {
       err.flush();
     }
     if (!c) {
+      // The arguments themselves (an --arch NVRTC does not compile for): every item would
+      // fail the same way, and the first build checks them before compiling anything.
+      if (c.status().code() == KREG_INVALID_ARGUMENT) {
+        return fail(kExitUsage, "kreg jit build: ", message(c.status().message()));
+      }
       ++failed;
       err << "kreg jit build: " << message(c.status().message()) << "\n";
       continue;
