@@ -200,9 +200,8 @@ Result<Compiled> build(const KernelSpec& spec, const JitSource& src, const Speci
       std::find(n->archs.begin(), n->archs.end(), arch_number(arch)) == n->archs.end()) {
     std::string known;
     for (int a : n->archs) known += (known.empty() ? "sm_" : ", sm_") + std::to_string(a);
-    return Status(KREG_INVALID_ARGUMENT, "architecture '" + excerpt(arch) +
-                                             "' is not one NVRTC " + n->version_text +
-                                             " compiles for (" + known + ")");
+    return Status(KREG_INVALID_ARGUMENT, "architecture '" + excerpt(arch) + "' is not one NVRTC " +
+                                             n->version_text + " compiles for (" + known + ")");
   }
   auto key = cache_key(src, s, arch);
   if (!key) return key.status();

@@ -138,7 +138,8 @@ Result<ReloadReport> Registry::reload(std::string_view group_name, const ReloadO
                   "reload of group '" + g.name + "': the group has no manifest entry");
   }
   const fs::path source = options.library.empty() ? g.entry->library : options.library;
-  const std::string where = "reload of group '" + g.name + "' from " + escape_control(source.string());
+  const std::string where =
+      "reload of group '" + g.name + "' from " + escape_control(source.string());
   const Group::OpMap* old = g.table.load(std::memory_order_acquire);
   if (g.library == nullptr || old == nullptr) {
     return Status(KREG_FAILED_PRECONDITION,

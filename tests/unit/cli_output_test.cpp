@@ -468,8 +468,8 @@ TEST(CliOutput, LongCommandLineValuesAreShortened) {
        "--attr", X + "=2"},
       {"run", "layernorm.rmsnorm", "--shape", base, "--backend", "cpu", "--attr", L},
       {"jit", "build", "--op", L, "--arch", "sm_90a", "--shape", "H=8"},
-      {"jit", "build", "--op", "layernorm.rmsnorm", "--arch", "sm_90a", "--shape", "H=8",
-       "--dtype", L},
+      {"jit", "build", "--op", "layernorm.rmsnorm", "--arch", "sm_90a", "--shape", "H=8", "--dtype",
+       L},
   };
   for (const auto& args : cases) {
     Outcome r = kreg(args, KREG_PLUGIN_DIR);
@@ -530,14 +530,14 @@ TEST(CliOutput, JitBuildRefusesBadArchAndOutOfRangeValues) {
     EXPECT_EQ(r.exit_code, 2) << h << "\n" << r.all();
     EXPECT_NE(r.err.find("out of range for a specialization: it must be 1 to 2147483647"),
               std::string::npos)
-        << h << "\n" << r.all();
+        << h << "\n"
+        << r.all();
     EXPECT_EQ(r.err.find("NVRTC"), std::string::npos) << h << ": nothing compiled\n" << r.all();
     expect_plain(r.all(), h);
   }
   // Refused by its form (sm_0), or by NVRTC's own list of what it compiles for (sm_10):
   // each said once, though the op has three dtypes to build.
-  for (const auto& [arch, said] :
-       std::vector<std::pair<std::string, std::string>>{
+  for (const auto& [arch, said] : std::vector<std::pair<std::string, std::string>>{
            {"sm_0", "architecture 'sm_0' is not of the form sm_90 or sm_90a"},
            {"compute_90", "architecture 'compute_90' is not of the form sm_90 or sm_90a"},
            {"sm_10", "architecture 'sm_10' is not one NVRTC"}}) {
@@ -548,9 +548,8 @@ TEST(CliOutput, JitBuildRefusesBadArchAndOutOfRangeValues) {
     EXPECT_EQ(r.exit_code, 2) << arch << "\n" << r.all();
     const size_t first = r.err.find(said);
     EXPECT_NE(first, std::string::npos) << arch << "\n" << r.all();
-    EXPECT_EQ(r.err.find(said, first + 1), std::string::npos)
-        << arch << ": said more than once:\n"
-        << r.all();
+    EXPECT_EQ(r.err.find(said, first + 1), std::string::npos) << arch << ": said more than once:\n"
+                                                              << r.all();
     EXPECT_EQ(r.out, "") << arch << "\n" << r.all();
     expect_plain(r.all(), arch);
   }

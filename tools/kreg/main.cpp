@@ -161,7 +161,8 @@ int cmd_list(const std::string& manifest, const std::string& group, bool json) {
           << impls.front()->traits_string() << "\n";
     }
   }
-  if (!found) return fail(kExitUsage, "kreg: no group named '", kreg::excerpt(group), "' in ", manifest);
+  if (!found)
+    return fail(kExitUsage, "kreg: no group named '", kreg::excerpt(group), "' in ", manifest);
   return kExitOk;
 }
 
@@ -188,8 +189,8 @@ int cmd_info(const std::string& manifest, const std::string& op, bool json) {
   }
   if (impls.empty()) {
     if (chain) {
-      return fail(kExitUsage, "kreg: unknown op '", kreg::excerpt(op), "' (an alias: ", chain->text(),
-                  ", and no group registers ", id, ")");
+      return fail(kExitUsage, "kreg: unknown op '", kreg::excerpt(op),
+                  "' (an alias: ", chain->text(), ", and no group registers ", id, ")");
     }
     return fail(kExitUsage, "kreg: unknown op '", kreg::excerpt(op), "'");
   }
