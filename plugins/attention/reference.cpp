@@ -107,6 +107,7 @@ KernelStatus rope_cpu(Context& ctx, DLTensor& q, DLTensor& k, const DLTensor& co
                       static_cast<long long>(max_pos));
     }
   }
+  if (tokens == 0) return kOk;  // nothing to rotate: no table sized by the cache's width
   return host::visit_float_dtype(ctx, op, q, [&](auto tag) {
     using T = decltype(tag);
     const int64_t rotary_dim = cos_sin_cache.shape[1];

@@ -290,6 +290,7 @@ std::string parse_op(const char* kop, std::string_view op, ReduceOp* out) {
 template <typename T>
 void fused_add_rmsnorm_rows(T* x, T* residual, const T* w, int64_t rows, int64_t hidden,
                             float eps) {
+  if (hidden == 0) return;  // rows of no elements: nothing to do, however many (T may be huge)
   for (int64_t r = 0; r < rows; ++r) {
     T* xr = x + r * hidden;
     T* rr = residual + r * hidden;

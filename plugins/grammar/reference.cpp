@@ -40,6 +40,7 @@ KernelStatus apply_token_bitmask_cpu(Context& ctx, DLTensor& logits, const DLTen
                       ctx.op(), static_cast<long long>(r), rows[r], static_cast<long long>(batch));
     }
   }
+  if (vocab == 0) return kOk;  // rows of no logits: nothing to mask, however many (B may be huge)
   return host::visit_float_dtype(ctx, ctx.op(), logits, [&](auto tag) {
     using T = decltype(tag);
     T* base = data_ptr<T>(logits);

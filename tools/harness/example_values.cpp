@@ -112,6 +112,7 @@ Status fill_routing_ids(Buffer& buf, int64_t num_experts, std::mt19937_64& rng) 
                                              std::to_string(num_experts) + " must be positive");
   }
   const int64_t T = buf.shape()[0], K = buf.shape()[1];
+  if (T == 0 || K == 0) return OkStatus();  // no ids to draw, however many empty rows
   // Per row the first min(K, E) values of a random permutation of the experts: a uniform
   // random choice in random order, in O(K) time and memory however large num_experts is.
   const int64_t picks = std::min(K, num_experts);

@@ -62,7 +62,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <exception>
 #include <limits>
+#include <new>
 #include <string_view>
 #include <tuple>
 #include <type_traits>
@@ -565,10 +567,37 @@ struct Binding {
   const char* arg_kinds = "";
 };
 
+namespace detail {
+
+// No exception crosses the C ABI: one that escapes a kernel or a resource's create (a CPU
+// reference's std::bad_alloc, a std::length_error) becomes an error naming the op and what
+// was thrown. No cost on the path that does not throw (table-based unwinding).
+inline int32_t escaped_exception(const kreg_call_frame* f, kreg_error* err) noexcept {
+  const Context ctx(*f, err);
+  try {
+    throw;
+  } catch (const std::bad_alloc&) {
+    return ctx.fail(KREG_RESOURCE_EXHAUSTED, "%s: out of host memory (std::bad_alloc)", ctx.op())
+        .code;
+  } catch (const std::exception& e) {
+    return ctx.fail(KREG_INTERNAL, "%s: the implementation threw an exception: %s", ctx.op(),
+                    e.what())
+        .code;
+  } catch (...) {
+    return ctx.fail(KREG_INTERNAL, "%s: the implementation threw an exception", ctx.op()).code;
+  }
+}
+
+}  // namespace detail
+
 template <auto Fn>
-inline int32_t bound_kernel(const kreg_call_frame* frame, kreg_error* err) {
+inline int32_t bound_kernel(const kreg_call_frame* frame, kreg_error* err) noexcept {
   using Traits = detail::FnTraits<decltype(Fn)>;
-  return detail::invoke<Fn>(frame, err, std::make_index_sequence<Traits::arity>{});
+  try {
+    return detail::invoke<Fn>(frame, err, std::make_index_sequence<Traits::arity>{});
+  } catch (...) {
+    return detail::escaped_exception(frame, err);
+  }
 }
 
 template <auto Fn>
@@ -618,9 +647,13 @@ inline int32_t invoke_create(const kreg_call_frame* f, void** state, kreg_error*
 using ResourceCreateFn = int32_t (*)(const kreg_call_frame*, void**, kreg_error*);
 
 template <auto Fn>
-inline int32_t bound_create(const kreg_call_frame* frame, void** state, kreg_error* err) {
+inline int32_t bound_create(const kreg_call_frame* frame, void** state, kreg_error* err) noexcept {
   using Traits = detail::CreateTraits<decltype(Fn)>;
-  return detail::invoke_create<Fn>(frame, state, err, std::make_index_sequence<Traits::arity>{});
+  try {
+    return detail::invoke_create<Fn>(frame, state, err, std::make_index_sequence<Traits::arity>{});
+  } catch (...) {
+    return detail::escaped_exception(frame, err);
+  }
 }
 
 template <auto Fn>
