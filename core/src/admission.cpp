@@ -1,5 +1,7 @@
 #include "kreg/admission.hpp"
 
+#include "kreg/elf_file.hpp"
+
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -9,6 +11,7 @@
 #include <string>
 #include <system_error>
 
+#include "kreg/elf_file.hpp"
 #include "kreg/sha256.hpp"
 #include "kreg/text.hpp"
 
@@ -134,6 +137,14 @@ Status check_pin(const fs::path& library, std::string_view expected) {
   return check_pin(*file, expected);
 }
 
+// Before a library is hashed or copied (seconds for a file of gigabytes): that its ELF
+// headers hold. A 4 GB file of zeros named like a library is refused at once ("bad magic");
+// the full checks run later on the bytes that are loaded.
+Status check_elf_headers(const RegularFile& library) {
+  return ElfFile::from_fd(library.fd(), library.size(), "plugin library " + quoted(library.path()))
+      .status();
+}
+
 Result<AdmittedLibrary> admit_library(const GroupEntry& entry, const AdmitOptions& options) {
   const std::string group = "group '" + entry.name + "': ";
   auto fail = [&](const Status& st, const std::string& head) {
@@ -145,8 +156,11 @@ Result<AdmittedLibrary> admit_library(const GroupEntry& entry, const AdmitOption
   if (dir.empty()) dir = ".";
   if (Status st = check_path_safety(*file, dir); !st.ok()) return fail(st, group);
 
-  AdmittedLibrary admitted{std::move(file).value(), std::nullopt, ""};
   const bool pinned = entry.sha256.has_value();
+  if (options.private_copy || pinned) {
+    if (Status st = check_elf_headers(*file); !st.ok()) return fail(st, group);
+  }
+  AdmittedLibrary admitted{std::move(file).value(), std::nullopt, ""};
   if (options.private_copy || pinned) {
     const std::string name = options.copy_name.empty() ? entry.name : options.copy_name;
     auto copy = copy_to_private(admitted.file, name, pinned);
@@ -175,6 +189,9 @@ Status admit_library(const GroupEntry& entry) {
     return Status(st.code(), group + st.message());
   }
   if (entry.sha256) {
+    if (Status st = check_elf_headers(*file); !st.ok()) {
+      return Status(st.code(), group + st.message());
+    }
     if (Status st = check_pin(*file, *entry.sha256); !st.ok()) {
       const std::string at =
           entry.sha256_where.line > 0 ? " (pinned at " + entry.sha256_where.to_string() + ")" : "";

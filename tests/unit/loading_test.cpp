@@ -259,6 +259,32 @@ TEST(NonRegularFiles, KregValidateExpectGroupsFifoIsAUsageError) {
 
 // ---- Pins: the bytes hashed are the bytes loaded ----
 
+// A pinned "library" of 3 GB of zeros (sparse) was hashed and copied whole, ~40 s, before
+// anything said it was no ELF file: the headers are checked first, the refusal is at once
+// and names the file, with or without a private copy asked for, and from the admission
+// check that copies nothing.
+TEST(Pins, AHugeFileThatIsNoLibraryIsRefusedBeforeItIsHashed) {
+  Watchdog dog(60);
+  Scratch s;
+  const fs::path lib = s.path("libkreg_testgrp.so");
+  { std::ofstream(lib, std::ios::binary) << ""; }
+  fs::resize_file(lib, uint64_t{3} << 30);
+  GroupEntry e = entry_for(lib, s.root());
+  e.sha256 = std::string(64, '0');
+  const auto t0 = Clock::now();
+  for (const bool copy : {false, true}) {
+    auto admitted = admit_library(e, AdmitOptions{.private_copy = copy});
+    ASSERT_FALSE(admitted.ok());
+    const std::string& msg = admitted.status().message();
+    EXPECT_EQ(admitted.status().code(), KREG_INVALID_ARGUMENT) << msg;
+    EXPECT_TRUE(contains(msg, "group 'testgrp'")) << msg;
+    EXPECT_TRUE(contains(msg, lib.string() + " is not an ELF shared object (bad magic)")) << msg;
+  }
+  const Status st = admit_library(e);
+  EXPECT_TRUE(contains(st.message(), "(bad magic)")) << st.message();
+  EXPECT_LT(seconds_since(t0), test::budget(5.0)) << "the file was read whole";
+}
+
 TEST(Pins, ThePinnedBytesAreLoadedEvenWhenTheFileChangesAfterAdmission) {
   Scratch s;
   const fs::path lib = s.plugin("testgrp", "libkreg_testgrp.so");
