@@ -54,13 +54,13 @@ class Reporter {
   void fail(const std::string& check, const std::string& group, const std::string& where,
             const std::string& message) {
     r_.outcomes.push_back({check, group, false});
-    r_.findings.push_back({check, group, where, message});
+    add({check, group, where, message});
   }
   // Records a failure for `check` without adding an outcome line (several findings, or
   // an outcome recorded separately).
   void also(const std::string& check, const std::string& group, const std::string& where,
             const std::string& message) {
-    r_.findings.push_back({check, group, where, message});
+    add({check, group, where, message});
   }
   void warn(const std::string& check, const std::string& group, const std::string& where,
             const std::string& message) {
@@ -69,15 +69,36 @@ class Reporter {
   void outcome(const std::string& check, const std::string& group, bool passed) {
     r_.outcomes.push_back({check, group, passed});
   }
-  // Findings recorded so far for `check` (and `group`, unless "*").
+  // Findings recorded so far for `check` (and `group`, unless "*"), listed or not.
   size_t count(const std::string& check, const std::string& group) const {
-    return static_cast<size_t>(std::count_if(
-        r_.findings.begin(), r_.findings.end(),
-        [&](const Finding& f) { return f.check == check && (group == "*" || f.group == group); }));
+    size_t n = 0;
+    for (const auto& [key, k] : totals_) {
+      if (key.first == check && (group == "*" || key.second == group)) n += k;
+    }
+    return n;
+  }
+  // One finding per check that found more than it lists: how many more.
+  void finish() {
+    for (const auto& [check, n] : per_check_) {
+      if (n <= kMaxFindingsPerCheck) continue;
+      r_.findings.push_back({check, "", "",
+                             std::to_string(n - kMaxFindingsPerCheck) +
+                                 " more findings of this check are not listed (the first " +
+                                 std::to_string(kMaxFindingsPerCheck) + " are)"});
+    }
   }
 
  private:
+  // At most kMaxFindingsPerCheck findings of one check are listed and the rest counted: a
+  // hostile input (an expected-groups file of 100,000 names) cannot make the report
+  // megabytes long.
+  void add(Finding f) {
+    ++totals_[{f.check, f.group}];
+    if (++per_check_[f.check] <= kMaxFindingsPerCheck) r_.findings.push_back(std::move(f));
+  }
   ValidationReport& r_;
+  std::map<std::pair<std::string, std::string>, size_t> totals_;
+  std::map<std::string, size_t> per_check_;
 };
 
 bool is_snake(std::string_view s) {
@@ -780,6 +801,7 @@ ValidationReport validate_registry(const fs::path& manifest_path, const Validate
   check_waivers(cx, all_loaded);
   check_aliases(cx);
   check_groups_guard(cx);
+  rep.finish();
   return report;
 }
 

@@ -724,6 +724,32 @@ TEST_F(SourceTreeCheck, ExpectedGroupsFromAFile) {
   EXPECT_EQ(read_expect_groups(t.root() / "none.txt").status().code(), KREG_NOT_FOUND);
 }
 
+// A list of 100,000 expected groups (a 0.6 MB file, under the 1 MiB limit) made 100,015
+// findings and 12.9 MB of output: a report lists at most kMaxFindingsPerCheck findings of a
+// check, then says how many more there were; it still fails.
+TEST_F(SourceTreeCheck, ExpectedGroupsBeyondTheListingLimitAreCounted) {
+  std::string text = "testgrp\n";
+  for (int i = 0; i < 5000; ++i) text += "g" + std::to_string(i) + "\n";
+  auto names = read_expect_groups(t.write("many.txt", text));
+  ASSERT_TRUE(names.ok()) << names.status().message();
+  ValidateOptions o;
+  o.expect_groups = *names;
+  o.expect_groups_source = "many.txt";
+  const ValidationReport r = validate(manifest(), o);
+  EXPECT_FALSE(r.ok());
+  size_t guard = 0;
+  bool summary = false;
+  for (const Finding& f : r.findings) {
+    if (f.check != "groups-guard") continue;
+    ++guard;
+    summary |= f.message == std::to_string(5000 - kMaxFindingsPerCheck) +
+                                " more findings of this check are not listed (the first " +
+                                std::to_string(kMaxFindingsPerCheck) + " are)";
+  }
+  EXPECT_EQ(guard, kMaxFindingsPerCheck + 1);
+  EXPECT_TRUE(summary) << dump(r);
+}
+
 TEST_F(SourceTreeCheck, ExpectedGroupsInTheManifest) {
   const ValidationReport r = validate(manifest("expect_groups: [layernorm]\n"));
   expect_violation(

@@ -102,6 +102,9 @@ const std::vector<std::string>& validation_checks();
 // when missing, INVALID_ARGUMENT naming its kind when it is not a regular file (a FIFO is
 // never waited on), RESOURCE_EXHAUSTED above kMaxExpectGroupsBytes.
 inline constexpr uint64_t kMaxExpectGroupsBytes = uint64_t{1} << 20;
+// A report lists at most this many findings of one check, then one finding saying how many
+// more there were (the exit status is the same).
+inline constexpr size_t kMaxFindingsPerCheck = 100;
 Result<std::vector<std::string>> read_expect_groups(const std::filesystem::path& file);
 
 struct PinUpdate {
