@@ -867,7 +867,9 @@ Result<std::string> read_manifest_file(const std::filesystem::path& file) {
       break;
     }
   }
-  return Status(KREG_NOT_FOUND, "cannot read the manifest " + shown_text + ": " + why);
+  // The path is the caller's value: a huge one is quoted as an excerpt, as every value is.
+  return Status(KREG_NOT_FOUND,
+                "cannot read the manifest " + excerpt(shown.string(), 256) + ": " + why);
 }
 
 Result<Manifest> load_manifest(const std::filesystem::path& file, const ManifestOptions& options,

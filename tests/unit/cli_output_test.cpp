@@ -467,6 +467,8 @@ TEST(CliOutput, LongCommandLineValuesAreShortened) {
       {"run", "layernorm.rmsnorm", "--shape", base, "--backend", "cpu", "--attr", X + "=1",
        "--attr", X + "=2"},
       {"run", "layernorm.rmsnorm", "--shape", base, "--backend", "cpu", "--attr", L},
+      {"list", "--manifest", "/tmp/" + L},
+      {"validate", "--manifest", "/tmp/" + L},
       {"jit", "build", "--op", L, "--arch", "sm_90a", "--shape", "H=8"},
       {"jit", "build", "--op", "layernorm.rmsnorm", "--arch", "sm_90a", "--shape", "H=8", "--dtype",
        L},
@@ -477,7 +479,7 @@ TEST(CliOutput, LongCommandLineValuesAreShortened) {
     for (const auto& a : args) cmd += " '" + a.substr(0, 40) + (a.size() > 40 ? "...'" : "'");
     EXPECT_EQ(r.exit_code, 2) << cmd << "\n" << r.all().substr(0, 2000);
     EXPECT_LT(r.all().size(), 1000u) << cmd << "\n" << r.all().substr(0, 2000);
-    EXPECT_NE(r.err.find(" bytes)"), std::string::npos) << cmd << "\n" << r.all().substr(0, 2000);
+    EXPECT_NE(r.all().find(" bytes)"), std::string::npos) << cmd << "\n" << r.all().substr(0, 2000);
     expect_plain(r.all(), cmd);
   }
 }

@@ -89,7 +89,7 @@ int open_registry(const std::string& path, Opened* out, bool load_lazy) {
   auto manifest = kreg::load_manifest(path, kreg::manifest_options_from_env());
   if (!manifest) {
     // Each diagnostic on a line of its own under the heading.
-    return fail(kExitUsage, "kreg: cannot use manifest ", path, ":",
+    return fail(kExitUsage, "kreg: cannot use manifest ", kreg::excerpt(path, 256), ":",
                 message("\n" + manifest.status().message()));
   }
   auto reg = kreg::Registry::open(*manifest, kreg::OpenOptions{.load_lazy_groups = load_lazy});
@@ -403,7 +403,7 @@ int cmd_validate(const std::string& manifest, const ValidateArgs& a) {
   for (const auto& f : report.findings) {
     out << raw(red) << "error" << raw(reset) << " [" << f.check << "] ";
     if (!f.group.empty()) out << f.group << " ";
-    out << f.where << ": " << f.message << "\n";
+    out << kreg::excerpt(f.where, 256) << ": " << f.message << "\n";
   }
   for (const auto& f : report.warnings) {
     out << raw(yellow) << "warning" << raw(reset) << " [" << f.check << "] ";

@@ -24,10 +24,6 @@ struct PyRegistry {
   std::unique_ptr<Registry> registry;
 };
 
-// A path is quoted in full up to this many characters (an op or group name up to
-// excerpt's default): long enough for any real path, short enough for one line.
-constexpr size_t kPathExcerptChars = 256;
-
 [[noreturn]] void throw_status(const Status& st) {
   raise_status(st);
   throw py::error_already_set();
@@ -129,23 +125,6 @@ py::dict info(const PyRegistry& r, const std::string& op) {
   return d;
 }
 
-// The core names a manifest it cannot read by its whole absolute path (escaped); the path
-// is the caller's value, so a huge one is quoted as an excerpt, as every other value is.
-Status shorten_manifest_path(const Status& st, const std::string& path) {
-  std::error_code ec;
-  std::filesystem::path abs = std::filesystem::absolute(path, ec);
-  const std::string raw = (ec ? std::filesystem::path(path) : abs).lexically_normal().string();
-  const std::string shown = escape_control(raw);
-  const std::string shorter = excerpt(raw, kPathExcerptChars);
-  std::string message = st.message();
-  if (shorter.size() >= shown.size()) return st;
-  for (size_t at = message.find(shown); at != std::string::npos;
-       at = message.find(shown, at + shorter.size())) {
-    message.replace(at, shown.size(), shorter);
-  }
-  return Status(st.code(), std::move(message));
-}
-
 std::unique_ptr<PyRegistry> open_registry(const std::string& path,
                                           const std::optional<std::string>& plugin_dir,
                                           bool load_lazy, bool precheck) {
@@ -166,7 +145,7 @@ std::unique_ptr<PyRegistry> open_registry(const std::string& path,
     auto manifest = load_manifest(path, mo);
     if (!manifest) {
       py::gil_scoped_acquire acquire;
-      throw_status(shorten_manifest_path(manifest.status(), path));
+      throw_status(manifest.status());
     }
     OpenOptions oo;
     oo.load_lazy_groups = load_lazy;
