@@ -34,7 +34,7 @@
 #endif
 
 // The CUDA solver's limits (kMaxRows, kMaxCols, kMaxNnz), from the plugin's own header.
-#include "../../plugins/lplb/lplb.hpp"
+#include "lplb.hpp"
 
 namespace {
 
