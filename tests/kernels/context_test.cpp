@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <new>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -85,6 +87,16 @@ KernelStatus record(Context& ctx, const DLTensor& x, DLTensor& out, double alpha
   for (int64_t i = 0; i < x.shape[0]; ++i) o[i] = in[i] * static_cast<float>(alpha);
   return kOk;
 }
+
+// Kernels that throw: a CPU reference's std::bad_alloc, a library's std::runtime_error,
+// something that is no std::exception.
+KernelStatus throws_bad_alloc(Context&, const DLTensor&, DLTensor&, double) {
+  throw std::bad_alloc();
+}
+KernelStatus throws_runtime_error(Context&, const DLTensor&, DLTensor&, double) {
+  throw std::runtime_error("the table is inconsistent");
+}
+KernelStatus throws_an_int(Context&, const DLTensor&, DLTensor&, double) { throw 7; }
 
 KernelSpec spec(const std::string& op, Binding b) {
   kreg_kernel_desc d{};
@@ -218,6 +230,39 @@ TEST_F(ContextTest, TheHostsRefusalReachesTheCallersStatus) {
       << st.message();
   EXPECT_EQ(host.allocs, 1);
   EXPECT_EQ(host.frees, 0);
+}
+
+}  // namespace
+}  // namespace kreg
+
+namespace kreg {
+namespace {
+
+// No exception crosses the C ABI (kreg::bind): one that escapes a kernel is the call's
+// error, naming the op and what was thrown, and the registry serves the next call.
+TEST_F(ContextTest, AnExceptionThatEscapesAKernelIsTheCallsError) {
+  ASSERT_TRUE(reg_.add(spec("ctxgrp.oom", bind<&throws_bad_alloc>)).ok());
+  ASSERT_TRUE(reg_.add(spec("ctxgrp.broken", bind<&throws_runtime_error>)).ok());
+  ASSERT_TRUE(reg_.add(spec("ctxgrp.odd", bind<&throws_an_int>)).ok());
+  Tensors t;
+  const Status oom = handle("ctxgrp.oom").call(t.ptrs);
+  EXPECT_EQ(oom.code(), KREG_RESOURCE_EXHAUSTED) << oom.message();
+  EXPECT_NE(oom.message().find("ctxgrp.oom: out of host memory (std::bad_alloc)"),
+            std::string::npos)
+      << oom.message();
+  const Status broken = reg_.call("ctxgrp.broken", t.ptrs);
+  EXPECT_EQ(broken.code(), KREG_INTERNAL) << broken.message();
+  EXPECT_NE(broken.message().find(
+                "ctxgrp.broken: the implementation threw an exception: the table is inconsistent"),
+            std::string::npos)
+      << broken.message();
+  const Status odd = handle("ctxgrp.odd").call(t.ptrs);
+  EXPECT_EQ(odd.code(), KREG_INTERNAL) << odd.message();
+  EXPECT_NE(odd.message().find("ctxgrp.odd: the implementation threw an exception"),
+            std::string::npos)
+      << odd.message();
+  ASSERT_TRUE(handle("ctxgrp.first").call(t.ptrs).ok());
+  EXPECT_EQ(t.out[3], 8.0f);
 }
 
 }  // namespace
