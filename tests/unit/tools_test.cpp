@@ -133,6 +133,9 @@ TEST(Tools, RunRefusesEveryBadNumberNamingTheArgument) {
        "tensor 'x' [T,H] with T=2305843009213693952, H=8: shape [2305843009213693952,8] of bf16 "
        "(2 bytes each) is more than 9223372036854775807 bytes"},
       {"layernorm.rmsnorm --shape T=9223372036854775807,H=9223372036854775807", "is more than"},
+      // No elements, but T * 4 bytes overflows: refused, and the message says why.
+      {"layernorm.rmsnorm --shape T=4611686018427387904,H=0",
+       "holds no elements, but its nonzero extents come to more than 9223372036854775807 bytes"},
       // 2*D overflows before any product does.
       {"activation.silu_and_mul --shape T=1,D=4611686018427387904",
        "dimension 2*D = 2 * 4611686018427387904 overflows int64"},

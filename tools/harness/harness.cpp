@@ -583,10 +583,17 @@ Result<std::vector<PlannedTensor>> plan_example(const KernelSpec& spec, const Sy
                     where() + ": dim " + std::to_string(bad) + " is negative");
     }
     if (bad == kShapeTooLarge) {
+      // A shape with a zero extent holds nothing, but the core refuses it all the same when
+      // its other extents overflow (checked_math.hpp: a kernel's partial products must fit).
+      const bool empty = std::find(t.shape.begin(), t.shape.end(), 0) != t.shape.end();
       return Status(KREG_INVALID_ARGUMENT,
                     where() + ": shape " + shape_text(t.shape) + " of " +
                         std::string(dtype_name(t.dtype)) + " (" + std::to_string(item) +
-                        " bytes each) is more than 9223372036854775807 bytes");
+                        " bytes each) " +
+                        (empty ? "holds no elements, but its nonzero extents come to more than "
+                                 "9223372036854775807 bytes (kreg refuses such a shape: a "
+                                 "kernel's partial products would overflow)"
+                               : "is more than 9223372036854775807 bytes"));
     }
     t.bytes = t.numel * item;
     out.push_back(std::move(t));
