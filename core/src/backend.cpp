@@ -9,6 +9,7 @@
 
 #include <boost/dll/shared_library.hpp>
 
+#include "dll_error.hpp"
 #include "kreg/jit.hpp"
 
 namespace kreg {
@@ -90,7 +91,7 @@ class CudaBackend final : public KernelBackend {
         // contexts and the runtime's exit handlers still need it after static teardown.
         new boost::dll::shared_library(std::move(lib));
       } catch (const std::exception& e) {
-        reason_ = std::string("no CUDA driver (libcuda.so.1): ") + e.what();
+        reason_ = std::string("no CUDA driver (libcuda.so.1): ") + detail::dll_error_text(e);
       }
     });
   }

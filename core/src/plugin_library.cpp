@@ -12,6 +12,7 @@
 
 #include <boost/dll/shared_library.hpp>
 
+#include "dll_error.hpp"
 #include "kreg/elf_file.hpp"
 #include "kreg/fatbin.hpp"
 #include "kreg/jit.hpp"
@@ -467,7 +468,7 @@ Result<std::unique_ptr<PluginLibrary>> PluginLibrary::open(const fs::path& file,
     impl->lib.load(file, boost::dll::load_mode::rtld_local | boost::dll::load_mode::rtld_now);
   } catch (const std::system_error& e) {
     // How Boost.DLL reports dlopen's own errors (missing dependencies, bad objects).
-    return Status(KREG_INVALID_ARGUMENT, where + ": cannot load: " + e.what());
+    return Status(KREG_INVALID_ARGUMENT, where + ": cannot load: " + detail::dll_error_text(e));
   } catch (const std::exception& e) {
     // Anything else came out of the plugin: a static initializer threw through dlopen. It
     // must not escape into the host (and a host should not load such a library in-process:
