@@ -212,9 +212,25 @@ bool CheckPlan::accepts_call(std::span<DLTensor* const> t, std::span<const kreg_
     return true;
   }
   if (!accepts_tensors(t)) return false;
-  // Nothing to remember of a tensorless call (its full check is the count's compare).
-  if (!t.empty()) last[next_way.fetch_add(1, std::memory_order_relaxed) % kShapeWays].remember(t);
+  // Nothing to remember of a tensorless call (its full check is the count's compare), nor
+  // of one that moves nothing (it must not reach the kernel from the inline path).
+  if (!t.empty() && !moves_nothing(*this, t)) {
+    last[next_way.fetch_add(1, std::memory_order_relaxed) % kShapeWays].remember(t);
+  }
   return true;
+}
+
+bool moves_nothing(const CheckPlan& plan, std::span<DLTensor* const> t) {
+  if (plan.num_resources > 0) return false;
+  bool any = false;
+  for (const DLTensor* x : t) {
+    if (x == nullptr) continue;  // an absent optional tensor
+    bool empty = false;
+    for (int k = 0; k < x->ndim; ++k) empty |= x->shape[k] == 0;
+    if (!empty) return false;
+    any = true;
+  }
+  return any;
 }
 
 Status invoke_general(const Impl& impl, std::span<DLTensor* const> tensors,
@@ -385,6 +401,7 @@ Status KernelHandle::call_general(std::span<DLTensor* const> tensors,
   if (!plan.accepts_call(tensors, attrs)) {
     return explain(plan.diagnose(tensors, attrs), tensors, attrs);
   }
+  if (detail::moves_nothing(plan, tensors)) return Status();
   return detail::invoke(impl, tensors, attrs, CallOptions{stream, services, launch_flags});
 }
 

@@ -235,8 +235,12 @@ Status Registry::call(std::string_view op, std::span<DLTensor* const> tensors,
   if (entry == nullptr) [[unlikely]]
     return unknown_op(op);
   // The fast pass checks the attributes too, so its choice can be invoked directly.
-  if (const Impl* impl = select(op, *entry, tensors, nullptr, &attrs, nullptr, nullptr)) [[likely]]
+  if (const Impl* impl = select(op, *entry, tensors, nullptr, &attrs, nullptr, nullptr))
+      [[likely]] {
+    if (detail::moves_nothing(impl->plan, tensors)) [[unlikely]]
+      return Status();
     return detail::invoke(*impl, tensors, attrs, options);
+  }
   // Off the fast path: the implementation the tensors select says what is wrong with the
   // attributes, or every candidate's reason when none fits the tensors.
   std::string why;

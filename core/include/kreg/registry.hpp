@@ -661,6 +661,14 @@ template <size_t N>
   return Status();
 }
 
+// Whether a checked call moves no element: it has tensors, each one given holds none (a
+// zero extent), and the op takes no resource. kreg calls no implementation for such a call;
+// it succeeds at once (docs/adding-a-group.md): no kernel loops over 2^40 empty rows or
+// launches a grid of zero blocks. An op with a resource is called all the same (a
+// collective still meets the other ranks). Off the handle's inline path, which never sees
+// such a call (accepts_call does not remember one).
+bool moves_nothing(const CheckPlan& plan, std::span<DLTensor* const> tensors);
+
 // invoke() for calls that omit defaulted attributes or pass a resource (check_plan.cpp):
 // fills in the defaults and runs the code of the generation that created the resource.
 Status invoke_general(const Impl& impl, std::span<DLTensor* const> tensors,
