@@ -529,6 +529,10 @@ TEST(CliOutput, JitBuildRefusesBadArchAndOutOfRangeValues) {
   };
   for (const char* h : {"H=0", "H=2147483648", "H=9223372036854775807"}) {
     Outcome r = jit({"--arch", "sm_90a", "--shape", h, "--dtype", "f32"});
+    if (r.err.find("has no jit implementation") != std::string::npos) {
+      GTEST_SKIP() << "this build has no jit implementation (plugins built without CUDA): "
+                   << r.err;
+    }
     EXPECT_EQ(r.exit_code, 2) << h << "\n" << r.all();
     EXPECT_NE(r.err.find("out of range for a specialization: it must be 1 to 2147483647"),
               std::string::npos)
