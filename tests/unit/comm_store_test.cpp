@@ -594,11 +594,12 @@ TEST(KregStoreCli, AddTakesOnlyADecimalInt64) {
   ASSERT_EQ(run(cli + "5", &out), 0);
   EXPECT_EQ(out, "5\n");
   for (const std::string& bad :
-       {"99999999999999999999", "-99999999999999999999", "9223372036854775808", "", "0x10",
-        " 5", "+5", "5 ", "-", "1e3", "\x1b[31m"}) {
+       {"99999999999999999999", "-99999999999999999999", "9223372036854775808", "", "0x10", " 5",
+        "+5", "5 ", "-", "1e3", "\x1b[31m"}) {
     EXPECT_EQ(run(cli + "'" + bad + "' 2>&1", &out), 2) << bad;
     std::string shown = bad == "\x1b[31m" ? "\\x1b[31m" : bad;
-    EXPECT_NE(out.find("kreg-store: DELTA '" + shown + "' is not a decimal integer in "
+    EXPECT_NE(out.find("kreg-store: DELTA '" + shown +
+                       "' is not a decimal integer in "
                        "[-9223372036854775808, 9223372036854775807]"),
               std::string::npos)
         << out;

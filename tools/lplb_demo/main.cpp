@@ -419,8 +419,8 @@ std::string usage_error(const Options& o) {
            " LP rows; lplb.solve takes at most " + n(kreg::lplb::kMaxRows);
   }
   if (N > kreg::lplb::kMaxCols || nnz > kreg::lplb::kMaxNnz) {
-    return "--experts " + n(E) + ", --gpus " + n(G) + " and --extra " + n(o.extra) +
-           " make " + n(R) + " replicas: an LP of " + n(N) + " columns and " + n(nnz) +
+    return "--experts " + n(E) + ", --gpus " + n(G) + " and --extra " + n(o.extra) + " make " +
+           n(R) + " replicas: an LP of " + n(N) + " columns and " + n(nnz) +
            " nonzeros; lplb.solve takes at most " + n(kreg::lplb::kMaxCols) + " columns and " +
            n(kreg::lplb::kMaxNnz) + " nonzeros";
   }
@@ -478,7 +478,8 @@ int main(int argc, char** argv) {
   if (auto code = kreg::cli::parse_command_line(app, argc, argv, "lplb_demo")) return *code;
   auto seed = kreg::parse_uint(o.seed_text, "--seed");
   if (!seed) {
-    std::fprintf(stderr, "lplb_demo: %s\n", kreg::terminal_message(seed.status().message()).c_str());
+    std::fprintf(stderr, "lplb_demo: %s\n",
+                 kreg::terminal_message(seed.status().message()).c_str());
     return 2;
   }
   o.seed = *seed;

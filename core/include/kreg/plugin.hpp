@@ -580,8 +580,8 @@ inline int32_t escaped_exception(const kreg_call_frame* f, kreg_error* err) noex
     return ctx.fail(KREG_RESOURCE_EXHAUSTED, "%s: out of host memory (std::bad_alloc)", ctx.op())
         .code;
   } catch (const std::exception& e) {
-    return ctx.fail(KREG_INTERNAL, "%s: the implementation threw an exception: %s", ctx.op(),
-                    e.what())
+    return ctx
+        .fail(KREG_INTERNAL, "%s: the implementation threw an exception: %s", ctx.op(), e.what())
         .code;
   } catch (...) {
     return ctx.fail(KREG_INTERNAL, "%s: the implementation threw an exception", ctx.op()).code;
