@@ -26,7 +26,6 @@ float weight_at(const T* w, int64_t i) {
 
 template <bool kGemma, typename T>
 void rmsnorm_rows(const T* x, const T* w, T* out, int64_t rows, int64_t hidden, float eps) {
-  if (hidden == 0) return;  // rows of no elements: nothing to do, however many (T may be huge)
   for (int64_t r = 0; r < rows; ++r) {
     const T* xr = x + r * hidden;
     T* outr = out + r * hidden;
@@ -47,7 +46,6 @@ void rmsnorm_rows(const T* x, const T* w, T* out, int64_t rows, int64_t hidden, 
 template <bool kGemma, typename T>
 void fused_add_rmsnorm_rows(T* x, T* residual, const T* w, int64_t rows, int64_t hidden,
                             float eps) {
-  if (hidden == 0) return;  // as rmsnorm_rows
   for (int64_t r = 0; r < rows; ++r) {
     T* xr = x + r * hidden;
     T* rr = residual + r * hidden;
